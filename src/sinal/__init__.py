@@ -1,0 +1,94 @@
+"""sinal: every activity of a commerce + WhatsApp CRM platform as one standardized event.
+
+```python
+import sinal
+ledger = sinal.connect("sqlite:///sinal.db")
+ledger.migrate()
+result = ledger.emit_event(account_id=..., contact_id=..., metric_name=sinal.METRIC_ORDER_PAID,
+                           source="shopify", source_id="1001", entity_type="order")
+```
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from sinal.catalog import *  # noqa: F403 - the seed's constants are part of the public API
+from sinal.catalog import __all__ as _catalog_all
+from sinal.errors import (
+    AccountNotFound,
+    ContactNotFound,
+    DuplicateKey,
+    FieldError,
+    InvalidAccount,
+    InvalidContact,
+    InvalidEvent,
+    RetryLater,
+    SchemaOutOfDate,
+    SignatureMismatch,
+    SinalError,
+    StoreError,
+    WebhookError,
+)
+from sinal.events import EmitEvent, EmitResult
+from sinal.ledger import AsyncLedger, Ledger, connect
+from sinal.store.base import Account, Contact, EventQuery, Rejection, SummaryRow
+
+__version__ = "0.1.0"
+
+_default: Ledger | None = None
+_default_lock = threading.Lock()
+
+
+def default_ledger() -> Ledger:
+    """The process-wide ledger on SINAL_DATABASE_URL (default sqlite:///sinal.db)."""
+    global _default  # noqa: PLW0603 - one lazily built ledger per process, by design
+    with _default_lock:
+        if _default is None:
+            from sinal.config import Settings
+
+            _default = connect(Settings.from_env().database_url)
+        return _default
+
+
+def emit_event(**params: Any) -> EmitResult:
+    """`Ledger.emit_event` on the default ledger (see `default_ledger`)."""
+    return default_ledger().emit_event(**params)
+
+
+def emit_many(events: list[EmitEvent]) -> list[EmitResult]:
+    """`Ledger.emit_many` on the default ledger."""
+    return default_ledger().emit_many(events)
+
+
+__all__ = [  # noqa: PLE0604 - the catalog's names are re-exported whole
+    *_catalog_all,
+    "Account",
+    "AccountNotFound",
+    "AsyncLedger",
+    "Contact",
+    "ContactNotFound",
+    "DuplicateKey",
+    "EmitEvent",
+    "EmitResult",
+    "EventQuery",
+    "FieldError",
+    "InvalidAccount",
+    "InvalidContact",
+    "InvalidEvent",
+    "Ledger",
+    "Rejection",
+    "RetryLater",
+    "SchemaOutOfDate",
+    "SignatureMismatch",
+    "SinalError",
+    "StoreError",
+    "SummaryRow",
+    "WebhookError",
+    "__version__",
+    "connect",
+    "default_ledger",
+    "emit_event",
+    "emit_many",
+]

@@ -1,0 +1,108 @@
+"""The exceptions sinal raises, under one root.
+
+```
+SinalError
+├── InvalidEvent          # .errors: one FieldError per bad field
+├── InvalidContact        # .errors: one FieldError per bad identity
+├── InvalidAccount        # .errors: bad name or timezone
+├── ContactNotFound
+├── AccountNotFound
+├── StoreError            # the driver's error is __cause__
+│   ├── DuplicateKey      # .constraint
+│   └── SchemaOutOfDate   # migrations not applied
+├── WebhookError
+│   └── SignatureMismatch
+└── RetryLater            # raised by an automation step; .delay in seconds
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One problem with one input field: where, a machine-readable code, a sentence."""
+
+    field: str
+    code: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        """The error as a plain dict (for JSON answers)."""
+        return {"field": self.field, "code": self.code, "message": self.message}
+
+
+class SinalError(Exception):
+    """Root of every error sinal raises on purpose."""
+
+
+class _FieldErrors(SinalError, ValueError):
+    """Base of the errors that carry one entry per bad field."""
+
+    def __init__(self, errors: tuple[FieldError, ...] | list[FieldError]) -> None:
+        self.errors: tuple[FieldError, ...] = tuple(errors)
+        super().__init__("; ".join(f"{e.field}: {e.message}" for e in self.errors))
+
+    @property
+    def field(self) -> str:
+        """The first bad field (convenient when there is only one)."""
+        return self.errors[0].field
+
+    @property
+    def reason(self) -> str:
+        """The first error's code."""
+        return self.errors[0].code
+
+
+class InvalidEvent(_FieldErrors):
+    """An event's input is malformed; nothing was written."""
+
+
+class InvalidContact(_FieldErrors):
+    """A contact's identities are malformed; nothing was written."""
+
+
+class InvalidAccount(_FieldErrors):
+    """An account's settings are malformed; nothing was written."""
+
+
+class ContactNotFound(SinalError, LookupError):
+    """No such contact in this account (another account's id looks exactly the same)."""
+
+
+class AccountNotFound(SinalError, LookupError):
+    """No such account."""
+
+
+class StoreError(SinalError):
+    """The storage backend failed; the driver's exception is chained as __cause__."""
+
+
+class DuplicateKey(StoreError):
+    """A unique key was violated."""
+
+    def __init__(self, constraint: str | None) -> None:
+        self.constraint = constraint
+        super().__init__(f"duplicate key ({constraint})")
+
+
+class SchemaOutOfDate(StoreError):
+    """The database's schema is older than this code: run `sinal migrate`."""
+
+
+class WebhookError(SinalError):
+    """A webhook delivery could not be accepted."""
+
+
+class SignatureMismatch(WebhookError):
+    """A webhook's signature does not match its raw body."""
+
+
+class RetryLater(SinalError):
+    """Raised by an automation step that should be retried after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float = 0.0) -> None:
+        self.delay = delay
+        super().__init__(message)

@@ -1,0 +1,499 @@
+"""Events as values: the input (`EmitEvent`), its validation, and the answer (`EmitResult`).
+
+No I/O here. `prepare()` turns an `EmitEvent` into a `PreparedEvent` (normalized, with
+its id and `unique_event_id`) or raises `InvalidEvent` with one entry per bad field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal
+from uuid import UUID
+
+import orjson
+
+from sinal.catalog import Category, get_metric_category, get_metric_label, is_system_metric
+from sinal.currencies import is_currency
+from sinal.errors import FieldError, InvalidEvent
+from sinal.ids import new_id
+
+SCHEMA_VERSION = 1
+DEFAULT_CURRENCY = "BRL"
+
+MAX_METRIC_NAME = 128
+MAX_TOKEN = 64  # source, entity_type
+MAX_ID_TEXT = 255  # source_id, entity_id
+MAX_PROPERTIES_BYTES = 64 * 1024
+MAX_DEPTH = 16
+# NUMERIC(18,4): 14 integer digits, 4 decimal places.
+MAX_ABS_VALUE = Decimal("1e14")
+VALUE_PLACES = 4
+EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+MAX_FUTURE = timedelta(hours=24)
+
+# source and entity_type become parts of "{source}:{entity_type}:{source_id}", so they may
+# not contain ':' — otherwise two different triples could build the same unique id.
+_TOKEN = re.compile(r"[A-Za-z0-9_.\-/]+")
+
+Status = Literal["created", "duplicate", "rejected"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmitEvent:
+    """One activity to record, as a source describes it (the seed's EmitEventParams)."""
+
+    account_id: UUID | str
+    contact_id: UUID | str | None
+    metric_name: str
+    source: str
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    value: Decimal | int | float | str | None = None
+    currency: str | None = None
+    source_id: str | None = None
+    integration_id: UUID | str | None = None
+    entity_type: str | None = None
+    entity_id: str | None = None
+    occurred_at: datetime | str | None = None
+    # Set by automation steps: the causing execution. Such events never trigger automations.
+    automation_execution_id: UUID | str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedEvent:
+    """A validated, normalized event ready to be stored."""
+
+    id: UUID
+    account_id: UUID
+    contact_id: UUID | None
+    metric_name: str
+    category: Category
+    is_system: bool
+    display_name: str
+    properties: dict[str, Any]
+    properties_json: str
+    value: Decimal | None
+    currency: str
+    source: str
+    source_id: str | None
+    integration_id: UUID | None
+    unique_event_id: str | None
+    entity_type: str | None
+    entity_id: str | None
+    automation_execution_id: UUID | None
+    occurred_at: datetime
+    occurred_at_given: bool
+    received_at: datetime
+
+    @property
+    def from_automation(self) -> bool:
+        """Whether an automation step emitted this event (the seed's `_fromAutomation`)."""
+        return self.automation_execution_id is not None
+
+    def as_input(self) -> dict[str, Any]:
+        """The normalized input as JSON-ready data (kept with a rejection, for replay)."""
+        return {
+            "account_id": str(self.account_id),
+            "contact_id": None if self.contact_id is None else str(self.contact_id),
+            "metric_name": self.metric_name,
+            "properties": self.properties,
+            "value": None if self.value is None else str(self.value),
+            "currency": self.currency,
+            "source": self.source,
+            "source_id": self.source_id,
+            "integration_id": _opt_str(self.integration_id),
+            "entity_type": self.entity_type,
+            "entity_id": self.entity_id,
+            "occurred_at": self.occurred_at.isoformat(),
+            "automation_execution_id": _opt_str(self.automation_execution_id),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPayload:
+    """The parts of a stored event that decide whether a duplicate differs from it."""
+
+    metric_name: str
+    properties: Any
+    value: Decimal | None
+    currency: str
+    occurred_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EmitResult:
+    """What happened to one emitted event."""
+
+    status: Status
+    event_id: UUID | None = None
+    unique_event_id: str | None = None
+    # For duplicates: whether metric, properties, value, currency or occurred_at differ.
+    differs: bool | None = None
+    reason: str | None = None
+    message: str | None = None
+    errors: tuple[FieldError, ...] = ()
+    rejection_id: UUID | None = None
+
+    @property
+    def is_stored(self) -> bool:
+        """Whether an event with this identity is in the store (new or earlier)."""
+        return self.status != "rejected"
+
+
+def build_unique_event_id(source: str, entity_type: str | None, source_id: str) -> str:
+    """The seed's dedup key: "{source}:{entity_type or 'event'}:{source_id}"."""
+    return f"{source}:{entity_type or 'event'}:{source_id}"
+
+
+def differs_from(event: PreparedEvent, stored: StoredPayload) -> bool:
+    """Whether a duplicate's payload differs from the stored event's.
+
+    `occurred_at` only counts when the duplicate gave one: a retry that let it default to
+    "now" is the same event.
+    """
+    if event.metric_name != stored.metric_name or event.currency != stored.currency:
+        return True
+    if event.value != stored.value:
+        return True
+    if event.occurred_at_given and event.occurred_at != stored.occurred_at:
+        return True
+    return bool(event.properties != stored.properties)
+
+
+def prepare(event: EmitEvent, now: datetime) -> PreparedEvent:
+    """Validate and normalize `event`; raise `InvalidEvent` listing every bad field."""
+    v = _Validator()
+    account_id = v.uuid("account_id", event.account_id, required=True)
+    contact_id = v.uuid("contact_id", event.contact_id)
+    integration_id = v.uuid("integration_id", event.integration_id)
+    execution_id = v.uuid("automation_execution_id", event.automation_execution_id)
+    metric_name = v.metric_name(event.metric_name)
+    source = v.token("source", event.source, required=True)
+    entity_type = v.token("entity_type", event.entity_type)
+    source_id = v.text("source_id", event.source_id)
+    entity_id = v.text("entity_id", event.entity_id)
+    properties, properties_json = v.properties(event.properties)
+    value = v.value(event.value)
+    currency = v.currency(event.currency)
+    occurred_at = v.occurred_at(event.occurred_at, now)
+    if v.errors:
+        raise InvalidEvent(v.errors)
+    assert account_id is not None
+    assert metric_name is not None
+    assert source is not None
+    unique = build_unique_event_id(source, entity_type, source_id) if source_id else None
+    return PreparedEvent(
+        id=new_id(),
+        account_id=account_id,
+        contact_id=contact_id,
+        metric_name=metric_name,
+        category=get_metric_category(metric_name),
+        is_system=is_system_metric(metric_name),
+        display_name=get_metric_label(metric_name, "en"),
+        properties=properties,
+        properties_json=properties_json,
+        value=value,
+        currency=currency,
+        source=source,
+        source_id=source_id,
+        integration_id=integration_id,
+        unique_event_id=unique,
+        entity_type=entity_type,
+        entity_id=entity_id,
+        automation_execution_id=execution_id,
+        occurred_at=occurred_at or now,
+        occurred_at_given=occurred_at is not None,
+        received_at=now,
+    )
+
+
+def dumps_json(data: Any) -> str:
+    """Serialize JSON the way sinal stores it (Decimal as a string, datetimes ISO 8601)."""
+    return orjson.dumps(data, default=_json_default).decode()
+
+
+def _json_default(obj: object) -> object:
+    if isinstance(obj, Decimal):
+        return str(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _opt_str(value: object | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(ch) == "Cc" for ch in text)
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class _Validator:
+    """Collects one FieldError per bad field instead of stopping at the first."""
+
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def fail(self, field_name: str, code: str, message: str) -> None:
+        self.errors.append(FieldError(field_name, code, message))
+
+    def uuid(self, name: str, raw: object, *, required: bool = False) -> UUID | None:
+        if raw is None or raw == "":
+            if required:
+                self.fail(name, "required", f"{name} is required")
+            return None
+        if isinstance(raw, UUID):
+            return raw
+        if isinstance(raw, str):
+            try:
+                return UUID(raw)
+            except ValueError:
+                pass
+        self.fail(name, "invalid_uuid", f"{name} must be a UUID, got {_short(raw)}")
+        return None
+
+    def metric_name(self, raw: object) -> str | None:
+        if not isinstance(raw, str):
+            self.fail("metric_name", "invalid_type", "metric_name must be a string")
+            return None
+        name = raw.strip()
+        if not name:
+            self.fail("metric_name", "empty", "metric_name must not be empty")
+        elif len(name) > MAX_METRIC_NAME:
+            self.fail(
+                "metric_name",
+                "too_long",
+                f"metric_name is longer than {MAX_METRIC_NAME} characters",
+            )
+        elif _has_control(name) or _has_lone_surrogate(name):
+            self.fail(
+                "metric_name", "control_characters", "metric_name contains control characters"
+            )
+        elif name.startswith("__"):
+            self.fail("metric_name", "reserved", "metric names starting with '__' are reserved")
+        else:
+            return name
+        return None
+
+    def token(self, name: str, raw: object, *, required: bool = False) -> str | None:
+        if raw is None or raw == "":
+            if required:
+                self.fail(name, "required", f"{name} is required")
+            return None
+        if not isinstance(raw, str):
+            self.fail(name, "invalid_type", f"{name} must be a string")
+        elif len(raw) > MAX_TOKEN:
+            self.fail(name, "too_long", f"{name} is longer than {MAX_TOKEN} characters")
+        elif not _TOKEN.fullmatch(raw):
+            self.fail(
+                name,
+                "invalid_format",
+                f"{name} may only contain letters, digits and . _ - / (got {_short(raw)})",
+            )
+        else:
+            return raw
+        return None
+
+    def text(self, name: str, raw: object) -> str | None:
+        if raw is None or raw == "":
+            return None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raw = str(raw)  # numeric ids (Shopify's) are common; their text is the id
+        if not isinstance(raw, str):
+            self.fail(name, "invalid_type", f"{name} must be a string")
+        elif len(raw) > MAX_ID_TEXT:
+            self.fail(name, "too_long", f"{name} is longer than {MAX_ID_TEXT} characters")
+        elif _has_control(raw) or _has_lone_surrogate(raw):
+            self.fail(name, "control_characters", f"{name} contains control characters")
+        else:
+            return raw
+        return None
+
+    def properties(self, raw: object) -> tuple[dict[str, Any], str]:
+        if raw is None:
+            return {}, "{}"
+        if not isinstance(raw, Mapping):
+            self.fail(
+                "properties", "not_object", f"properties must be a JSON object, got {_kind(raw)}"
+            )
+            return {}, "{}"
+        before = len(self.errors)
+        clean = self._json_value("properties", raw, 1)
+        if len(self.errors) > before:
+            return {}, "{}"
+        text = dumps_json(clean)
+        if len(text.encode()) > MAX_PROPERTIES_BYTES:
+            self.fail(
+                "properties",
+                "too_large",
+                f"properties take {len(text.encode())} bytes as JSON; the limit is "
+                f"{MAX_PROPERTIES_BYTES}",
+            )
+            return {}, "{}"
+        assert isinstance(clean, dict)
+        return clean, text
+
+    def _json_value(self, path: str, value: Any, depth: int) -> Any:
+        """Return `value` as plain JSON data, recording what cannot be stored."""
+        if value is None or isinstance(value, bool | int):
+            return value
+        if isinstance(value, str):
+            return self._json_string(path, value)
+        if isinstance(value, float):
+            if math.isfinite(value):
+                return value
+            self.fail(path, "not_finite", f"{path} is {value}; JSON numbers must be finite")
+            return None
+        if isinstance(value, Decimal):
+            if value.is_finite():
+                return str(value)
+            self.fail(path, "not_finite", f"{path} is {value}; JSON numbers must be finite")
+            return None
+        if isinstance(value, datetime):
+            return value.isoformat()
+        if depth > MAX_DEPTH:
+            self.fail(path, "too_deep", f"properties nest deeper than {MAX_DEPTH} levels")
+            return None
+        if isinstance(value, Mapping):
+            return self._json_object(path, value, depth)
+        if isinstance(value, list | tuple):
+            return [self._json_value(f"{path}[{i}]", v, depth + 1) for i, v in enumerate(value)]
+        self.fail(path, "invalid_type", f"{path} is a {_kind(value)}, which JSON cannot hold")
+        return None
+
+    def _json_object(self, path: str, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                self.fail(path, "non_string_key", f"{path} has a non-string key {_short(key)}")
+                continue
+            self._json_string(f"{path} key", key)
+            out[key] = self._json_value(f"{path}.{key}", item, depth + 1)
+        return out
+
+    def _json_string(self, path: str, value: str) -> str:
+        if "\x00" in value:
+            self.fail(path, "nul_character", f"{path} contains a NUL character (\\u0000)")
+        elif _has_lone_surrogate(value):
+            self.fail(path, "lone_surrogate", f"{path} contains a lone UTF-16 surrogate")
+        return value
+
+    def value(self, raw: object) -> Decimal | None:
+        if raw is None:
+            return None
+        number = _to_decimal(raw)
+        if number is None:
+            self.fail("value", "not_a_number", f"value must be a decimal number, got {_short(raw)}")
+        elif not number.is_finite():
+            self.fail("value", "not_finite", "value must be finite (not NaN or Infinity)")
+        elif abs(number) >= MAX_ABS_VALUE:
+            self.fail("value", "out_of_range", "value must be below 10^14 in absolute value")
+        elif _places(number) > VALUE_PLACES:
+            self.fail(
+                "value", "too_precise", f"value may have at most {VALUE_PLACES} decimal places"
+            )
+        else:
+            return number + Decimal(0)  # normalizes -0 to 0
+        return None
+
+    def currency(self, raw: object) -> str:
+        if raw is None or raw == "":
+            return DEFAULT_CURRENCY
+        if isinstance(raw, str) and is_currency(raw.upper()):
+            return raw.upper()
+        self.fail(
+            "currency", "invalid_currency", f"currency must be an ISO 4217 code, got {_short(raw)}"
+        )
+        return DEFAULT_CURRENCY
+
+    def occurred_at(self, raw: object, now: datetime) -> datetime | None:
+        if raw is None or raw == "":
+            return None
+        when = _to_datetime(raw)
+        if when is None:
+            self.fail(
+                "occurred_at", "invalid_datetime", "occurred_at must be an ISO 8601 timestamp"
+            )
+        elif when.tzinfo is None or when.utcoffset() is None:
+            self.fail(
+                "occurred_at",
+                "naive_datetime",
+                "occurred_at must carry a timezone (e.g. 2026-11-29T10:00:00-03:00)",
+            )
+        else:
+            when = when.astimezone(UTC)
+            if when < EARLIEST or when > now + MAX_FUTURE:
+                self.fail(
+                    "occurred_at",
+                    "out_of_window",
+                    "occurred_at must be after 2000-01-01 and at most 24 hours ahead",
+                )
+            else:
+                return when
+        return None
+
+
+def _to_decimal(raw: object) -> Decimal | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, Decimal):
+        return raw
+    if isinstance(raw, int):
+        return Decimal(raw)
+    if isinstance(raw, float):
+        # repr() is the shortest text that round-trips: 297.9 stays 297.9, not 297.899999...
+        return Decimal(repr(raw))
+    if isinstance(raw, str) and len(raw) <= 64:
+        try:
+            return Decimal(raw.strip())
+        except InvalidOperation:
+            return None
+    return None
+
+
+def _places(number: Decimal) -> int:
+    exponent = number.as_tuple().exponent
+    assert isinstance(exponent, int)
+    return max(0, -exponent)
+
+
+def _to_datetime(raw: object) -> datetime | None:
+    if isinstance(raw, datetime):
+        return raw
+    if isinstance(raw, str) and len(raw) <= 64:
+        try:
+            return datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            return None
+    return None
+
+
+_KINDS: dict[type, str] = {list: "array", tuple: "array", str: "string", dict: "object"}
+
+
+def _kind(value: object) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+Clock = Callable[[], datetime]
+
+
+def utcnow() -> datetime:
+    """The server clock (UTC, timezone-aware)."""
+    return datetime.now(UTC)

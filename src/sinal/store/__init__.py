@@ -1,0 +1,27 @@
+"""Storage backends behind one interface (`sinal.store.base.Store`)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from sinal.store.base import Store
+
+
+def open_store(url: str) -> Store:
+    """The store for a database URL: "sqlite:///relative.db", "sqlite:////abs.db" or
+    "postgresql://user@host:port/db"."""
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        path = url.removeprefix("sqlite://")
+        path = path.removeprefix("/")  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
+        from sinal.store.sqlite import SQLiteStore
+
+        return SQLiteStore(path)
+    if scheme in ("postgresql", "postgres"):
+        from sinal.store.postgres import PostgresStore
+
+        return PostgresStore(url)
+    raise ValueError(f"unsupported database URL {url!r}: use sqlite:///file.db or postgresql://...")
+
+
+__all__ = ["Store", "open_store"]

@@ -1,0 +1,574 @@
+"""The embedded default store: SQLite through the standard library.
+
+One writer at a time (`BEGIN IMMEDIATE` takes the write lock up front, so a transaction
+never has to upgrade a read lock and deadlock); readers run beside it under WAL. Each
+thread has its own connection. Decimals are stored as exact text and summed with a Python
+aggregate (`decimal_sum`), never as floats.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import orjson
+
+from sinal.errors import DuplicateKey, StoreError
+from sinal.events import PreparedEvent, StoredPayload, dumps_json
+from sinal.ids import metric_id, new_id
+from sinal.store.base import (
+    Account,
+    Contact,
+    EventQuery,
+    NewContact,
+    Outcome,
+    Progress,
+    RebuildReport,
+    Rejection,
+    StoredEvent,
+    SummaryRow,
+    compare_summaries,
+    read_migrations,
+    rejection_message,
+)
+
+_EVENT_COLUMNS = (
+    "account_id, id, contact_id, metric_name, properties, value, currency, source, source_id, "
+    "integration_id, unique_event_id, entity_type, entity_id, automation_execution_id, "
+    "occurred_at, received_at, schema_version"
+)
+_CONTACT_COLUMNS = "account_id, id, name, phone, email, external_id, created_at, updated_at"
+
+
+def ts(when: datetime) -> str:
+    """A datetime as stored: UTC, fixed width, so text order is time order."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_ts(text: str) -> datetime:
+    """The inverse of `ts`."""
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+def _opt(value: object | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _opt_uuid(text: str | None) -> UUID | None:
+    return None if text is None else UUID(text)
+
+
+def _opt_decimal(text: str | None) -> Decimal | None:
+    return None if text is None else Decimal(text)
+
+
+class _DecimalSum:
+    """SQLite aggregate: exact sum of decimal text (NULLs skipped, '0' when none)."""
+
+    def __init__(self) -> None:
+        self.total = Decimal(0)
+
+    def step(self, value: str | None) -> None:
+        if value is not None:
+            self.total += Decimal(value)
+
+    def finalize(self) -> str:
+        return str(self.total)
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Turn sqlite3's exceptions into sinal's, chained."""
+    try:
+        yield
+    except sqlite3.IntegrityError as exc:
+        if "UNIQUE" in str(exc):
+            raise DuplicateKey(str(exc)) from exc
+        raise StoreError(str(exc)) from exc
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from exc
+
+
+class SQLiteStore:
+    """sinal's tables in one SQLite file."""
+
+    backend = "sqlite"
+
+    def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 60.0):
+        if path in ("", ":memory:"):
+            raise ValueError("SQLiteStore needs a file path (each thread opens its own connection)")
+        self.path = path
+        self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+
+    # -- connections -------------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            with translated_errors():
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self._busy_timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self._synchronous}")
+                conn.execute("PRAGMA foreign_keys=ON")
+                conn.create_aggregate("decimal_sum", 1, _DecimalSum)  # type: ignore[arg-type]
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        with translated_errors():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        with translated_errors():
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._all_lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+    # -- schema ------------------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Apply pending migrations, each in its own transaction."""
+        applied: list[int] = []
+        conn = self._conn()
+        with translated_errors():
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+        for version, name, sql in read_migrations(self.backend):
+            with self._write() as tx:
+                done = tx.execute(
+                    "SELECT 1 FROM schema_migrations WHERE version = ?", (version,)
+                ).fetchone()
+                if done:
+                    continue
+                for statement in _split_sql(sql):
+                    tx.execute(statement)
+                tx.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (version, name, ts(datetime.now(UTC))),
+                )
+                applied.append(version)
+        return applied
+
+    def schema_version(self) -> int:
+        """The highest applied migration, 0 when none."""
+        with self._read() as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+            ).fetchone()
+            if not exists:
+                return 0
+            row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+            return int(row[0])
+
+    # -- accounts and contacts ---------------------------------------------------------
+
+    def create_account(self, account: Account) -> None:
+        """Insert an account."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO accounts (id, name, timezone, created_at) VALUES (?, ?, ?, ?)",
+                (str(account.id), account.name, account.timezone, ts(account.created_at)),
+            )
+
+    def get_account(self, account_id: UUID) -> Account | None:
+        """One account, or None."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT id, name, timezone, created_at FROM accounts WHERE id = ?",
+                (str(account_id),),
+            ).fetchone()
+        if row is None:
+            return None
+        return Account(UUID(row[0]), row[1], row[2], parse_ts(row[3]))
+
+    def upsert_contact(self, contact: NewContact) -> tuple[Contact, bool]:
+        """Find by any identity (most specific first), else create with its identities."""
+        account = str(contact.account_id)
+        with self._write() as conn:
+            for kind, value in contact.identities():
+                row = conn.execute(
+                    "SELECT contact_id FROM contact_identities "
+                    "WHERE account_id = ? AND kind = ? AND value = ?",
+                    (account, kind, value),
+                ).fetchone()
+                if row is not None:
+                    found = self._contact(conn, account, row[0])
+                    assert found is not None
+                    return found, False
+            now = ts(datetime.now(UTC))
+            conn.execute(
+                f"INSERT INTO contacts ({_CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    account,
+                    str(contact.id),
+                    contact.name,
+                    contact.phone,
+                    contact.email,
+                    contact.external_id,
+                    now,
+                    now,
+                ),
+            )
+            conn.executemany(
+                "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
+                "VALUES (?, ?, ?, ?)",
+                [(account, kind, value, str(contact.id)) for kind, value in contact.identities()],
+            )
+            created = self._contact(conn, account, str(contact.id))
+            assert created is not None
+            return created, True
+
+    def get_contact(self, account_id: UUID, contact_id: UUID) -> Contact | None:
+        """One contact of the account, or None."""
+        with self._read() as conn:
+            return self._contact(conn, str(account_id), str(contact_id))
+
+    @staticmethod
+    def _contact(conn: sqlite3.Connection, account: str, contact: str) -> Contact | None:
+        row = conn.execute(
+            f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = ? AND id = ?",
+            (account, contact),
+        ).fetchone()
+        if row is None:
+            return None
+        return Contact(
+            UUID(row[0]), UUID(row[1]), row[2], row[3], row[4], row[5],
+            parse_ts(row[6]), parse_ts(row[7]),
+        )  # fmt: skip
+
+    # -- events ------------------------------------------------------------------------
+
+    def record(self, events: Sequence[PreparedEvent]) -> list[Outcome]:
+        """Store a batch in one transaction (see `Store.record`)."""
+        with self._write() as conn:
+            batch = _Batch(conn)
+            outcomes = [batch.record(event) for event in events]
+            batch.flush_summaries()
+        return outcomes
+
+    def list_events(self, query: EventQuery) -> list[StoredEvent]:
+        """Events matching the query, newest first."""
+        where = ["account_id = ?"]
+        args: list[Any] = [str(query.account_id)]
+        if query.contact_id is not None:
+            where.append("contact_id = ?")
+            args.append(str(query.contact_id))
+        if query.metric_name is not None:
+            where.append("metric_name = ?")
+            args.append(query.metric_name)
+        if query.since is not None:
+            where.append("occurred_at >= ?")
+            args.append(ts(query.since))
+        if query.until is not None:
+            where.append("occurred_at < ?")
+            args.append(ts(query.until))
+        if query.before is not None:
+            where.append("(occurred_at, id) < (?, ?)")
+            args.extend([ts(query.before[0]), str(query.before[1])])
+        sql = (
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)} "
+            "ORDER BY occurred_at DESC, id DESC LIMIT ?"
+        )
+        with self._read() as conn:
+            rows = conn.execute(sql, [*args, query.limit]).fetchall()
+        return [_stored_event(row) for row in rows]
+
+    def get_summary(self, account_id: UUID, contact_id: UUID | None = None) -> list[SummaryRow]:
+        """Summary rows of the account (or one contact)."""
+        sql = (
+            "SELECT account_id, contact_id, metric_name, event_count, total_value, "
+            "first_event_at, last_event_at FROM contact_metrics_summary WHERE account_id = ?"
+        )
+        args: list[str] = [str(account_id)]
+        if contact_id is not None:
+            sql += " AND contact_id = ?"
+            args.append(str(contact_id))
+        with self._read() as conn:
+            rows = conn.execute(sql + " ORDER BY contact_id, metric_name", args).fetchall()
+        return [_summary_row(row) for row in rows]
+
+    def list_rejections(self, account_id: UUID, limit: int = 100) -> list[Rejection]:
+        """Kept rejections, newest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT account_id, id, reason, message, payload, created_at, replayed_event_id "
+                "FROM rejections WHERE account_id = ? ORDER BY id DESC LIMIT ?",
+                (str(account_id), limit),
+            ).fetchall()
+        return [
+            Rejection(
+                UUID(r[0]),
+                UUID(r[1]),
+                r[2],
+                r[3],
+                orjson.loads(r[4]),
+                parse_ts(r[5]),
+                _opt_uuid(r[6]),
+            )
+            for r in rows
+        ]
+
+    def rebuild_summaries(
+        self, account_id: UUID | None = None, progress: Progress | None = None
+    ) -> list[RebuildReport]:
+        """Recompute summaries from events, one account per transaction."""
+        if account_id is not None:
+            accounts = [str(account_id)]
+        else:
+            with self._read() as conn:
+                accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")]
+        reports: list[RebuildReport] = []
+        for done, account in enumerate(accounts, start=1):
+            with self._write() as conn:
+                reports.append(_rebuild_account(conn, account))
+            if progress is not None:
+                progress(done, len(accounts))
+        return reports
+
+
+class _Batch:
+    """One `record()` call: per-event statements, summary deltas folded per key."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.contacts: dict[tuple[str, str], bool] = {}
+        self.metrics: set[tuple[str, str]] = set()
+        # (account, contact, metric) -> [count, total, first, last]
+        self.deltas: dict[tuple[str, str, str], list[Any]] = {}
+        self.now = ts(datetime.now(UTC))
+
+    def record(self, event: PreparedEvent) -> Outcome:
+        account = str(event.account_id)
+        if event.contact_id is None:
+            return self.reject(event, "contact_required")
+        contact = str(event.contact_id)
+        if not self.contact_exists(account, contact):
+            return self.reject(event, "contact_not_found")
+        self.ensure_metric(event)
+        row = self.conn.execute(
+            f"INSERT INTO events ({_EVENT_COLUMNS}, metric_id, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (account_id, unique_event_id) DO NOTHING RETURNING id",
+            (
+                account, str(event.id), contact, event.metric_name, event.properties_json,
+                _opt(event.value), event.currency, event.source, event.source_id,
+                _opt(event.integration_id), event.unique_event_id, event.entity_type,
+                event.entity_id, _opt(event.automation_execution_id), ts(event.occurred_at),
+                ts(event.received_at), event_schema_version(),
+                str(metric_id(event.account_id, event.metric_name)), self.now,
+            ),
+        ).fetchone()  # fmt: skip
+        if row is None:
+            return self.duplicate(event)
+        self.add_delta(account, contact, event)
+        if not event.from_automation:
+            self.conn.execute(
+                "INSERT INTO outbox (account_id, event_id, metric_name, created_at, available_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (account, str(event.id), event.metric_name, self.now, self.now),
+            )
+        return Outcome("created", event_id=event.id)
+
+    def contact_exists(self, account: str, contact: str) -> bool:
+        key = (account, contact)
+        if key not in self.contacts:
+            self.contacts[key] = (
+                self.conn.execute(
+                    "SELECT 1 FROM contacts WHERE account_id = ? AND id = ?", key
+                ).fetchone()
+                is not None
+            )
+        return self.contacts[key]
+
+    def ensure_metric(self, event: PreparedEvent) -> None:
+        key = (str(event.account_id), event.metric_name)
+        if key in self.metrics:
+            return
+        self.conn.execute(
+            "INSERT INTO metrics (account_id, id, name, display_name, category, source, "
+            "is_system, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                key[0], str(metric_id(event.account_id, event.metric_name)), event.metric_name,
+                event.display_name, str(event.category), event.source, int(event.is_system),
+                self.now,
+            ),
+        )  # fmt: skip
+        self.metrics.add(key)
+
+    def duplicate(self, event: PreparedEvent) -> Outcome:
+        row = self.conn.execute(
+            "SELECT id, metric_name, properties, value, currency, occurred_at FROM events "
+            "WHERE account_id = ? AND unique_event_id = ?",
+            (str(event.account_id), event.unique_event_id),
+        ).fetchone()
+        stored = StoredPayload(
+            metric_name=row[1],
+            properties=orjson.loads(row[2]),
+            value=_opt_decimal(row[3]),
+            currency=row[4],
+            occurred_at=parse_ts(row[5]),
+        )
+        return Outcome("duplicate", event_id=UUID(row[0]), stored=stored)
+
+    def reject(self, event: PreparedEvent, reason: str) -> Outcome:
+        message = rejection_message(reason, event)
+        self.conn.execute(
+            "INSERT INTO rejections (account_id, id, reason, message, source, payload, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                str(event.account_id), str(event.id), reason, message, event.source,
+                dumps_json(event.as_input()), self.now,
+            ),
+        )  # fmt: skip
+        return Outcome("rejected", reason=reason, message=message, rejection_id=event.id)
+
+    def add_delta(self, account: str, contact: str, event: PreparedEvent) -> None:
+        when = ts(event.occurred_at)
+        key = (account, contact, event.metric_name)
+        delta = self.deltas.setdefault(key, [0, Decimal(0), when, when])
+        delta[0] += 1
+        delta[1] += event.value or 0
+        delta[2] = min(delta[2], when)
+        delta[3] = max(delta[3], when)
+
+    def flush_summaries(self) -> None:
+        for (account, contact, metric), delta in self.deltas.items():
+            row = self.conn.execute(
+                "SELECT event_count, total_value, first_event_at, last_event_at "
+                "FROM contact_metrics_summary "
+                "WHERE account_id = ? AND contact_id = ? AND metric_name = ?",
+                (account, contact, metric),
+            ).fetchone()
+            count, total, first, last = delta
+            if row is not None:
+                count, total = count + row[0], total + Decimal(row[1])
+                first, last = min(first, row[2]), max(last, row[3])
+            self.conn.execute(
+                "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, id, "
+                "event_count, total_value, first_event_at, last_event_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET "
+                "event_count = excluded.event_count, total_value = excluded.total_value, "
+                "first_event_at = excluded.first_event_at, "
+                "last_event_at = excluded.last_event_at, updated_at = excluded.updated_at",
+                (account, contact, metric, str(new_id()), count, str(total), first, last, self.now),
+            )
+
+
+def _rebuild_account(conn: sqlite3.Connection, account: str) -> RebuildReport:
+    truth = {
+        (r[0], r[1]): (r[2], Decimal(r[3]), r[4], r[5])
+        for r in conn.execute(
+            "SELECT contact_id, metric_name, count(*), decimal_sum(value), min(occurred_at), "
+            "max(occurred_at) FROM events WHERE account_id = ? GROUP BY contact_id, metric_name",
+            (account,),
+        )
+    }
+    kept = {
+        (r[0], r[1]): (r[2], Decimal(r[3]), r[4], r[5])
+        for r in conn.execute(
+            "SELECT contact_id, metric_name, event_count, total_value, first_event_at, "
+            "last_event_at FROM contact_metrics_summary WHERE account_id = ?",
+            (account,),
+        )
+    }
+    report = compare_summaries(UUID(account), truth, kept)
+    if report.drift:
+        now = ts(datetime.now(UTC))
+        conn.execute("DELETE FROM contact_metrics_summary WHERE account_id = ?", (account,))
+        conn.executemany(
+            "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, id, "
+            "event_count, total_value, first_event_at, last_event_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (account, c, m, str(new_id()), n, str(total), first, last, now)
+                for (c, m), (n, total, first, last) in truth.items()
+            ],
+        )
+    return report
+
+
+def _stored_event(row: Sequence[Any]) -> StoredEvent:
+    return StoredEvent(
+        account_id=UUID(row[0]),
+        id=UUID(row[1]),
+        contact_id=UUID(row[2]),
+        metric_name=row[3],
+        properties=orjson.loads(row[4]),
+        value=_opt_decimal(row[5]),
+        currency=row[6],
+        source=row[7],
+        source_id=row[8],
+        integration_id=_opt_uuid(row[9]),
+        unique_event_id=row[10],
+        entity_type=row[11],
+        entity_id=row[12],
+        automation_execution_id=_opt_uuid(row[13]),
+        occurred_at=parse_ts(row[14]),
+        received_at=parse_ts(row[15]),
+        schema_version=row[16],
+    )
+
+
+def _summary_row(row: Sequence[Any]) -> SummaryRow:
+    return SummaryRow(
+        account_id=UUID(row[0]),
+        contact_id=UUID(row[1]),
+        metric_name=row[2],
+        event_count=row[3],
+        total_value=Decimal(row[4]),
+        first_event_at=parse_ts(row[5]),
+        last_event_at=parse_ts(row[6]),
+    )
+
+
+def event_schema_version() -> int:
+    """The version of the event's shape written by this code."""
+    from sinal.events import SCHEMA_VERSION
+
+    return SCHEMA_VERSION
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split a migration into statements (ours have no ';' inside literals or bodies)."""
+    lines = [line for line in script.splitlines() if not line.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
