@@ -36,6 +36,9 @@ MAX_ABS_VALUE = Decimal("1e14")
 VALUE_PLACES = 4
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 MAX_FUTURE = timedelta(hours=24)
+# The integers orjson can write (int64 and uint64); larger ones would raise a TypeError.
+_JSON_INT_MIN = -(2**63)
+_JSON_INT_MAX = 2**64 - 1
 
 # source and entity_type become parts of "{source}:{entity_type}:{source_id}", so they may
 # not contain ':' — otherwise two different triples could build the same unique id.
@@ -346,8 +349,13 @@ class _Validator:
 
     def _json_value(self, path: str, value: Any, depth: int) -> Any:
         """Return `value` as plain JSON data, recording what cannot be stored."""
-        if value is None or isinstance(value, bool | int):
+        if value is None or isinstance(value, bool):
             return value
+        if isinstance(value, int):
+            if _JSON_INT_MIN <= value <= _JSON_INT_MAX:
+                return value
+            self.fail(path, "out_of_range", f"{path} does not fit in 64 bits; send it as a string")
+            return None
         if isinstance(value, str):
             return self._json_string(path, value)
         if isinstance(value, float):

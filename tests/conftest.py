@@ -1,0 +1,91 @@
+"""Fixtures shared by every layer: a database URL per backend, a ledger on it.
+
+PostgreSQL tests clone a migrated template database (fast) into a fresh database per test.
+Without a PostgreSQL server they are skipped locally and fail the run with CI=true.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from sinal.ledger import Ledger, connect
+
+PG_URL = os.environ.get("SINAL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_counter = itertools.count()
+
+
+def _admin_url(dbname: str) -> str:
+    return PG_URL.rsplit("/", 1)[0] + "/" + dbname
+
+
+def _pg_available() -> str | None:
+    """None when PostgreSQL answers, else the reason."""
+    try:
+        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return f"PostgreSQL at {PG_URL} is not reachable: {exc}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    """A migrated template database; its name."""
+    problem = _pg_available()
+    if problem:
+        if IN_CI:
+            pytest.fail(f"{problem} (CI=true: PostgreSQL tests may not be skipped)")
+        pytest.skip(problem)
+    name = f"sinal_tpl_{os.getpid()}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    ledger = connect(_admin_url(name))
+    ledger.migrate()
+    ledger.close()
+    yield name
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url(pg_template: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for one test."""
+    name = f"sinal_t_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+    yield _admin_url(name)
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh, migrated SQLite database for one test."""
+    url = f"sqlite:///{tmp_path / 'sinal.db'}"
+    ledger = connect(url)
+    ledger.migrate()
+    ledger.close()
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """A fresh, migrated database on each backend."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
+@pytest.fixture
+def ledger(database_url: str) -> Iterator[Ledger]:
+    """A ledger on a fresh database, on each backend."""
+    with connect(database_url) as led:
+        yield led

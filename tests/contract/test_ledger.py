@@ -1,0 +1,350 @@
+"""The ledger's contract, on SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+import sinal
+from sinal import EmitEvent, InvalidEvent, Ledger
+from sinal.store.base import EventQuery
+from tests.helpers import count, sql
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def account(ledger: Ledger) -> sinal.Account:
+    return ledger.create_account("Loja Exemplo")
+
+
+@pytest.fixture
+def contact(ledger: Ledger, account: sinal.Account) -> sinal.Contact:
+    return ledger.create_contact(account.id, phone="+55 11 98765-4321", email="ana@example.com")
+
+
+def order_paid(account: sinal.Account, contact: sinal.Contact, **overrides: object) -> EmitEvent:
+    params: dict[str, object] = {
+        "account_id": account.id,
+        "contact_id": contact.id,
+        "metric_name": sinal.METRIC_ORDER_PAID,
+        "properties": {"order_id": "1001", "total": "297.90"},
+        "value": Decimal("297.90"),
+        "source": "shopify",
+        "source_id": "1001",
+        "entity_type": "order",
+    }
+    params.update(overrides)
+    return EmitEvent(**params)  # type: ignore[arg-type]
+
+
+def test_migrate_is_idempotent_and_reports_version(database_url: str) -> None:
+    with sinal.connect(database_url) as ledger:
+        assert ledger.migrate() == []
+        assert ledger.schema_version() == 1
+
+
+def test_emit_event_stores_event_metric_summary_and_outbox(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    result = ledger.emit(order_paid(account, contact))
+
+    assert result.status == "created"
+    assert result.unique_event_id == "shopify:order:1001"
+    [event] = ledger.list_events(EventQuery(account.id))
+    assert event.id == result.event_id
+    assert event.value == Decimal("297.90")
+    assert event.currency == "BRL"
+    assert event.properties == {"order_id": "1001", "total": "297.90"}
+    assert event.occurred_at.tzinfo is not None
+    assert event.schema_version == 1
+    [summary] = ledger.get_summary(account.id, contact.id)
+    assert (summary.metric_name, summary.event_count, summary.total_value) == (
+        "Order Paid",
+        1,
+        Decimal("297.90"),
+    )
+    assert sql(database_url, "SELECT name, category, is_system, display_name FROM metrics") == [
+        ("Order Paid", "ecommerce", True, "Order Paid")
+    ]
+    assert count(database_url, "outbox") == 1
+
+
+def test_duplicate_returns_existing_id_and_whether_payload_differs(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    first = ledger.emit(order_paid(account, contact))
+    same = ledger.emit(order_paid(account, contact, value=Decimal("297.9")))
+    changed = ledger.emit(order_paid(account, contact, properties={"order_id": "1001"}))
+
+    assert (same.status, same.event_id, same.differs) == ("duplicate", first.event_id, False)
+    assert (changed.status, changed.event_id, changed.differs) == (
+        "duplicate",
+        first.event_id,
+        True,
+    )
+    [summary] = ledger.get_summary(account.id)
+    assert summary.event_count == 1
+
+
+def test_custom_metric_is_created_as_custom(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    ledger.emit_event(
+        account_id=account.id, contact_id=contact.id, metric_name="Quiz Answered", source="app"
+    )
+    assert sql(database_url, "SELECT name, category, is_system, source FROM metrics") == [
+        ("Quiz Answered", "custom", False, "app")
+    ]
+
+
+def test_missing_contact_is_rejected_and_kept(
+    ledger: Ledger, database_url: str, account: sinal.Account
+) -> None:
+    result = ledger.emit_event(
+        account_id=account.id, contact_id=None, metric_name="Order Paid", source="shopify"
+    )
+
+    assert (result.status, result.reason, result.event_id) == ("rejected", "contact_required", None)
+    [kept] = ledger.list_rejections(account.id)
+    assert kept.id == result.rejection_id
+    assert kept.reason == "contact_required"
+    assert kept.payload["metric_name"] == "Order Paid"
+    assert count(database_url, "events") == 0
+    assert count(database_url, "outbox") == 0
+
+
+def test_contact_of_another_account_is_not_found(
+    ledger: Ledger, database_url: str, contact: sinal.Contact
+) -> None:
+    other = ledger.create_account("Outra Loja")
+    stranger = ledger.emit_event(
+        account_id=other.id, contact_id=contact.id, metric_name="Order Paid", source="shopify"
+    )
+    unknown = ledger.emit_event(
+        account_id=other.id, contact_id=uuid.uuid4(), metric_name="Order Paid", source="shopify"
+    )
+
+    assert (stranger.status, stranger.reason) == ("rejected", "contact_not_found")
+    assert (unknown.status, unknown.reason) == ("rejected", "contact_not_found")
+    assert ledger.get_contact(other.id, contact.id) is None
+    assert count(database_url, "events") == 0
+    assert len(ledger.list_rejections(other.id)) == 2
+
+
+def test_invalid_event_raises_and_writes_nothing(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    with pytest.raises(InvalidEvent) as caught:
+        ledger.emit(order_paid(account, contact, value=float("nan"), currency="REAIS"))
+
+    assert {(e.field, e.code) for e in caught.value.errors} == {
+        ("value", "not_finite"),
+        ("currency", "invalid_currency"),
+    }
+    for table in ("events", "metrics", "contact_metrics_summary", "outbox", "rejections"):
+        assert count(database_url, table) == 0
+
+
+def test_events_from_automations_write_no_outbox_row(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    execution = uuid.uuid4()
+    result = ledger.emit_event(
+        account_id=account.id,
+        contact_id=contact.id,
+        metric_name=sinal.METRIC_MESSAGE_SENT,
+        source="automation",
+        automation_execution_id=execution,
+    )
+
+    [event] = ledger.list_events(EventQuery(account.id))
+    assert event.id == result.event_id
+    assert event.automation_execution_id == execution
+    assert count(database_url, "outbox") == 0
+
+
+def test_summary_keeps_min_and_max_with_out_of_order_events(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    for days, value in [(5, "10"), (1, None), (9, "2.5"), (3, "0.0001")]:
+        ledger.emit_event(
+            account_id=account.id,
+            contact_id=contact.id,
+            metric_name="Order Placed",
+            source="api",
+            value=value,
+            occurred_at=T0 - timedelta(days=days),
+        )
+
+    [summary] = ledger.get_summary(account.id, contact.id)
+    assert summary.event_count == 4
+    assert summary.total_value == Decimal("12.5001")
+    assert summary.first_event_at == T0 - timedelta(days=9)
+    assert summary.last_event_at == T0 - timedelta(days=1)
+
+
+def test_emit_many_answers_in_order_and_first_duplicate_wins(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    results = ledger.emit_many(
+        [
+            order_paid(account, contact, source_id="1", value=1),
+            order_paid(account, contact, source_id="2", value=2),
+            order_paid(account, contact, source_id="1", value=3),  # same id, other payload
+            order_paid(account, contact, metric_name="", source_id="3"),
+            order_paid(account, contact, contact_id=uuid.uuid4(), source_id="4"),
+            order_paid(account, contact, source_id="1", value=1),  # same id, same payload
+        ]
+    )
+
+    assert [r.status for r in results] == [
+        "created",
+        "created",
+        "duplicate",
+        "rejected",
+        "rejected",
+        "duplicate",
+    ]
+    assert results[2].event_id == results[0].event_id
+    assert results[2].differs is True
+    assert results[5].differs is False
+    assert results[3].reason == "invalid"
+    assert results[3].errors[0].field == "metric_name"
+    assert results[4].reason == "contact_not_found"
+    assert count(database_url, "events") == 2
+    [summary] = ledger.get_summary(account.id)
+    assert (summary.event_count, summary.total_value) == (2, Decimal(3))
+
+
+def test_emit_many_retries_a_repeat_whose_first_was_rejected(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    results = ledger.emit_many(
+        [
+            order_paid(account, contact, contact_id=uuid.uuid4()),
+            order_paid(account, contact),
+        ]
+    )
+    assert [r.status for r in results] == ["rejected", "created"]
+
+
+def test_emit_many_refuses_more_than_a_thousand(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    with pytest.raises(InvalidEvent) as caught:
+        ledger.emit_many([order_paid(account, contact, source_id=str(i)) for i in range(1001)])
+    assert caught.value.errors[0].code == "too_many"
+
+
+def test_emit_many_with_nothing_valid_writes_nothing(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    results = ledger.emit_many([order_paid(account, contact, currency="??")])
+    assert results[0].reason == "invalid"
+    assert count(database_url, "events") == 0
+
+
+def test_same_source_id_in_two_accounts_is_two_events(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    other = ledger.create_account("Outra Loja")
+    other_contact = ledger.create_contact(other.id, email="ana@example.com")
+    a = ledger.emit(order_paid(account, contact))
+    b = ledger.emit(order_paid(other, other_contact))
+    assert (a.status, b.status) == ("created", "created")
+    assert other_contact.id != contact.id
+
+
+def test_contact_is_matched_by_phone_without_the_ninth_digit(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    same, created = ledger.upsert_contact(account.id, phone="551187654321")
+    by_email, _ = ledger.upsert_contact(account.id, email=" ANA@Example.com ")
+    assert not created
+    assert same.id == by_email.id == contact.id
+    assert contact.phone == "+5511987654321"
+
+
+def test_invalid_contact_identities_are_reported_per_field(
+    ledger: Ledger, account: sinal.Account
+) -> None:
+    with pytest.raises(sinal.InvalidContact) as caught:
+        ledger.create_contact(account.id, phone="abc", email="not-an-email")
+    assert {(e.field, e.code) for e in caught.value.errors} == {
+        ("phone", "invalid_phone"),
+        ("email", "invalid_email"),
+    }
+
+
+def test_contact_in_unknown_account_is_refused(ledger: Ledger) -> None:
+    with pytest.raises(sinal.AccountNotFound):
+        ledger.create_contact(uuid.uuid4(), email="ana@example.com")
+
+
+def test_list_events_pages_newest_first(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    for day in range(5):
+        ledger.emit_event(
+            account_id=account.id,
+            contact_id=contact.id,
+            metric_name="Link Clicked",
+            source="tracking",
+            occurred_at=T0 + timedelta(days=day),
+        )
+    first = ledger.list_events(EventQuery(account.id, limit=2))
+    cursor = (first[-1].occurred_at, first[-1].id)
+    rest = ledger.list_events(EventQuery(account.id, before=cursor, limit=10))
+    assert [e.occurred_at.day for e in first + rest] == [5, 4, 3, 2, 1]
+
+
+def test_rebuild_summaries_fixes_drift(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    ledger.emit(order_paid(account, contact))
+    ledger.emit(order_paid(account, contact, source_id="2", metric_name="Order Placed"))
+    sql(database_url, "UPDATE contact_metrics_summary SET event_count = 7 WHERE metric_name = ?",
+        "Order Paid")  # fmt: skip
+    sql(database_url, "DELETE FROM contact_metrics_summary WHERE metric_name = ?", "Order Placed")
+
+    [report] = ledger.rebuild_summaries(account.id)
+    assert (report.changed, report.inserted, report.deleted) == (1, 1, 0)
+    assert [s.event_count for s in ledger.get_summary(account.id)] == [1, 1]
+    [again] = ledger.rebuild_summaries()
+    assert again.drift == 0
+
+
+def test_async_ledger_does_not_block_the_loop(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    async def main() -> list[sinal.EmitResult]:
+        aledger = sinal.AsyncLedger(ledger)
+        return await asyncio.gather(
+            *(aledger.emit(order_paid(account, contact, source_id=str(i % 3))) for i in range(9))
+        )
+
+    results = asyncio.run(main())
+    assert sorted(r.status for r in results).count("created") == 3
+
+
+def test_module_level_emit_event_uses_sinal_database_url(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SINAL_DATABASE_URL", database_url)
+    monkeypatch.setattr(sinal, "_default", None)
+    ledger = sinal.default_ledger()
+    try:
+        account = ledger.create_account("Default")
+        contact = ledger.create_contact(account.id, email="x@example.com")
+        result = sinal.emit_event(
+            account_id=account.id, contact_id=contact.id, metric_name="Tag Added", source="api"
+        )
+        assert result.status == "created"
+    finally:
+        ledger.close()
+        monkeypatch.setattr(sinal, "_default", None)
