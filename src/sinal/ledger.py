@@ -171,6 +171,12 @@ class Ledger:
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
+    def record_prepared(self, events: Sequence[PreparedEvent]) -> list[EmitResult]:
+        """Record already validated events in one transaction (used by group commit)."""
+        results: list[EmitResult | None] = [None] * len(events)
+        self._record_rounds(list(enumerate(events)), results)
+        return results  # type: ignore[return-value]
+
     def _record_rounds(
         self, items: list[tuple[int, PreparedEvent]], results: list[EmitResult | None]
     ) -> None:

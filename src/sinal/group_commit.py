@@ -1,0 +1,84 @@
+"""Group commit: many concurrent single-event calls share one transaction.
+
+Each caller's event is validated at once (bad input fails fast, alone), then waits in a
+queue; the queue is flushed as one `record` call when it holds `max_batch` events or its
+oldest event has waited `max_delay` seconds. Every caller is answered only after the
+transaction holding its event has committed, so an acknowledged event is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from sinal.events import EmitEvent, EmitResult, PreparedEvent, prepare
+from sinal.ledger import MAX_BATCH, Ledger
+
+
+@dataclass(slots=True)
+class _Pending:
+    events: list[PreparedEvent] = field(default_factory=list)
+    futures: list[asyncio.Future[EmitResult]] = field(default_factory=list)
+
+
+class GroupCommitter:
+    """Batches concurrent `emit` calls on one event loop into shared transactions."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        max_batch: int = 500,
+        max_delay: float = 0.002,
+        max_inflight: int = 4,
+    ) -> None:
+        if not 1 <= max_batch <= MAX_BATCH:
+            raise ValueError(f"max_batch must be within 1..{MAX_BATCH}")
+        self.ledger = ledger
+        self.max_batch = max_batch
+        self.max_delay = max_delay
+        self._pending = _Pending()
+        self._timer: asyncio.TimerHandle | None = None
+        self._inflight = asyncio.Semaphore(max_inflight)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def emit(self, event: EmitEvent) -> EmitResult:
+        """Record one event; raises `InvalidEvent` at once for malformed input."""
+        prepared = prepare(event, self.ledger.clock())
+        future: asyncio.Future[EmitResult] = asyncio.get_running_loop().create_future()
+        self._pending.events.append(prepared)
+        self._pending.futures.append(future)
+        if len(self._pending.events) >= self.max_batch:
+            self._flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.max_delay, self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, _Pending()
+        if batch.events:
+            task = asyncio.get_running_loop().create_task(self._commit(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _commit(self, batch: _Pending) -> None:
+        async with self._inflight:
+            try:
+                results = await asyncio.to_thread(self.ledger.record_prepared, batch.events)
+            except Exception as exc:  # every waiter must hear about the failure
+                for future in batch.futures:
+                    if not future.done():
+                        future.set_exception(exc)
+                return
+        for future, result in zip(batch.futures, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+    async def drain(self) -> None:
+        """Flush what is queued and wait for every transaction in flight (at shutdown)."""
+        self._flush()
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
