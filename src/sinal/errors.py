@@ -7,6 +7,7 @@ SinalError
 ├── InvalidAccount        # .errors: bad name or timezone
 ├── ContactNotFound
 ├── AccountNotFound
+├── IdentityConflict      # .field: the identity already names another contact
 ├── StoreError            # the driver's error is __cause__
 │   ├── DuplicateKey      # .constraint
 │   └── SchemaOutOfDate   # migrations not applied
@@ -45,6 +46,10 @@ class _FieldErrors(SinalError, ValueError):
         self.errors: tuple[FieldError, ...] = tuple(errors)
         super().__init__("; ".join(f"{e.field}: {e.message}" for e in self.errors))
 
+    def __reduce__(self) -> tuple[type[_FieldErrors], tuple[tuple[FieldError, ...]]]:
+        # Rebuild from the errors, not the message, so the error crosses process boundaries.
+        return (type(self), (self.errors,))
+
     @property
     def field(self) -> str:
         """The first bad field (convenient when there is only one)."""
@@ -74,6 +79,14 @@ class ContactNotFound(SinalError, LookupError):
 
 class AccountNotFound(SinalError, LookupError):
     """No such account."""
+
+
+class IdentityConflict(SinalError):
+    """A phone, email or external id given for a contact already names another contact."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        super().__init__(f"this {field.replace('_', ' ')} already belongs to another contact")
 
 
 class StoreError(SinalError):

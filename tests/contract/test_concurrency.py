@@ -1,0 +1,142 @@
+"""Proof under concurrency: real OS processes racing on one database, both backends."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from sinal import EmitEvent, connect
+from sinal.store.base import EventQuery
+from tests.helpers import count
+
+pytestmark = pytest.mark.slow
+
+T0 = datetime(2026, 10, 1, tzinfo=UTC)
+SPAWN = multiprocessing.get_context("spawn")  # children share nothing but the database
+
+
+def _event(account: str, contacts: list[str], uid: int) -> EmitEvent:
+    """The event for a unique id: identical in every process that emits it."""
+    rng = random.Random(uid)
+    return EmitEvent(
+        account_id=account,
+        contact_id=contacts[rng.randrange(len(contacts))],
+        metric_name=rng.choice(["Order Paid", "Message Delivered", "Link Clicked"]),
+        source="race",
+        source_id=str(uid),
+        value=Decimal(rng.randrange(0, 100_000)) / 100,
+        occurred_at=T0 + timedelta(minutes=rng.randrange(-50_000, 50_000)),
+    )
+
+
+def _emit_same_ids(
+    url: str, account: str, contacts: list[str], seed: int, start: Any
+) -> dict[int, str]:
+    """Emit ids 0..499 in a shuffled order, half one by one, half in batches."""
+    ids = list(range(500))
+    random.Random(seed).shuffle(ids)
+    got: dict[int, str] = {}
+    with connect(url) as ledger:
+        start.wait()
+        if seed % 2:
+            for uid in ids:
+                got[uid] = str(ledger.emit(_event(account, contacts, uid)).event_id)
+        else:
+            for i in range(0, len(ids), 50):
+                chunk = ids[i : i + 50]
+                results = ledger.emit_many([_event(account, contacts, u) for u in chunk])
+                got.update({u: str(r.event_id) for u, r in zip(chunk, results, strict=True)})
+    return got
+
+
+def _emit_mixed(url: str, account: str, contacts: list[str], worker: int, start: Any) -> int:
+    """5,000 events: 70% ids of this worker's own, 30% drawn from a pool shared by all."""
+    rng = random.Random(1000 + worker)
+    ids = [worker * 1_000_000 + i for i in range(3500)]
+    ids += [rng.randrange(1000) for _ in range(1500)]  # shared pool: cross-process duplicates
+    rng.shuffle(ids)
+    created = 0
+    with connect(url) as ledger:
+        start.wait()
+        for i in range(0, len(ids), 250):
+            results = ledger.emit_many([_event(account, contacts, u) for u in ids[i : i + 250]])
+            created += sum(r.status == "created" for r in results)
+    return created
+
+
+def _run(processes: int, target: Callable[..., Any], *args: Any) -> list[Any]:
+    start = SPAWN.Manager().Barrier(processes)
+    with SPAWN.Pool(processes) as pool:
+        pending = [pool.apply_async(target, (*args, n, start)) for n in range(processes)]
+        return [p.get(timeout=600) for p in pending]
+
+
+def _setup(url: str, contacts: int) -> tuple[str, list[str]]:
+    with connect(url) as ledger:
+        account = ledger.create_account("Race")
+        ids = [
+            str(ledger.create_contact(account.id, external_id=f"c{i}").id) for i in range(contacts)
+        ]
+    return str(account.id), ids
+
+
+def _expected_summary(events: list[EmitEvent]) -> dict[tuple[str, str], tuple[Any, ...]]:
+    rows: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, Decimal(0), None, None])
+    for e in events:
+        row = rows[(str(e.contact_id), e.metric_name)]
+        row[0] += 1
+        row[1] += Decimal(str(e.value))
+        row[2] = e.occurred_at if row[2] is None else min(row[2], e.occurred_at)
+        row[3] = e.occurred_at if row[3] is None else max(row[3], e.occurred_at)
+    return {k: tuple(v) for k, v in rows.items()}
+
+
+def _actual_summary(url: str, account: str) -> dict[tuple[str, str], tuple[Any, ...]]:
+    with connect(url) as ledger:
+        return {
+            (str(s.contact_id), s.metric_name): (
+                s.event_count, s.total_value, s.first_event_at, s.last_event_at,
+            )
+            for s in ledger.get_summary(account)
+        }  # fmt: skip
+
+
+def test_eight_processes_racing_on_the_same_500_ids_store_each_once(database_url: str) -> None:
+    account, contacts = _setup(database_url, 20)
+
+    answers = _run(8, _emit_same_ids, database_url, account, contacts)
+
+    assert count(database_url, "events") == 500
+    for uid in range(500):
+        assert len({a[uid] for a in answers}) == 1, f"callers disagree on the event for {uid}"
+    with connect(database_url) as ledger:
+        stored = {str(e.id) for e in ledger.list_events(EventQuery(account, limit=1000))}  # type: ignore[arg-type]
+    assert stored == set(answers[0].values())
+    expected = _expected_summary([_event(account, contacts, uid) for uid in range(500)])
+    assert _actual_summary(database_url, account) == expected
+    assert count(database_url, "outbox") == 500
+
+
+def test_four_processes_with_thirty_percent_duplicates_keep_exact_counts(
+    database_url: str,
+) -> None:
+    account, contacts = _setup(database_url, 50)
+
+    created = _run(4, _emit_mixed, database_url, account, contacts)
+
+    distinct: set[int] = set()
+    for worker in range(4):
+        rng = random.Random(1000 + worker)
+        distinct.update(worker * 1_000_000 + i for i in range(3500))
+        distinct.update(rng.randrange(1000) for _ in range(1500))
+    assert sum(created) == len(distinct)
+    assert count(database_url, "events") == len(distinct)
+    expected = _expected_summary([_event(account, contacts, uid) for uid in distinct])
+    assert _actual_summary(database_url, account) == expected
