@@ -18,6 +18,7 @@ from sinal.catalog import *  # noqa: F403 - the seed's constants are part of the
 from sinal.catalog import __all__ as _catalog_all
 from sinal.errors import (
     AccountNotFound,
+    ConfigurationError,
     ContactNotFound,
     DuplicateKey,
     FieldError,
@@ -67,6 +68,7 @@ __all__ = [  # noqa: PLE0604 - the catalog's names are re-exported whole
     "Account",
     "AccountNotFound",
     "AsyncLedger",
+    "ConfigurationError",
     "Contact",
     "ContactNotFound",
     "DuplicateKey",

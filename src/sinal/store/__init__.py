@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+from sinal.errors import ConfigurationError
 from sinal.store.base import Store
 
 
@@ -21,7 +22,9 @@ def open_store(url: str) -> Store:
         from sinal.store.postgres import PostgresStore
 
         return PostgresStore(url)
-    raise ValueError(f"unsupported database URL {url!r}: use sqlite:///file.db or postgresql://...")
+    raise ConfigurationError(
+        f"unsupported database URL {url!r}: use sqlite:///file.db or postgresql://..."
+    )
 
 
 __all__ = ["Store", "open_store"]

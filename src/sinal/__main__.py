@@ -1,0 +1,5 @@
+"""`python -m sinal` runs the CLI."""
+
+from sinal.cli import main
+
+main()
