@@ -8,6 +8,7 @@ SinalError
 ├── ContactNotFound
 ├── AccountNotFound
 ├── IdentityConflict      # .field: the identity already names another contact
+├── ConfigurationError    # a malformed setting
 ├── StoreError            # the driver's error is __cause__
 │   ├── DuplicateKey      # .constraint
 │   └── SchemaOutOfDate   # migrations not applied
@@ -87,6 +88,10 @@ class IdentityConflict(SinalError):
     def __init__(self, field: str) -> None:
         self.field = field
         super().__init__(f"this {field.replace('_', ' ')} already belongs to another contact")
+
+
+class ConfigurationError(SinalError, ValueError):
+    """A setting is malformed (e.g. an unsupported database URL)."""
 
 
 class StoreError(SinalError):
