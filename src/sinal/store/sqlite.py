@@ -19,7 +19,7 @@ from uuid import UUID
 
 import orjson
 
-from sinal.errors import DuplicateKey, StoreError
+from sinal.errors import ConfigurationError, DuplicateKey, StoreError
 from sinal.events import PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
 from sinal.store.base import (
@@ -102,7 +102,10 @@ class SQLiteStore:
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 60.0):
         if path in ("", ":memory:"):
-            raise ValueError("SQLiteStore needs a file path (each thread opens its own connection)")
+            raise ConfigurationError(
+                "SQLite needs a file path, e.g. sqlite:///sinal.db (each thread opens its own "
+                "connection, so :memory: cannot be shared)"
+            )
         self.path = path
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
