@@ -1,0 +1,140 @@
+"""Retry delays: exponential backoff with full jitter, bounded, repeatable with a seed."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sinal.automations.backoff import RetryPolicy, delay_ceiling, is_exhausted, next_delay
+
+
+class Fixed:
+    """A jitter source that always draws the same number."""
+
+    def __init__(self, draw: float) -> None:
+        self.draw = draw
+
+    def random(self) -> float:
+        return self.draw
+
+
+@pytest.mark.parametrize(
+    ("attempt", "kwargs", "ceiling"),
+    [
+        (1, {}, 1.0),
+        (2, {}, 2.0),
+        (3, {}, 4.0),
+        (12, {}, 2048.0),
+        (13, {}, 3600.0),  # 4096 capped
+        (10_000, {}, 3600.0),  # 2.0 ** 9999 overflows a float: the cap applies
+        (3, {"base": 0.5, "factor": 3.0}, 4.5),
+        (5, {"factor": 1.0}, 1.0),  # constant backoff
+        (4, {"base": 10.0, "cap": 60.0}, 60.0),
+        (1, {"base": 5.0, "cap": 2.0}, 2.0),
+        (3, {"cap": 0.0}, 0.0),
+    ],
+)
+def test_delay_ceiling_grows_exponentially_up_to_the_cap(
+    attempt: int, kwargs: dict[str, float], ceiling: float
+) -> None:
+    assert delay_ceiling(attempt, **kwargs) == ceiling
+
+
+@pytest.mark.parametrize(
+    ("draw", "attempt", "delay"),
+    [(0.0, 1, 0.0), (0.5, 1, 0.5), (0.5, 4, 4.0), (0.999, 20, 3596.4), (0.25, 13, 900.0)],
+)
+def test_next_delay_is_the_draw_times_the_ceiling(draw: float, attempt: int, delay: float) -> None:
+    assert next_delay(attempt, jitter=Fixed(draw)) == pytest.approx(delay)
+
+
+def test_next_delay_is_repeatable_with_a_seeded_random() -> None:
+    first = [next_delay(n, jitter=random.Random(42)) for n in range(1, 20)]
+    second = [next_delay(n, jitter=random.Random(42)) for n in range(1, 20)]
+    assert first == second
+
+
+def test_next_delay_spreads_retries_over_the_whole_window() -> None:
+    rng = random.Random(7)
+    delays = [next_delay(5, jitter=rng) for _ in range(2000)]
+    assert min(delays) < 0.5
+    assert max(delays) > 15.5
+    assert 7.0 < sum(delays) / len(delays) < 9.0  # uniform on [0, 16]: mean 8
+
+
+def test_next_delay_uses_the_random_module_by_default() -> None:
+    delays = {next_delay(10) for _ in range(20)}
+    assert all(0.0 <= d <= 512.0 for d in delays)
+    assert len(delays) > 1
+
+
+@pytest.mark.parametrize(
+    ("attempt", "kwargs", "message"),
+    [
+        (0, {}, "attempt"),
+        (-1, {}, "attempt"),
+        (1, {"base": 0.0}, "base"),
+        (1, {"base": -1.0}, "base"),
+        (1, {"base": math.inf}, "base"),
+        (1, {"factor": 0.5}, "factor"),
+        (1, {"factor": math.nan}, "factor"),
+        (1, {"cap": -1.0}, "cap"),
+        (1, {"cap": math.inf}, "cap"),
+    ],
+)
+def test_next_delay_rejects_nonsense(attempt: int, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        next_delay(attempt, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "max_attempts", "exhausted"),
+    [(0, 1, False), (1, 1, True), (1, 5, False), (4, 5, False), (5, 5, True), (9, 5, True)],
+)
+def test_is_exhausted(attempt: int, max_attempts: int, exhausted: bool) -> None:
+    assert is_exhausted(attempt, max_attempts) is exhausted
+
+
+def test_is_exhausted_rejects_a_limit_below_one() -> None:
+    with pytest.raises(ValueError, match="max_attempts"):
+        is_exhausted(1, 0)
+
+
+def test_retry_policy_bundles_the_settings() -> None:
+    policy = RetryPolicy(max_attempts=3, base=2.0, factor=3.0, cap=100.0)
+    assert policy.next_delay(3, jitter=Fixed(0.5)) == 9.0
+    assert policy.next_delay(9, jitter=Fixed(1.0)) == 100.0
+    assert not policy.is_exhausted(2)
+    assert policy.is_exhausted(3)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_attempts": 0}, {"base": 0.0}, {"factor": 0.9}, {"cap": -5.0}]
+)
+def test_retry_policy_rejects_nonsense(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        RetryPolicy(**kwargs)
+
+
+@settings(database=None, max_examples=300)
+@given(
+    attempt=st.integers(1, 5000),
+    base=st.floats(1e-3, 1e3),
+    factor=st.floats(1.0, 10.0),
+    cap=st.floats(0.0, 1e6),
+    seed=st.integers(0, 2**32),
+)
+def test_next_delay_stays_within_zero_and_the_capped_ceiling(
+    attempt: int, base: float, factor: float, cap: float, seed: int
+) -> None:
+    delay = next_delay(attempt, base=base, factor=factor, cap=cap, jitter=random.Random(seed))
+    assert 0.0 <= delay <= min(cap, delay_ceiling(attempt, base=base, factor=factor, cap=cap))
+    assert delay_ceiling(attempt, base=base, factor=factor, cap=cap) <= cap
+    if attempt > 1:
+        previous = delay_ceiling(attempt - 1, base=base, factor=factor, cap=cap)
+        assert delay_ceiling(attempt, base=base, factor=factor, cap=cap) >= previous
