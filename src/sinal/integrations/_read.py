@@ -1,0 +1,273 @@
+"""Defensive reading of provider payloads: nulls and missing keys are normal, junk is named.
+
+Optional values of the wrong type read as absent; a value the event cannot do without
+(an id, an amount that is there but unreadable) raises `UnmappablePayload`, never a
+`KeyError` or `TypeError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import orjson
+
+from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone
+from sinal.currencies import is_currency
+from sinal.integrations.base import UnmappablePayload
+
+_T = TypeVar("_T")
+
+_CENT = Decimal("0.01")
+_MAX_QUANTIZE = Decimal("1e20")  # beyond this, cents would exceed Decimal's 28 digits
+# Far beyond any real order total, short enough to keep Decimal parsing cheap.
+_MAX_AMOUNT_TEXT = 40
+
+
+def parse_body(body: bytes) -> Mapping[str, Any]:
+    """The JSON object in a webhook body, or UnmappablePayload("invalid_json")."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise UnmappablePayload("invalid_json", f"the body is not JSON: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise UnmappablePayload("invalid_json", "the body is not a JSON object")
+    return data
+
+
+def body_digest(body: bytes) -> str:
+    """A delivery id for providers that send none: the same bytes give the same id."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def get(data: object, *path: str) -> object:
+    """The value at `path` inside nested objects, or None if any step is missing."""
+    for key in path:
+        if not isinstance(data, Mapping):
+            return None
+        data = data.get(key)
+    return data
+
+
+def obj(data: object, *path: str) -> Mapping[str, Any]:
+    """The object at `path`, or an empty one when it is missing or not an object."""
+    found = get(data, *path)
+    return found if isinstance(found, Mapping) else {}
+
+
+def objects(data: object, *path: str) -> list[Mapping[str, Any]]:
+    """The objects in the list at `path` (other entries skipped); [] if it is no list."""
+    found = get(data, *path)
+    if not isinstance(found, list):
+        return []
+    return [item for item in found if isinstance(item, Mapping)]
+
+
+def text(data: object, *path: str) -> str | None:
+    """The text at `path`: strings stripped, integer ids as digits; None when blank."""
+    found = get(data, *path) if path else data
+    if isinstance(found, bool):
+        return None
+    if isinstance(found, int):
+        return str(found)
+    if isinstance(found, str):
+        return found.strip() or None
+    return None
+
+
+def required_text(data: object, *path: str) -> str:
+    """Like `text`, but a missing value is UnmappablePayload("missing_field")."""
+    found = text(data, *path)
+    if found is None:
+        raise UnmappablePayload("missing_field", f"{'.'.join(path)} is missing or empty")
+    return found
+
+
+def texts(data: object, *path: str) -> list[str]:
+    """The non-blank texts in the list at `path`; [] if it is no list."""
+    found = get(data, *path)
+    if not isinstance(found, list):
+        return []
+    return [t for t in (text(item) for item in found) if t]
+
+
+def money(data: object, *path: str) -> Decimal | None:
+    """A decimal amount (providers send strings, ints or floats); None when absent."""
+    found = get(data, *path) if path else data
+    if found is None or found == "":
+        return None
+    amount = _decimal(found)
+    if amount is None or not amount.is_finite():
+        where = ".".join(path) or "amount"
+        raise UnmappablePayload("invalid_amount", f"{where} is not a decimal amount")
+    return amount + Decimal(0)  # -0 becomes 0
+
+
+def _decimal(raw: object) -> Decimal | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int | float):
+        # JSON numbers (Yampi's amounts): repr is the shortest text that round-trips (150.9,
+        # not 150.8999...), shown in cents like the amounts providers send as strings.
+        amount = Decimal(repr(raw))
+        if not amount.is_finite() or _places(amount) >= 2 or abs(amount) >= _MAX_QUANTIZE:
+            return amount
+        return amount.quantize(_CENT)
+    if isinstance(raw, str) and len(raw) <= _MAX_AMOUNT_TEXT:
+        try:
+            return Decimal(raw.strip())
+        except InvalidOperation:
+            return None
+    return None
+
+
+def _places(amount: Decimal) -> int:
+    exponent = amount.as_tuple().exponent
+    return -exponent if isinstance(exponent, int) and exponent < 0 else 0
+
+
+def money_text(amount: Decimal | None) -> str | None:
+    """An amount as it goes into properties (a string: JSON numbers are floats)."""
+    return None if amount is None else str(amount)
+
+
+def iso_time(data: object, *path: str) -> datetime | None:
+    """An ISO 8601 time with an offset, in UTC; None when absent."""
+    raw = text(data, *path)
+    if raw is None:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise _bad_time(path) from None
+    if when.utcoffset() is None:
+        raise UnmappablePayload("invalid_timestamp", f"{'.'.join(path)} has no UTC offset")
+    return when.astimezone(UTC)
+
+
+def first_iso_time(data: object, *fields: str) -> datetime:
+    """The first of `fields` holding an ISO time; UnmappablePayload if none does."""
+    for name in fields:
+        when = iso_time(data, name)
+        if when is not None:
+            return when
+    raise UnmappablePayload("missing_field", f"{' or '.join(fields)} is missing")
+
+
+def local_time(raw: object, zone: str) -> datetime | None:
+    """A time without offset, read in `zone` (or ISO with offset), in UTC; None if absent."""
+    found = text(raw)
+    if found is None:
+        return None
+    try:
+        when = datetime.fromisoformat(found.replace("Z", "+00:00"))
+    except ValueError:
+        raise _bad_time(("time",)) from None
+    if when.utcoffset() is None:
+        when = when.replace(tzinfo=_zone(zone))
+    return when.astimezone(UTC)
+
+
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise UnmappablePayload("invalid_timestamp", f"unknown timezone {name[:64]!r}") from None
+
+
+def epoch_time(data: object, *path: str) -> datetime | None:
+    """A Unix time in seconds (a string or a number), in UTC; None when absent."""
+    raw = get(data, *path)
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw.strip())
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        raise _bad_time(path)
+    try:
+        return datetime.fromtimestamp(raw, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise _bad_time(path) from None
+
+
+def _bad_time(path: tuple[str, ...]) -> UnmappablePayload:
+    return UnmappablePayload("invalid_timestamp", f"{'.'.join(path)} is not a valid time")
+
+
+def first(*values: _T | None) -> _T | None:
+    """The first value that is present (not None)."""
+    return next((v for v in values if v is not None), None)
+
+
+def compact(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` without None values and empty lists: properties carry only what is known."""
+    return {k: v for k, v in data.items() if v is not None and v != []}
+
+
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value, matching its name case-insensitively; None when absent or blank."""
+    value = headers.get(name)
+    if value is None:
+        wanted = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    if value is None:
+        return None
+    return value.strip() or None
+
+
+def currency(data: object, *path: str) -> str | None:
+    """An ISO 4217 code, upper case; None when absent, UnmappablePayload when unknown."""
+    code = text(data, *path)
+    if code is None:
+        return None
+    if not is_currency(code.upper()):
+        raise UnmappablePayload("invalid_currency", f"{'.'.join(path)} is not an ISO 4217 code")
+    return code.upper()
+
+
+def quantity(data: object, *path: str) -> int | None:
+    """A whole quantity; None when absent or not an integer."""
+    found = get(data, *path)
+    if isinstance(found, int) and not isinstance(found, bool):
+        return found
+    return None
+
+
+def first_phone(*candidates: str | None) -> str | None:
+    """The first candidate that is a valid phone number (raw; ContactRef normalizes it)."""
+    for raw in candidates:
+        if raw is not None and _is_valid(normalize_phone, raw):
+            return raw
+    return None
+
+
+def first_email(*candidates: str | None) -> str | None:
+    """The first candidate that is a valid email address (raw)."""
+    for raw in candidates:
+        if raw is not None and _is_valid(normalize_email, raw):
+            return raw
+    return None
+
+
+def _is_valid(normalize: Callable[[str], str], raw: str) -> bool:
+    try:
+        normalize(raw)
+    except InvalidIdentity:
+        return False
+    return True
+
+
+def full_name(*parts: str | None) -> str | None:
+    """Name parts joined by spaces; None when all are blank."""
+    joined = " ".join(p for p in parts if p)
+    return joined or None
+
+
+def flag(data: object, *path: str) -> bool | None:
+    """A JSON boolean; None when absent or not a boolean."""
+    found = get(data, *path)
+    return found if isinstance(found, bool) else None

@@ -1,0 +1,101 @@
+"""Abandoned carts: when a checkout counts as abandoned, and the events that say so.
+
+Shopify sends no "abandoned" webhook, so sinal derives it: schedule
+``abandonment_due(checkout)`` from each checkout webhook (a later update moves it); when
+it comes and no order completed the checkout, record ``abandoned_checkout(...)``. Yampi's
+``cart.reminder`` is the abandonment itself. An order carrying an abandoned checkout's
+token (``OrderRef.checkout_tokens``) then records ``recovered_checkout(...)``.
+Each is once per checkout token: ``{provider}:checkout_abandoned|checkout_recovered:{token}``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Final
+
+from sinal.catalog import METRIC_CHECKOUT_ABANDONED, METRIC_CHECKOUT_RECOVERED
+from sinal.integrations import _read as r
+from sinal.integrations.base import CheckoutRef, Mapped, UnmappablePayload
+
+__all__ = [
+    "DEFAULT_ABANDON_DELAY",
+    "abandoned_checkout",
+    "abandonment_due",
+    "checkout_event",
+    "recovered_checkout",
+]
+
+DEFAULT_ABANDON_DELAY: Final = timedelta(minutes=60)
+
+
+def abandonment_due(
+    checkout: CheckoutRef, delay: timedelta = DEFAULT_ABANDON_DELAY
+) -> datetime | None:
+    """When `checkout` counts as abandoned, or None if it never can (completed, anonymous)."""
+    if checkout.is_completed or checkout.contact.is_empty:
+        return None
+    return checkout.updated_at + delay
+
+
+def abandoned_checkout(checkout: CheckoutRef, *, occurred_at: datetime) -> Mapped:
+    """Checkout Abandoned for `checkout` (once per checkout token), with its recovery URL."""
+    return checkout_event(
+        checkout,
+        metric_name=METRIC_CHECKOUT_ABANDONED,
+        entity_type="checkout_abandoned",
+        occurred_at=occurred_at,
+    )
+
+
+def checkout_event(
+    checkout: CheckoutRef, *, metric_name: str, entity_type: str, occurred_at: datetime
+) -> Mapped:
+    """An event about `checkout` keyed by its token: items, discount codes, recovery URL."""
+    if checkout.contact.is_empty:
+        raise UnmappablePayload("no_contact", "the checkout has no phone, email or customer id")
+    properties = {
+        "checkout_token": checkout.token,
+        "checkout_id": checkout.external_id,
+        "checkout_url": checkout.recovery_url,
+        "items": [dict(item) for item in checkout.items],
+        "discount_codes": list(checkout.discount_codes),
+        "total": r.money_text(checkout.total),
+    }
+    return Mapped(
+        metric_name=metric_name,
+        contact=checkout.contact,
+        source=checkout.provider,
+        source_id=checkout.token,
+        entity_type=entity_type,
+        entity_id=checkout.token,
+        occurred_at=occurred_at,
+        properties=r.compact(properties),
+        value=checkout.total,
+        currency=checkout.currency,
+    )
+
+
+def recovered_checkout(order_event: Mapped, checkout_token: str) -> Mapped:
+    """Checkout Recovered (once per checkout token) from the event of the order that won it."""
+    order = order_event.order
+    if order is None:
+        raise ValueError("recovered_checkout needs an order event (Mapped.order is None)")
+    properties = {
+        "checkout_token": checkout_token,
+        "order_id": order.external_id,
+        "order_number": order.number,
+        "total": r.money_text(order.total),
+    }
+    return Mapped(
+        metric_name=METRIC_CHECKOUT_RECOVERED,
+        contact=order_event.contact,
+        source=order.provider,
+        source_id=checkout_token,
+        entity_type="checkout_recovered",
+        entity_id=order.external_id,
+        occurred_at=order_event.occurred_at,
+        properties=r.compact(properties),
+        value=order.total,
+        currency=order.currency,
+        order_id=order.external_id,
+    )
