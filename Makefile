@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test setup lint typecheck unit bench clean
+.PHONY: run test setup lint typecheck unit bench bench-http clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(BIN)/sinal demo
+	$(BIN)/sinal serve --demo
 
 lint: setup
 	$(BIN)/ruff check src tests bench
@@ -29,6 +29,9 @@ test: setup lint typecheck
 
 bench: setup
 	$(BIN)/python bench/ingest.py
+
+bench-http: setup
+	$(BIN)/python bench/http.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage sinal.db*

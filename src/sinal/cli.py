@@ -1,8 +1,13 @@
-"""The commands a person types: `sinal migrate`, `sinal demo`, `sinal rebuild-summaries`."""
+"""The commands a person types: `sinal serve`, `sinal migrate`, `sinal accounts …`,
+`sinal keys …`, `sinal demo`, `sinal rebuild-summaries`."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+import os
+import shlex
+import tempfile
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -91,6 +96,215 @@ def demo(database_url: DatabaseOption = None) -> None:
     with open_ledger(database_url) as ledger:
         ledger.migrate()
         run_demo(ledger, console)
+
+
+accounts_app = typer.Typer(help="Accounts (tenants).", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys: the text is shown once; only its hash is kept.",
+                       no_args_is_help=True)  # fmt: skip
+app.add_typer(accounts_app, name="accounts")
+app.add_typer(keys_app, name="keys")
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object (for scripts).")]
+
+
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, ensure_ascii=False))
+
+
+@accounts_app.command("create")
+def accounts_create(
+    name: Annotated[str, typer.Option(help="The account's name.")],
+    timezone: Annotated[
+        str, typer.Option(help="IANA zone: the default of aggregates.")
+    ] = "America/Sao_Paulo",
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Create an account; prints its id."""
+    with open_ledger(database_url) as ledger:
+        account = ledger.create_account(name, timezone=timezone)
+    if as_json:
+        _echo_json({"id": str(account.id), "name": account.name, "timezone": account.timezone})
+    else:
+        console.print(f"created account {account.name!r}: {account.id}")
+
+
+@accounts_app.command("list")
+def accounts_list(as_json: JsonOption = False, database_url: DatabaseOption = None) -> None:
+    """List accounts, oldest first."""
+    with open_ledger(database_url) as ledger:
+        accounts = ledger.list_accounts(limit=10_000)
+    rows = [{"id": str(a.id), "name": a.name, "timezone": a.timezone} for a in accounts]
+    if as_json:
+        _echo_json({"accounts": rows})
+    for row in [] if as_json else rows:
+        console.print(f"{row['id']}  {row['name']}  ({row['timezone']})")
+
+
+@keys_app.command("create")
+def keys_create(
+    account: Annotated[str, typer.Option(help="The account's id.")],
+    scopes: Annotated[str, typer.Option(help="Comma-separated: ingest, read, admin.")] = (
+        "ingest,read"
+    ),
+    name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Create an API key; its text is printed once and cannot be shown again."""
+    from sinal.auth import parse_scopes
+
+    try:
+        wanted = parse_scopes(scopes)
+        account_id = _parse_id(account, "--account")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    with open_ledger(database_url) as ledger:
+        text, key = ledger.create_api_key(account_id, wanted, name)
+    if as_json:
+        _echo_json({"key": text, "id": str(key.id), "account_id": str(key.account_id),
+                    "scopes": list(key.scopes)})  # fmt: skip
+    else:
+        typer.echo(f"key {key.id} ({', '.join(key.scopes)}) for account {key.account_id}:")
+        typer.echo(text)
+        err_console.print("[yellow]store it now: it is not shown again[/yellow]")
+
+
+@keys_app.command("list")
+def keys_list(
+    account: Annotated[str, typer.Option(help="The account's id.")],
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """List an account's keys (ids, scopes, last characters; never the text)."""
+    with open_ledger(database_url) as ledger:
+        keys = ledger.list_api_keys(_parse_id(account, "--account"))
+    rows = [
+        {"id": str(k.id), "name": k.name, "scopes": list(k.scopes), "hint": f"…{k.hint}",
+         "revoked": k.revoked_at is not None}
+        for k in keys
+    ]  # fmt: skip
+    if as_json:
+        _echo_json({"keys": rows})
+    for k in [] if as_json else keys:
+        state = "revoked" if k.revoked_at is not None else "active"
+        console.print(f"{k.id}  …{k.hint}  {','.join(k.scopes)}  {state}")
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (from keys create or list).")],
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Revoke a key: it answers 401 within SINAL_AUTH_CACHE_TTL seconds (default 2)."""
+    with open_ledger(database_url) as ledger:
+        key = ledger.revoke_api_key(_parse_id(key_id, "KEY_ID"))
+    if key is None:
+        err_console.print(f"[red]error:[/red] no key {key_id}")
+        raise typer.Exit(1)
+    if as_json:
+        _echo_json({"id": str(key.id), "revoked": True})
+    else:
+        console.print(f"revoked key {key.id} of account {key.account_id}")
+
+
+def _parse_id(raw: str, what: str) -> Any:
+    from uuid import UUID
+
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be a UUID, got {raw!r}") from None
+
+
+def _settings_epilog() -> str:
+    from sinal.config import describe
+
+    lines = ["Settings (environment):"]
+    lines += [f"{name} (default {default}): {doc}" for name, default, doc in describe()]
+    return "\n\n".join(lines)
+
+
+@app.command(epilog=_settings_epilog())
+def serve(
+    *,
+    host: Annotated[str | None, typer.Option(help="Address [default: 127.0.0.1].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [default: 8000].")] = None,
+    workers: Annotated[int | None, typer.Option(help="Server processes [default: 1].")] = None,
+    migrate_first: Annotated[
+        bool, typer.Option("--migrate/--no-migrate", help="Apply pending migrations first.")
+    ] = True,
+    demo_key: Annotated[
+        bool,
+        typer.Option(
+            "--demo",
+            help="On a database with no account, create a demo account and print its key "
+            "and a curl line to try.",
+        ),
+    ] = False,
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Run the HTTP service (FastAPI on uvicorn). /docs shows the API."""
+    import uvicorn
+
+    from sinal.config import env_name
+
+    settings = Settings.from_env().with_overrides(
+        database_url=database_url, host=host, port=port, workers=workers
+    )
+    with connect(settings.database_url) as ledger:
+        if migrate_first:
+            ledger.migrate()
+        if demo_key:
+            _print_demo(ledger, settings)
+    # The app is built by each worker from the environment: pass the settings on.
+    for name in ("database_url", "host", "port", "workers"):
+        os.environ[env_name(name)] = str(getattr(settings, name))
+    if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sinal-metrics-")
+    uvicorn.run(
+        "sinal.api.app:create_app_from_env",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=settings.log_level,
+        access_log=access_log,
+        loop="auto",
+        http="auto",
+    )
+
+
+def _print_demo(ledger: Ledger, settings: Settings) -> None:
+    """The demo account's key and a curl line that works as printed (`make run`)."""
+    base = f"http://{settings.host}:{settings.port}"
+    existing = ledger.list_accounts(limit=1)
+    if existing:
+        typer.echo(
+            f"The database already has accounts; make a key with:\n"
+            f"  sinal keys create --account {existing[0].id} --scopes ingest,read"
+        )
+        return
+    account = ledger.create_account("Loja Demo")
+    text, _ = ledger.create_api_key(account.id, ("ingest", "read", "admin"), "demo")
+    body = json.dumps(
+        {"metric": "Order Paid", "contact": {"phone": "+55 11 98765-4321", "name": "Ana"},
+         "value": "297.90", "source": "shopify", "source_id": "1001", "entity_type": "order",
+         "properties": {"order_id": "1001", "total": "297.90"}},
+        ensure_ascii=False,
+    )  # fmt: skip
+    curl = (
+        f"curl -sS -X POST {base}/v1/events -H {shlex.quote('Authorization: Bearer ' + text)} "
+        f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+    )
+    typer.echo(f"Demo account {account.name!r} ({account.id}); its API key (shown once):")
+    typer.echo(f"  {text}")
+    typer.echo("Record an event:")
+    typer.echo(f"  {curl}")
+    typer.echo(f"Read it back:\n  curl -sS {base}/v1/events -H "
+               f"{shlex.quote('Authorization: Bearer ' + text)}")  # fmt: skip
+    typer.echo(f"API docs: {base}/docs")
 
 
 @app.command()

@@ -1,20 +1,82 @@
-"""Settings, read from the environment (SINAL_*) only here, at the edges."""
+"""Settings, read from the environment (SINAL_*) only here, at the edges.
+
+Each field's environment variable is `SINAL_` + its name in upper case; `describe()`
+lists them (for `sinal serve --help` and the README).
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from sinal.errors import ConfigurationError
 
 DEFAULT_DATABASE_URL = "sqlite:///sinal.db"
+
+
+def _setting(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything configurable, with its default."""
 
-    database_url: str = DEFAULT_DATABASE_URL
+    database_url: str = _setting(
+        DEFAULT_DATABASE_URL, "sqlite:///relative.db, sqlite:////absolute.db or postgresql://…"
+    )
+    host: str = _setting("127.0.0.1", "address `sinal serve` listens on")
+    port: int = _setting(8000, "port `sinal serve` listens on")
+    workers: int = _setting(1, "server processes (`sinal serve`); each runs its own group commit")
+    auth_cache_ttl: float = _setting(
+        2.0, "seconds an API key lookup is cached per process (0: none); bounds revocation delay"
+    )
+    max_event_bytes: int = _setting(1_048_576, "largest body of POST /v1/events (413 above)")
+    max_batch_bytes: int = _setting(5_000_000, "largest body of POST /v1/events/batch")
+    group_commit_max_batch: int = _setting(500, "events per group-commit transaction, at most")
+    group_commit_max_delay: float = _setting(
+        0.002, "seconds a single event waits for others to share its transaction"
+    )
+    log_level: str = _setting("info", "uvicorn log level: critical, error, warning, info, debug")
 
     @classmethod
-    def from_env(cls) -> Settings:
-        """Settings from SINAL_* environment variables."""
-        return cls(database_url=os.environ.get("SINAL_DATABASE_URL", DEFAULT_DATABASE_URL))
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from SINAL_* environment variables; `ConfigurationError` if malformed."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(env_name(f.name))
+            if raw is not None:
+                values[f.name] = _convert(f.name, f.type, raw)
+        return cls(**values)
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        """A copy with the given (non-None) values replaced."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def env_name(name: str) -> str:
+    """The environment variable of a setting."""
+    return f"SINAL_{name.upper()}"
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(variable, default, meaning) for every setting."""
+    return [(env_name(f.name), str(f.default), f.metadata["doc"]) for f in fields(Settings)]
+
+
+def _convert(name: str, kind: object, raw: str) -> Any:
+    try:
+        if kind in (int, "int"):
+            value: Any = int(raw)
+        elif kind in (float, "float"):
+            value = float(raw)
+        else:
+            return raw
+    except ValueError:
+        raise ConfigurationError(f"{env_name(name)}={raw!r} is not a number") from None
+    if not value >= 0:  # negative or NaN
+        raise ConfigurationError(f"{env_name(name)}={raw!r} must be a non-negative number")
+    return value

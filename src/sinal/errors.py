@@ -5,6 +5,8 @@ SinalError
 ├── InvalidEvent          # .errors: one FieldError per bad field
 ├── InvalidContact        # .errors: one FieldError per bad identity
 ├── InvalidAccount        # .errors: bad name or timezone
+├── InvalidIntegration    # .errors: bad connection settings
+├── InvalidQuery          # .errors: bad query parameters (aggregates, filters)
 ├── ContactNotFound
 ├── AccountNotFound
 ├── IdentityConflict      # .field: the identity already names another contact
@@ -70,8 +72,16 @@ class InvalidContact(_FieldErrors):
     """A contact's identities are malformed; nothing was written."""
 
 
+class InvalidIntegration(_FieldErrors):
+    """A connection's settings are malformed; nothing was written."""
+
+
 class InvalidAccount(_FieldErrors):
     """An account's settings are malformed; nothing was written."""
+
+
+class InvalidQuery(_FieldErrors):
+    """A query's parameters are malformed."""
 
 
 class ContactNotFound(SinalError, LookupError):

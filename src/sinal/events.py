@@ -215,6 +215,12 @@ def prepare(event: EmitEvent, now: datetime) -> PreparedEvent:
     )
 
 
+def decimal_text(value: Decimal) -> str:
+    """A value as text, exact and alike on every backend: 2 to 4 decimal places ("297.90")."""
+    whole, _, fraction = f"{value.quantize(Decimal('0.0001')):f}".partition(".")
+    return f"{whole}.{fraction.rstrip('0').ljust(2, '0')}"
+
+
 def dumps_json(data: Any) -> str:
     """Serialize JSON the way sinal stores it (Decimal as a string, datetimes ISO 8601)."""
     return orjson.dumps(data, default=_json_default).decode()

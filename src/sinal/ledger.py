@@ -8,12 +8,23 @@ dispatch written to the outbox in the same transaction instead of fired and forg
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from sinal.aggregates import Aggregate, Interval, bucket_starts, check_range, densify, parse_zone
+from sinal.auth import DEFAULT_SCOPES, generate_key, hash_key, key_account
+from sinal.catalog import (
+    METRIC_CONTACT_CREATED,
+    METRIC_CONTACT_UPDATED,
+    METRIC_TAG_ADDED,
+    METRIC_TAG_REMOVED,
+)
 from sinal.contacts import Identities, InvalidIdentities, InvalidIdentity, normalize_name
 from sinal.errors import (
     AccountNotFound,
@@ -21,6 +32,7 @@ from sinal.errors import (
     InvalidAccount,
     InvalidContact,
     InvalidEvent,
+    InvalidQuery,
 )
 from sinal.events import (
     Clock,
@@ -36,13 +48,19 @@ from sinal.ids import new_id
 from sinal.store import open_store
 from sinal.store.base import (
     Account,
+    AggregateQuery,
+    ApiKey,
     Contact,
+    ContactField,
     EventQuery,
+    Measurement,
+    MetricInfo,
     NewContact,
     Outcome,
     Progress,
     RebuildReport,
     Rejection,
+    Replay,
     Store,
     StoredEvent,
     SummaryRow,
@@ -238,6 +256,240 @@ class Ledger:
         account = None if account_id is None else _uuid(account_id)
         return self.store.rebuild_summaries(account, progress)
 
+    # -- the HTTP service: accounts, keys, contacts, tags ------------------------------
+
+    def list_accounts(self, limit: int = 100) -> list[Account]:
+        """Accounts, oldest first (an operator's view across tenants)."""
+        return self.store.list_accounts(limit)
+
+    def update_account(
+        self, account_id: UUID | str, *, name: str | None = None, timezone: str | None = None
+    ) -> Account:
+        """Rename an account and/or change its timezone (None: unchanged)."""
+        errors: list[FieldError] = []
+        clean = None if name is None else normalize_name(name)
+        if name is not None and not clean:
+            errors.append(FieldError("name", "required", "an account needs a name"))
+        if timezone is not None:
+            try:
+                parse_zone(timezone)
+            except InvalidQuery as exc:
+                errors.extend(exc.errors)
+        if errors:
+            raise InvalidAccount(errors)
+        account = self.store.update_account(_uuid(account_id), clean, timezone)
+        if account is None:
+            raise AccountNotFound(f"account {account_id} does not exist")
+        return account
+
+    def create_api_key(
+        self,
+        account_id: UUID | str,
+        scopes: Sequence[str] | str = DEFAULT_SCOPES,
+        name: str | None = None,
+    ) -> tuple[str, ApiKey]:
+        """A new key for the account: its text (shown once; only its hash is kept)."""  # fmt: skip
+        account = _uuid(account_id)
+        if self.store.get_account(account) is None:
+            raise AccountNotFound(f"account {account} does not exist")
+        text, key = generate_key(account, scopes, self.clock(), normalize_name(name))
+        self.store.create_api_key(key)
+        return text, key
+
+    def authenticate(self, key_text: str) -> ApiKey | None:
+        """The active key with this text, or None (unknown, malformed or revoked)."""
+        account = key_account(key_text)
+        if account is None:
+            return None
+        key = self.store.find_api_key(account, hash_key(key_text))
+        return key if key is not None and key.is_active else None
+
+    def revoke_api_key(self, key_id: UUID | str) -> ApiKey | None:
+        """Revoke a key by id (idempotent); None if there is no such key."""
+        return self.store.revoke_api_key(_uuid(key_id), self.clock())
+
+    def list_api_keys(self, account_id: UUID | str) -> list[ApiKey]:
+        """The account's keys (hashes and hints, never the text), oldest first."""
+        return self.store.list_api_keys(_uuid(account_id))
+
+    def resolve_contact(
+        self,
+        account_id: UUID | str,
+        *,
+        phone: str | None = None,
+        email: str | None = None,
+        external_id: str | None = None,
+        name: str | None = None,
+        source: str = "api",
+    ) -> tuple[Contact, bool]:
+        """Find the account's contact by its identities, or create it together with its
+        Contact Created event (one transaction). At least one identity is required."""
+        try:
+            ids = Identities.parse(phone=phone, email=email, external_id=external_id)
+            clean_name = normalize_name(name)
+        except InvalidIdentities as exc:
+            raise InvalidContact([_field_error(e) for e in exc.errors]) from exc
+        except InvalidIdentity as exc:
+            raise InvalidContact([_field_error(exc)]) from exc
+        if ids.is_empty:
+            raise InvalidContact(
+                [FieldError("contact", "identity_required", "give a phone, email or external_id")]
+            )
+        account = _uuid(account_id)
+        if self.store.get_account(account) is None:
+            raise AccountNotFound(f"account {account} does not exist")
+        new = NewContact(account, new_id(), clean_name, ids.phone, ids.email, ids.external_id)
+
+        def created(contact: Contact) -> PreparedEvent:
+            return self._contact_event(
+                METRIC_CONTACT_CREATED, contact, source, _identity_properties(contact),
+                source_id=str(contact.id),
+            )  # fmt: skip
+
+        return self.store.upsert_contact_recorded(new, created)
+
+    def update_contact(
+        self, account_id: UUID | str, contact_id: UUID | str, changes: Mapping[str, str | None]
+    ) -> Contact | None:
+        """Set (or, with None, remove) name, phone, email or external_id; a real change
+        records Contact Updated in the same transaction. None if there is no such contact."""
+        clean: dict[ContactField, str | None] = {}
+        errors: list[FieldError] = []
+        for field_name, raw in changes.items():
+            try:
+                clean[_contact_field(field_name)] = _normalize_contact_field(field_name, raw)
+            except InvalidIdentity as exc:
+                errors.append(_field_error(exc))
+        if errors:
+            raise InvalidContact(errors)
+
+        def changed(before: Contact, after: Contact) -> PreparedEvent:
+            fields = [f for f in clean if getattr(before, f) != getattr(after, f)]
+            properties: dict[str, Any] = {f: getattr(after, f) for f in fields}
+            properties["changed"] = fields
+            return self._contact_event(METRIC_CONTACT_UPDATED, after, "api", properties)
+
+        return self.store.update_contact(_uuid(account_id), _uuid(contact_id), clean, changed)
+
+    def add_tags(
+        self, account_id: UUID | str, contact_id: UUID | str, tags: Sequence[str]
+    ) -> list[str] | None:
+        """Tag a contact; each new tag records Tag Added. The tags added, or None if there
+        is no such contact."""
+        return self._change_tags(account_id, contact_id, tags, add=True)
+
+    def remove_tags(
+        self, account_id: UUID | str, contact_id: UUID | str, tags: Sequence[str]
+    ) -> list[str] | None:
+        """Untag a contact; each removed tag records Tag Removed."""
+        return self._change_tags(account_id, contact_id, tags, add=False)
+
+    def _change_tags(
+        self, account_id: UUID | str, contact_id: UUID | str, tags: Sequence[str], *, add: bool
+    ) -> list[str] | None:
+        clean = [normalize_tag(tag, f"tags[{i}]") for i, tag in enumerate(tags)]
+        metric = METRIC_TAG_ADDED if add else METRIC_TAG_REMOVED
+        account, contact = _uuid(account_id), _uuid(contact_id)
+
+        def event(tag: str) -> PreparedEvent:
+            return prepare(
+                EmitEvent(
+                    account_id=account, contact_id=contact, metric_name=metric, source="api",
+                    entity_type="tag", entity_id=tag, properties={"tag": tag},
+                ),
+                self.clock(),
+            )  # fmt: skip
+
+        return self.store.change_tags(account, contact, clean, add=add, on_change=event)
+
+    def list_tags(self, account_id: UUID | str, contact_id: UUID | str) -> list[str]:
+        """A contact's tags, sorted."""
+        return self.store.list_tags(_uuid(account_id), _uuid(contact_id))
+
+    def _contact_event(
+        self,
+        metric: str,
+        contact: Contact,
+        source: str,
+        properties: dict[str, Any],
+        source_id: str | None = None,
+    ) -> PreparedEvent:
+        return prepare(
+            EmitEvent(
+                account_id=contact.account_id, contact_id=contact.id, metric_name=metric,
+                source=source, source_id=source_id, entity_type="contact",
+                entity_id=str(contact.id), properties=properties,
+            ),
+            self.clock(),
+        )  # fmt: skip
+
+    # -- the HTTP service: queries and replay ------------------------------------------
+
+    def get_event(self, account_id: UUID | str, event_id: UUID | str) -> StoredEvent | None:
+        """One event of the account, or None (another account's id included)."""
+        return self.store.get_event(_uuid(account_id), _uuid(event_id))
+
+    def list_metrics(self, account_id: UUID | str, name: str | None = None) -> list[MetricInfo]:
+        """The account's metrics (or the one named) with their event counts."""
+        return self.store.list_metrics(_uuid(account_id), name)
+
+    def aggregate(
+        self,
+        account_id: UUID | str,
+        metric_name: str,
+        *,
+        measurement: Measurement,
+        interval: Interval,
+        since: datetime,
+        until: datetime,
+        timezone: str | None = None,
+        by: str | None = None,
+    ) -> Aggregate | None:
+        """A metric per time bucket in `timezone` (default: the account's), every bucket
+        of [since, until) included; None if the account has no such metric."""
+        account = self.store.get_account(_uuid(account_id))
+        if account is None:
+            raise AccountNotFound(f"account {account_id} does not exist")
+        zone_name = timezone or account.timezone
+        zone = parse_zone(zone_name)
+        check_range(since, until)
+        if not self.store.list_metrics(account.id, metric_name):
+            return None
+        starts = bucket_starts(since, until, interval, zone)
+        query = AggregateQuery(
+            account.id, metric_name, measurement, tuple(starts), since, until, by
+        )
+        zero: int | Decimal = Decimal(0) if measurement == "sum_value" else 0
+        cells = self.store.aggregate(query)
+        return densify(starts, cells, by=by, zero=zero, timezone=zone_name)
+
+    def list_rejections_page(
+        self, account_id: UUID | str, limit: int = 100, before: UUID | str | None = None
+    ) -> list[Rejection]:
+        """Kept rejections, newest first, older than the rejection `before` if given."""
+        cursor = None if before is None else _uuid(before)
+        return self.store.list_rejections(_uuid(account_id), limit, cursor)
+
+    def replay_rejection(
+        self,
+        account_id: UUID | str,
+        rejection_id: UUID | str,
+        contact_id: UUID | str | None = None,
+    ) -> Replay | None:
+        """Record a kept rejection's event now that its cause is fixed (optionally naming
+        the contact it lacked). At most one event per rejection, even under concurrent
+        replays; nothing is written while the contact is still unknown."""
+        account = _uuid(account_id)
+
+        def build(rejection: Rejection) -> PreparedEvent:
+            params = {k: v for k, v in rejection.payload.items() if k in _EMIT_FIELDS}
+            params["account_id"] = account  # the rejection's own account, never the payload's
+            if contact_id is not None:
+                params["contact_id"] = contact_id
+            return prepare(EmitEvent(**params), self.clock())
+
+        return self.store.replay_rejection(account, _uuid(rejection_id), build)
+
     def close(self) -> None:
         """Release the store's connections."""
         self.store.close()
@@ -311,6 +563,51 @@ def _payload(event: PreparedEvent) -> StoredPayload:
 
 def _field_error(error: InvalidIdentity) -> FieldError:
     return FieldError(error.field, error.code, error.message)
+
+
+def _identity_properties(contact: Contact) -> dict[str, Any]:
+    fields = ("name", "phone", "email", "external_id")
+    return {f: getattr(contact, f) for f in fields if getattr(contact, f) is not None}
+
+
+_CONTACT_FIELDS: dict[str, ContactField] = {
+    "name": "name", "phone": "phone", "email": "email", "external_id": "external_id",
+}  # fmt: skip
+_EMIT_FIELDS = frozenset(EmitEvent.__dataclass_fields__)
+MAX_TAG = 64
+
+
+def _contact_field(name: str) -> ContactField:
+    if name not in _CONTACT_FIELDS:
+        raise InvalidIdentity(name, "unknown_field", f"{name} is not a contact field")
+    return _CONTACT_FIELDS[name]
+
+
+def _normalize_contact_field(name: str, raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    if name == "name":
+        return normalize_name(raw)
+    ids = Identities.parse(**{name: raw})
+    value: str | None = getattr(ids, name)
+    return value
+
+
+def normalize_tag(raw: object, field: str = "tag") -> str:
+    """A tag as stored: trimmed, NFC, 1-64 characters, no control characters."""
+    if not isinstance(raw, str):
+        raise InvalidContact([FieldError(field, "invalid_type", "a tag must be a string")])
+    text = " ".join(unicodedata.normalize("NFC", raw).split())
+    problem = None
+    if not text:
+        problem = ("empty", "a tag must not be empty")
+    elif len(text) > MAX_TAG:
+        problem = ("too_long", f"a tag is at most {MAX_TAG} characters")
+    elif any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text):
+        problem = ("control_characters", "a tag must not contain control characters")
+    if problem is not None:
+        raise InvalidContact([FieldError(field, *problem)])
+    return text
 
 
 def _uuid(value: UUID | str) -> UUID:

@@ -7,7 +7,7 @@ sees a `sqlite3` or `psycopg` exception. One contract test suite runs against bo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -18,6 +18,8 @@ from uuid import UUID
 from sinal.events import PreparedEvent, StoredPayload
 
 IdentityKind = Literal["phone", "email", "external_id"]
+ContactField = Literal["name", "phone", "email", "external_id"]
+Measurement = Literal["count", "sum_value", "unique_contacts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,81 @@ class EventQuery:
     limit: int = 100
 
 
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as stored: only the SHA-256 of its text is kept."""
+
+    account_id: UUID
+    id: UUID
+    key_hash: str  # lowercase hex
+    hint: str  # the key's last characters, to tell keys apart
+    name: str | None
+    scopes: tuple[str, ...]
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+    @property
+    def is_active(self) -> bool:
+        """Whether the key still authenticates."""
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricInfo:
+    """One of an account's metrics, with how many events it has."""
+
+    name: str
+    category: str
+    is_system: bool
+    event_count: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateQuery:
+    """One metric measured per time bucket (and per property value, with `by`).
+
+    `starts` are the buckets' first instants, ascending; bucket i holds the events with
+    starts[i] <= occurred_at < starts[i + 1] (the last one up to `until`). Only events
+    with since <= occurred_at < until count.
+    """
+
+    account_id: UUID
+    metric_name: str
+    measurement: Measurement
+    starts: tuple[datetime, ...]
+    since: datetime
+    until: datetime
+    by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateCell:
+    """One non-empty (bucket, group) of an aggregate: bucket is an index into `starts`."""
+
+    bucket: int
+    group: str | None
+    value: int | Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What replaying a kept rejection did.
+
+    `outcome` is None when the cause persists (nothing was written); `earlier` says the
+    rejection had been replayed before, and `outcome` is then that replay's event.
+    """
+
+    rejection: Rejection
+    outcome: Outcome | None
+    earlier: bool = False
+
+
+BuildEvent = Callable[[Contact], PreparedEvent]
+BuildChangeEvent = Callable[[Contact, Contact], PreparedEvent]
+BuildTagEvent = Callable[[str], PreparedEvent]
+BuildReplayEvent = Callable[[Rejection], PreparedEvent]
+
 Progress = Callable[[int, int], None]  # (done, total)
 
 
@@ -202,8 +279,10 @@ class Store(Protocol):
         """Summary rows of the account (or of one contact), by contact then metric."""
         ...
 
-    def list_rejections(self, account_id: UUID, limit: int = 100) -> list[Rejection]:
-        """Kept rejections, newest first."""
+    def list_rejections(
+        self, account_id: UUID, limit: int = 100, before: UUID | None = None
+    ) -> list[Rejection]:
+        """Kept rejections, newest first (older than the rejection `before`, when given)."""
         ...
 
     def rebuild_summaries(
@@ -214,6 +293,90 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+        ...
+
+    # -- added for the HTTP service ---------------------------------------------------
+
+    def list_accounts(self, limit: int = 100) -> list[Account]:
+        """Accounts, oldest first (an operator's view across tenants)."""
+        ...
+
+    def update_account(
+        self, account_id: UUID, name: str | None, timezone: str | None
+    ) -> Account | None:
+        """Change an account's name and/or timezone (None: unchanged); None if no account."""
+        ...
+
+    def create_api_key(self, key: ApiKey) -> None:
+        """Insert an API key."""
+        ...
+
+    def find_api_key(self, account_id: UUID, key_hash: str) -> ApiKey | None:
+        """The account's key with this hash (revoked ones too), or None."""
+        ...
+
+    def list_api_keys(self, account_id: UUID) -> list[ApiKey]:
+        """The account's keys, oldest first."""
+        ...
+
+    def revoke_api_key(self, key_id: UUID, when: datetime) -> ApiKey | None:
+        """Revoke a key by id (an operator's command; idempotent); None if no such key."""
+        ...
+
+    def upsert_contact_recorded(
+        self, contact: NewContact, on_create: BuildEvent
+    ) -> tuple[Contact, bool]:
+        """`upsert_contact`, also recording `on_create(contact)` in the same transaction
+        when the contact is new."""
+        ...
+
+    def update_contact(
+        self,
+        account_id: UUID,
+        contact_id: UUID,
+        changes: Mapping[ContactField, str | None],
+        on_change: BuildChangeEvent,
+    ) -> Contact | None:
+        """Apply normalized changes (None removes a value) and record `on_change(before,
+        after)` in the same transaction, only if something changed. None if no contact;
+        raises `IdentityConflict` when an identity names another contact."""
+        ...
+
+    def change_tags(
+        self,
+        account_id: UUID,
+        contact_id: UUID,
+        tags: Sequence[str],
+        *,
+        add: bool,
+        on_change: BuildTagEvent,
+    ) -> list[str] | None:
+        """Add (or remove) tags and record `on_change(tag)` for each tag that changed, in
+        one transaction; the changed tags, or None if no contact."""
+        ...
+
+    def list_tags(self, account_id: UUID, contact_id: UUID) -> list[str]:
+        """A contact's tags, sorted."""
+        ...
+
+    def get_event(self, account_id: UUID, event_id: UUID) -> StoredEvent | None:
+        """One event of the account, or None (also for another account's id)."""
+        ...
+
+    def list_metrics(self, account_id: UUID, name: str | None = None) -> list[MetricInfo]:
+        """The account's metrics (or the one named), by name, with their event counts."""
+        ...
+
+    def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
+        """The non-empty cells of an aggregate (see `AggregateQuery`)."""
+        ...
+
+    def replay_rejection(
+        self, account_id: UUID, rejection_id: UUID, build: BuildReplayEvent
+    ) -> Replay | None:
+        """Record `build(rejection)` and mark the rejection replayed, in one transaction
+        that holds the rejection's lock (two replays never store two events). Nothing is
+        written when the event's contact still does not exist. None if no rejection."""
         ...
 
 

@@ -9,9 +9,11 @@ cost a second, read-only, round trip (to compare payloads).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, TypeVar
 from uuid import UUID
 
 import orjson
@@ -20,29 +22,41 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool
 
-from sinal.errors import DuplicateKey, StoreError
+from sinal.errors import DuplicateKey, IdentityConflict, StoreError
 from sinal.events import SCHEMA_VERSION, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id
 from sinal.store.base import (
     Account,
+    AggregateCell,
+    AggregateQuery,
+    ApiKey,
+    BuildChangeEvent,
+    BuildEvent,
+    BuildReplayEvent,
+    BuildTagEvent,
     Contact,
+    ContactField,
     EventQuery,
+    MetricInfo,
     NewContact,
     Outcome,
     Progress,
     RebuildReport,
     Rejection,
+    Replay,
     StoredEvent,
     SummaryRow,
     compare_summaries,
     read_migrations,
     rejection_message,
 )
+from sinal.store.postgres_automations import PostgresAutomations
 
 # Any two sessions' lock ids would do; this one spells "sinal" in ASCII.
 _MIGRATION_LOCK = 0x73696E616C
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 _ATTEMPTS = 5
+T = TypeVar("T")
 
 _EVENT_COLUMNS = (
     "account_id, id, contact_id, metric_name, properties, value, currency, source, source_id, "
@@ -50,6 +64,13 @@ _EVENT_COLUMNS = (
     "occurred_at, received_at, schema_version"
 )
 _CONTACT_COLUMNS = "account_id, id, name, phone, email, external_id, created_at, updated_at"
+_REJECTION_COLUMNS = "account_id, id, reason, message, payload, created_at, replayed_event_id"
+_KEY_COLUMNS = "account_id, id, key_hash, hint, name, scopes, created_at, revoked_at"
+_MEASURES = {
+    "count": "count(*)",
+    "sum_value": "coalesce(sum(value), 0)",
+    "unique_contacts": "count(DISTINCT contact_id)",
+}
 
 # Rows are sorted before every insert that can wait on another transaction (events by
 # unique id, metrics and summaries by key), so concurrent batches lock in one order.
@@ -168,7 +189,7 @@ def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     set_json_dumps(dumps_json, conn)
 
 
-class PostgresStore:
+class PostgresStore(PostgresAutomations):
     """sinal's tables in a PostgreSQL database."""
 
     backend = "postgresql"
@@ -273,40 +294,45 @@ class PostgresStore:
         raise AssertionError("unreachable")
 
     def _upsert_contact_once(self, contact: NewContact) -> tuple[Contact, bool]:
-        pairs = contact.identities()
         with self._tx() as conn:
-            if pairs:
-                row = conn.execute(
-                    "SELECT i.contact_id FROM contact_identities i "
-                    "JOIN unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(kind, value, n) "
-                    "  ON i.kind = k.kind AND i.value = k.value "
-                    "WHERE i.account_id = %s ORDER BY k.n LIMIT 1",
-                    ([k for k, _ in pairs], [v for _, v in pairs], contact.account_id),
-                ).fetchone()
-                if row is not None:
-                    found = self._contact(conn, contact.account_id, row[0])
-                    assert found is not None
-                    return found, False
-            created = conn.execute(
-                f"INSERT INTO contacts (account_id, id, name, phone, email, external_id) "
-                f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_CONTACT_COLUMNS}",
+            return self._find_or_create(conn, contact)
+
+    def _find_or_create(
+        self, conn: psycopg.Connection[TupleRow], contact: NewContact
+    ) -> tuple[Contact, bool]:
+        pairs = contact.identities()
+        if pairs:
+            row = conn.execute(
+                "SELECT i.contact_id FROM contact_identities i "
+                "JOIN unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(kind, value, n) "
+                "  ON i.kind = k.kind AND i.value = k.value "
+                "WHERE i.account_id = %s ORDER BY k.n LIMIT 1",
+                ([k for k, _ in pairs], [v for _, v in pairs], contact.account_id),
+            ).fetchone()
+            if row is not None:
+                found = self._contact(conn, contact.account_id, row[0])
+                assert found is not None
+                return found, False
+        created = conn.execute(
+            f"INSERT INTO contacts (account_id, id, name, phone, email, external_id) "
+            f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_CONTACT_COLUMNS}",
+            (
+                contact.account_id, contact.id, contact.name, contact.phone,
+                contact.email, contact.external_id,
+            ),
+        ).fetchone()  # fmt: skip
+        assert created is not None
+        if pairs:
+            conn.execute(
+                "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
+                "SELECT %s, kind, value, %s FROM unnest(%s::text[], %s::text[]) "
+                "AS k(kind, value)",
                 (
-                    contact.account_id, contact.id, contact.name, contact.phone,
-                    contact.email, contact.external_id,
+                    contact.account_id, contact.id,
+                    [k for k, _ in pairs], [v for _, v in pairs],
                 ),
-            ).fetchone()  # fmt: skip
-            assert created is not None
-            if pairs:
-                conn.execute(
-                    "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
-                    "SELECT %s, kind, value, %s FROM unnest(%s::text[], %s::text[]) "
-                    "AS k(kind, value)",
-                    (
-                        contact.account_id, contact.id,
-                        [k for k, _ in pairs], [v for _, v in pairs],
-                    ),
-                )  # fmt: skip
-            return Contact(*created), True
+            )  # fmt: skip
+        return Contact(*created), True
 
     def get_contact(self, account_id: UUID, contact_id: UUID) -> Contact | None:
         """One contact of the account, or None."""
@@ -397,13 +423,15 @@ class PostgresStore:
             rows = conn.execute(statement + " ORDER BY contact_id, metric_name", args).fetchall()
         return [SummaryRow(*row) for row in rows]
 
-    def list_rejections(self, account_id: UUID, limit: int = 100) -> list[Rejection]:
-        """Kept rejections, newest first."""
+    def list_rejections(
+        self, account_id: UUID, limit: int = 100, before: UUID | None = None
+    ) -> list[Rejection]:
+        """Kept rejections, newest first (ids are UUIDv7: id order is creation order)."""
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT account_id, id, reason, message, payload, created_at, replayed_event_id "
-                "FROM rejections WHERE account_id = %s ORDER BY id DESC LIMIT %s",
-                (account_id, limit),
+                f"SELECT {_REJECTION_COLUMNS} FROM rejections WHERE account_id = %s "
+                "AND (%s::uuid IS NULL OR id < %s) ORDER BY id DESC LIMIT %s",
+                (account_id, before, before, limit),
             ).fetchall()
         return [Rejection(*row) for row in rows]
 
@@ -428,6 +456,304 @@ class PostgresStore:
             if progress is not None:
                 progress(done, len(accounts))
         return reports
+
+    # -- added for the HTTP service ---------------------------------------------------
+
+    def _retrying(self, work: Callable[[psycopg.Connection[TupleRow]], T]) -> T:
+        """Run `work` in one transaction, again on a deadlock, serialization failure or
+        unique violation (a concurrent insert of the same identity or tag)."""
+        for attempt in range(_ATTEMPTS):
+            try:
+                with self._tx() as conn:
+                    return work(conn)
+            except StoreError as exc:
+                retry = isinstance(exc, DuplicateKey) or isinstance(exc.__cause__, _RETRYABLE)
+                if not retry or attempt == _ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def list_accounts(self, limit: int = 100) -> list[Account]:
+        """Accounts, oldest first."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT id, name, timezone, created_at FROM accounts "
+                "ORDER BY created_at, id LIMIT %s",
+                (limit,),
+            ).fetchall()
+        return [Account(*r) for r in rows]
+
+    def update_account(
+        self, account_id: UUID, name: str | None, timezone: str | None
+    ) -> Account | None:
+        """Change an account's name and/or timezone (None: unchanged)."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "UPDATE accounts SET name = coalesce(%s, name), "
+                "timezone = coalesce(%s, timezone) WHERE id = %s "
+                "RETURNING id, name, timezone, created_at",
+                (name, timezone, account_id),
+            ).fetchone()
+        return None if row is None else Account(*row)
+
+    def create_api_key(self, key: ApiKey) -> None:
+        """Insert an API key."""
+        with self._conn() as conn:
+            conn.execute(
+                f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    key.account_id, key.id, key.key_hash, key.hint, key.name,
+                    list(key.scopes), key.created_at, key.revoked_at,
+                ),
+            )  # fmt: skip
+
+    def find_api_key(self, account_id: UUID, key_hash: str) -> ApiKey | None:
+        """The account's key with this hash, or None."""
+        with self._conn() as conn:
+            row = conn.execute(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = %s AND key_hash = %s",
+                (account_id, key_hash),
+            ).fetchone()
+        return None if row is None else _api_key(row)
+
+    def list_api_keys(self, account_id: UUID) -> list[ApiKey]:
+        """The account's keys, oldest first."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = %s "
+                "ORDER BY created_at, id",
+                (account_id,),
+            ).fetchall()
+        return [_api_key(r) for r in rows]
+
+    def revoke_api_key(self, key_id: UUID, when: datetime) -> ApiKey | None:
+        """Revoke a key by id (idempotent: the first revocation time is kept)."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "UPDATE api_keys SET revoked_at = coalesce(revoked_at, %s) WHERE id = %s "
+                f"RETURNING {_KEY_COLUMNS}",
+                (when, key_id),
+            ).fetchone()
+        return None if row is None else _api_key(row)
+
+    def upsert_contact_recorded(
+        self, contact: NewContact, on_create: BuildEvent
+    ) -> tuple[Contact, bool]:
+        """`upsert_contact`, recording `on_create(contact)` when the contact is new."""
+
+        def work(conn: psycopg.Connection[TupleRow]) -> tuple[Contact, bool]:
+            found, created = self._find_or_create(conn, contact)
+            if created:
+                _record_in(conn, [on_create(found)])
+            return found, created
+
+        return self._retrying(work)
+
+    def update_contact(
+        self,
+        account_id: UUID,
+        contact_id: UUID,
+        changes: Mapping[ContactField, str | None],
+        on_change: BuildChangeEvent,
+    ) -> Contact | None:
+        """Apply changes and record `on_change(before, after)`, in one transaction."""
+
+        def work(conn: psycopg.Connection[TupleRow]) -> Contact | None:
+            row = conn.execute(
+                f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s "
+                "FOR UPDATE",
+                (account_id, contact_id),
+            ).fetchone()
+            if row is None:
+                return None
+            before = Contact(*row)
+            changed: dict[str, str | None] = {
+                k: v for k, v in changes.items() if getattr(before, k) != v
+            }
+            if not changed:
+                return before
+            for kind, value in changed.items():
+                if kind != "name":
+                    _move_identity(conn, before, kind, value)
+            merged: dict[str, str | None] = {
+                k: getattr(before, k) for k in ("name", "phone", "email", "external_id")
+            }
+            merged.update(changed)
+            updated = conn.execute(
+                "UPDATE contacts SET name = %s, phone = %s, email = %s, external_id = %s, "
+                f"updated_at = now() WHERE account_id = %s AND id = %s "
+                f"RETURNING {_CONTACT_COLUMNS}",
+                (
+                    merged["name"], merged["phone"], merged["email"], merged["external_id"],
+                    account_id, contact_id,
+                ),
+            ).fetchone()  # fmt: skip
+            assert updated is not None
+            after = Contact(*updated)
+            _record_in(conn, [on_change(before, after)])
+            return after
+
+        return self._retrying(work)
+
+    def change_tags(
+        self,
+        account_id: UUID,
+        contact_id: UUID,
+        tags: Sequence[str],
+        *,
+        add: bool,
+        on_change: BuildTagEvent,
+    ) -> list[str] | None:
+        """Add or remove tags; record `on_change(tag)` for each one that changed."""
+        wanted = sorted(set(tags))  # one lock order for concurrent callers
+        order = {tag: i for i, tag in enumerate(dict.fromkeys(tags))}
+
+        def work(conn: psycopg.Connection[TupleRow]) -> list[str] | None:
+            if self._contact(conn, account_id, contact_id) is None:
+                return None
+            if add:
+                rows = conn.execute(
+                    "INSERT INTO contact_tags (account_id, contact_id, tag) "
+                    "SELECT %s, %s, t FROM unnest(%s::text[]) AS t ON CONFLICT DO NOTHING "
+                    "RETURNING tag",
+                    (account_id, contact_id, wanted),
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    "DELETE FROM contact_tags WHERE account_id = %s AND contact_id = %s "
+                    "AND tag = ANY(%s) RETURNING tag",
+                    (account_id, contact_id, wanted),
+                ).fetchall()
+            changed = sorted((r[0] for r in rows), key=order.__getitem__)
+            if changed:
+                _record_in(conn, [on_change(tag) for tag in changed])
+            return changed
+
+        return self._retrying(work)
+
+    def list_tags(self, account_id: UUID, contact_id: UUID) -> list[str]:
+        """A contact's tags, sorted."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT tag FROM contact_tags WHERE account_id = %s AND contact_id = %s "
+                'ORDER BY tag COLLATE "C"',
+                (account_id, contact_id),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def get_event(self, account_id: UUID, event_id: UUID) -> StoredEvent | None:
+        """One event of the account, or None."""
+        with self._conn() as conn:
+            row = conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = %s AND id = %s",
+                (account_id, event_id),
+            ).fetchone()
+        return None if row is None else StoredEvent(*row)
+
+    def list_metrics(self, account_id: UUID, name: str | None = None) -> list[MetricInfo]:
+        """The account's metrics with their event counts (from the summaries)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT m.name, m.category, m.is_system, coalesce(s.n, 0)::bigint, m.created_at "
+                "FROM metrics m LEFT JOIN (SELECT metric_name, sum(event_count) AS n "
+                "FROM contact_metrics_summary WHERE account_id = %s GROUP BY metric_name) s "
+                "ON s.metric_name = m.name WHERE m.account_id = %s "
+                'AND (%s::text IS NULL OR m.name = %s) ORDER BY m.name COLLATE "C"',
+                (account_id, account_id, name, name),
+            ).fetchall()
+        return [MetricInfo(*r) for r in rows]
+
+    def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
+        """One scan of the metric's index range; `width_bucket` places each event."""
+        group = "NULL::text" if query.by is None else "properties ->> %(by)s"
+        statement = (
+            f"SELECT width_bucket(occurred_at, %(starts)s::timestamptz[]) - 1, {group}, "
+            f"{_MEASURES[query.measurement]} FROM events "
+            "WHERE account_id = %(account)s AND metric_name = %(metric)s "
+            "AND occurred_at >= %(since)s AND occurred_at < %(until)s GROUP BY 1, 2"
+        )
+        params = {
+            "starts": list(query.starts),
+            "by": query.by,
+            "account": query.account_id,
+            "metric": query.metric_name,
+            "since": query.since,
+            "until": query.until,
+        }
+        with self._conn() as conn:
+            rows = conn.execute(statement.encode(), params).fetchall()
+        return [AggregateCell(b, g, v) for b, g, v in rows if b >= 0]
+
+    def replay_rejection(
+        self, account_id: UUID, rejection_id: UUID, build: BuildReplayEvent
+    ) -> Replay | None:
+        """Replay holding the rejection's row lock: a concurrent replay waits, then sees
+        it replayed."""
+
+        def work(conn: psycopg.Connection[TupleRow]) -> Replay | None:
+            row = conn.execute(
+                f"SELECT {_REJECTION_COLUMNS} FROM rejections "
+                "WHERE account_id = %s AND id = %s FOR UPDATE",
+                (account_id, rejection_id),
+            ).fetchone()
+            if row is None:
+                return None
+            rejection = Rejection(*row)
+            if rejection.replayed_event_id is not None:
+                earlier = Outcome("created", event_id=rejection.replayed_event_id)
+                return Replay(rejection, earlier, earlier=True)
+            event = build(rejection)
+            if (
+                event.contact_id is None
+                or self._contact(conn, account_id, event.contact_id) is None
+            ):
+                return Replay(rejection, None)
+            [outcome] = _record_in(conn, [event])
+            conn.execute(
+                "UPDATE rejections SET replayed_at = now(), replayed_event_id = %s "
+                "WHERE account_id = %s AND id = %s",
+                (outcome.event_id, account_id, rejection_id),
+            )
+            return Replay(replace(rejection, replayed_event_id=outcome.event_id), outcome)
+
+        return self._retrying(work)
+
+
+def _record_in(
+    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
+) -> list[Outcome]:
+    """Record events inside the caller's transaction (the same statement as `record`)."""
+    rows = conn.execute(_RECORD_SQL, _record_params(events)).fetchall()
+    duplicates = [events[o] for o, created, known in rows if known and not created]
+    stored = PostgresStore._stored_payloads(conn, duplicates)
+    return [_outcome(events[o], created, known, stored) for o, created, known in rows]
+
+
+def _move_identity(
+    conn: psycopg.Connection[TupleRow], contact: Contact, kind: str, value: str | None
+) -> None:
+    """Point the contact's identity of `kind` at `value` (None: drop it)."""
+    if value is not None:
+        owner = conn.execute(
+            "SELECT contact_id FROM contact_identities "
+            "WHERE account_id = %s AND kind = %s AND value = %s",
+            (contact.account_id, kind, value),
+        ).fetchone()
+        if owner is not None and owner[0] != contact.id:
+            raise IdentityConflict(kind)
+    conn.execute(
+        "DELETE FROM contact_identities WHERE account_id = %s AND contact_id = %s AND kind = %s",
+        (contact.account_id, contact.id, kind),
+    )
+    if value is not None:
+        conn.execute(
+            "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
+            "VALUES (%s, %s, %s, %s)",
+            (contact.account_id, kind, value, contact.id),
+        )
+
+
+def _api_key(r: Sequence[Any]) -> ApiKey:
+    return ApiKey(r[0], r[1], r[2], r[3], r[4], tuple(r[5]), r[6], r[7])
 
 
 def _record_params(events: Sequence[PreparedEvent]) -> dict[str, Any]:

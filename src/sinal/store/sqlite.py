@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -19,24 +21,35 @@ from uuid import UUID
 
 import orjson
 
-from sinal.errors import ConfigurationError, DuplicateKey, StoreError
+from sinal.errors import ConfigurationError, DuplicateKey, IdentityConflict, StoreError
 from sinal.events import PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
 from sinal.store.base import (
     Account,
+    AggregateCell,
+    AggregateQuery,
+    ApiKey,
+    BuildChangeEvent,
+    BuildEvent,
+    BuildReplayEvent,
+    BuildTagEvent,
     Contact,
+    ContactField,
     EventQuery,
+    MetricInfo,
     NewContact,
     Outcome,
     Progress,
     RebuildReport,
     Rejection,
+    Replay,
     StoredEvent,
     SummaryRow,
     compare_summaries,
     read_migrations,
     rejection_message,
 )
+from sinal.store.sqlite_automations import SQLiteAutomations
 
 _EVENT_COLUMNS = (
     "account_id, id, contact_id, metric_name, properties, value, currency, source, source_id, "
@@ -44,6 +57,8 @@ _EVENT_COLUMNS = (
     "occurred_at, received_at, schema_version"
 )
 _CONTACT_COLUMNS = "account_id, id, name, phone, email, external_id, created_at, updated_at"
+_REJECTION_COLUMNS = "account_id, id, reason, message, payload, created_at, replayed_event_id"
+_KEY_COLUMNS = "account_id, id, key_hash, hint, name, scopes, created_at, revoked_at"
 
 
 def ts(when: datetime) -> str:
@@ -95,7 +110,7 @@ def translated_errors() -> Iterator[None]:
         raise StoreError(str(exc)) from exc
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteAutomations):
     """sinal's tables in one SQLite file."""
 
     backend = "sqlite"
@@ -225,40 +240,45 @@ class SQLiteStore:
 
     def upsert_contact(self, contact: NewContact) -> tuple[Contact, bool]:
         """Find by any identity (most specific first), else create with its identities."""
-        account = str(contact.account_id)
         with self._write() as conn:
-            for kind, value in contact.identities():
-                row = conn.execute(
-                    "SELECT contact_id FROM contact_identities "
-                    "WHERE account_id = ? AND kind = ? AND value = ?",
-                    (account, kind, value),
-                ).fetchone()
-                if row is not None:
-                    found = self._contact(conn, account, row[0])
-                    assert found is not None
-                    return found, False
-            now = ts(datetime.now(UTC))
-            conn.execute(
-                f"INSERT INTO contacts ({_CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    account,
-                    str(contact.id),
-                    contact.name,
-                    contact.phone,
-                    contact.email,
-                    contact.external_id,
-                    now,
-                    now,
-                ),
-            )
-            conn.executemany(
-                "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
-                "VALUES (?, ?, ?, ?)",
-                [(account, kind, value, str(contact.id)) for kind, value in contact.identities()],
-            )
-            created = self._contact(conn, account, str(contact.id))
-            assert created is not None
-            return created, True
+            return self._find_or_create(conn, contact)
+
+    def _find_or_create(
+        self, conn: sqlite3.Connection, contact: NewContact
+    ) -> tuple[Contact, bool]:
+        account = str(contact.account_id)
+        for kind, value in contact.identities():
+            row = conn.execute(
+                "SELECT contact_id FROM contact_identities "
+                "WHERE account_id = ? AND kind = ? AND value = ?",
+                (account, kind, value),
+            ).fetchone()
+            if row is not None:
+                found = self._contact(conn, account, row[0])
+                assert found is not None
+                return found, False
+        now = ts(datetime.now(UTC))
+        conn.execute(
+            f"INSERT INTO contacts ({_CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                account,
+                str(contact.id),
+                contact.name,
+                contact.phone,
+                contact.email,
+                contact.external_id,
+                now,
+                now,
+            ),
+        )
+        conn.executemany(
+            "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
+            "VALUES (?, ?, ?, ?)",
+            [(account, kind, value, str(contact.id)) for kind, value in contact.identities()],
+        )
+        created = self._contact(conn, account, str(contact.id))
+        assert created is not None
+        return created, True
 
     def get_contact(self, account_id: UUID, contact_id: UUID) -> Contact | None:
         """One contact of the account, or None."""
@@ -329,26 +349,19 @@ class SQLiteStore:
             rows = conn.execute(sql + " ORDER BY contact_id, metric_name", args).fetchall()
         return [_summary_row(row) for row in rows]
 
-    def list_rejections(self, account_id: UUID, limit: int = 100) -> list[Rejection]:
+    def list_rejections(
+        self, account_id: UUID, limit: int = 100, before: UUID | None = None
+    ) -> list[Rejection]:
         """Kept rejections, newest first."""
+        # ids are UUIDv7 in canonical text: text order is creation order.
+        bound = "ffffffff-ffff-ffff-ffff-ffffffffffff" if before is None else str(before)
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT account_id, id, reason, message, payload, created_at, replayed_event_id "
-                "FROM rejections WHERE account_id = ? ORDER BY id DESC LIMIT ?",
-                (str(account_id), limit),
+                f"SELECT {_REJECTION_COLUMNS} FROM rejections WHERE account_id = ? AND id < ? "
+                "ORDER BY id DESC LIMIT ?",
+                (str(account_id), bound, limit),
             ).fetchall()
-        return [
-            Rejection(
-                UUID(r[0]),
-                UUID(r[1]),
-                r[2],
-                r[3],
-                orjson.loads(r[4]),
-                parse_ts(r[5]),
-                _opt_uuid(r[6]),
-            )
-            for r in rows
-        ]
+        return [_rejection(r) for r in rows]
 
     def rebuild_summaries(
         self, account_id: UUID | None = None, progress: Progress | None = None
@@ -366,6 +379,269 @@ class SQLiteStore:
             if progress is not None:
                 progress(done, len(accounts))
         return reports
+
+    # -- added for the HTTP service ---------------------------------------------------
+
+    def list_accounts(self, limit: int = 100) -> list[Account]:
+        """Accounts, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT id, name, timezone, created_at FROM accounts "
+                "ORDER BY created_at, id LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [Account(UUID(r[0]), r[1], r[2], parse_ts(r[3])) for r in rows]
+
+    def update_account(
+        self, account_id: UUID, name: str | None, timezone: str | None
+    ) -> Account | None:
+        """Change an account's name and/or timezone (None: unchanged)."""
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE accounts SET name = coalesce(?, name), timezone = coalesce(?, timezone) "
+                "WHERE id = ?",
+                (name, timezone, str(account_id)),
+            )
+        return self.get_account(account_id)
+
+    def create_api_key(self, key: ApiKey) -> None:
+        """Insert an API key."""
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    str(key.account_id), str(key.id), key.key_hash, key.hint, key.name,
+                    orjson.dumps(list(key.scopes)).decode(), ts(key.created_at),
+                    None if key.revoked_at is None else ts(key.revoked_at),
+                ),
+            )  # fmt: skip
+
+    def find_api_key(self, account_id: UUID, key_hash: str) -> ApiKey | None:
+        """The account's key with this hash, or None."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = ? AND key_hash = ?",
+                (str(account_id), key_hash),
+            ).fetchone()
+        return None if row is None else _api_key(row)
+
+    def list_api_keys(self, account_id: UUID) -> list[ApiKey]:
+        """The account's keys, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = ? ORDER BY created_at, id",
+                (str(account_id),),
+            ).fetchall()
+        return [_api_key(r) for r in rows]
+
+    def revoke_api_key(self, key_id: UUID, when: datetime) -> ApiKey | None:
+        """Revoke a key by id (idempotent: the first revocation time is kept)."""
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?",
+                (ts(when), str(key_id)),
+            )
+            row = conn.execute(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ?", (str(key_id),)
+            ).fetchone()
+        return None if row is None else _api_key(row)
+
+    def upsert_contact_recorded(
+        self, contact: NewContact, on_create: BuildEvent
+    ) -> tuple[Contact, bool]:
+        """`upsert_contact`, recording `on_create(contact)` when the contact is new."""
+        with self._write() as conn:
+            found, created = self._find_or_create(conn, contact)
+            if created:
+                _record_in(conn, [on_create(found)])
+            return found, created
+
+    def update_contact(
+        self,
+        account_id: UUID,
+        contact_id: UUID,
+        changes: Mapping[ContactField, str | None],
+        on_change: BuildChangeEvent,
+    ) -> Contact | None:
+        """Apply changes and record `on_change(before, after)`, in one transaction."""
+        account, contact = str(account_id), str(contact_id)
+        with self._write() as conn:
+            before = self._contact(conn, account, contact)
+            if before is None:
+                return None
+            changed: dict[str, str | None] = {
+                k: v for k, v in changes.items() if getattr(before, k) != v
+            }
+            if not changed:
+                return before
+            for kind, value in changed.items():
+                if kind == "name":
+                    continue
+                if value is not None:
+                    row = conn.execute(
+                        "SELECT contact_id FROM contact_identities "
+                        "WHERE account_id = ? AND kind = ? AND value = ?",
+                        (account, kind, value),
+                    ).fetchone()
+                    if row is not None and row[0] != contact:
+                        raise IdentityConflict(kind)
+                conn.execute(
+                    "DELETE FROM contact_identities "
+                    "WHERE account_id = ? AND contact_id = ? AND kind = ?",
+                    (account, contact, kind),
+                )
+                if value is not None:
+                    conn.execute(
+                        "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
+                        "VALUES (?, ?, ?, ?)",
+                        (account, kind, value, contact),
+                    )
+            merged: dict[str, str | None] = {
+                k: getattr(before, k) for k in ("name", "phone", "email", "external_id")
+            }
+            merged.update(changed)
+            conn.execute(
+                "UPDATE contacts SET name = ?, phone = ?, email = ?, external_id = ?, "
+                "updated_at = ? WHERE account_id = ? AND id = ?",
+                (
+                    merged["name"], merged["phone"], merged["email"], merged["external_id"],
+                    ts(datetime.now(UTC)), account, contact,
+                ),
+            )  # fmt: skip
+            after = self._contact(conn, account, contact)
+            assert after is not None
+            _record_in(conn, [on_change(before, after)])
+            return after
+
+    def change_tags(
+        self,
+        account_id: UUID,
+        contact_id: UUID,
+        tags: Sequence[str],
+        *,
+        add: bool,
+        on_change: BuildTagEvent,
+    ) -> list[str] | None:
+        """Add or remove tags; record `on_change(tag)` for each one that changed."""
+        account, contact = str(account_id), str(contact_id)
+        with self._write() as conn:
+            if self._contact(conn, account, contact) is None:
+                return None
+            changed: list[str] = []
+            now = ts(datetime.now(UTC))
+            for tag in dict.fromkeys(tags):
+                if add:
+                    cur = conn.execute(
+                        "INSERT INTO contact_tags (account_id, contact_id, tag, created_at) "
+                        "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        (account, contact, tag, now),
+                    )
+                else:
+                    cur = conn.execute(
+                        "DELETE FROM contact_tags "
+                        "WHERE account_id = ? AND contact_id = ? AND tag = ?",
+                        (account, contact, tag),
+                    )
+                if cur.rowcount:
+                    changed.append(tag)
+            if changed:
+                _record_in(conn, [on_change(tag) for tag in changed])
+            return changed
+
+    def list_tags(self, account_id: UUID, contact_id: UUID) -> list[str]:
+        """A contact's tags, sorted."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT tag FROM contact_tags WHERE account_id = ? AND contact_id = ? ORDER BY tag",
+                (str(account_id), str(contact_id)),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def get_event(self, account_id: UUID, event_id: UUID) -> StoredEvent | None:
+        """One event of the account, or None."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = ? AND id = ?",
+                (str(account_id), str(event_id)),
+            ).fetchone()
+        return None if row is None else _stored_event(row)
+
+    def list_metrics(self, account_id: UUID, name: str | None = None) -> list[MetricInfo]:
+        """The account's metrics with their event counts (from the summaries)."""
+        sql = (
+            "SELECT m.name, m.category, m.is_system, coalesce(s.n, 0), m.created_at "
+            "FROM metrics m LEFT JOIN (SELECT metric_name, sum(event_count) AS n "
+            "FROM contact_metrics_summary WHERE account_id = ? GROUP BY metric_name) s "
+            "ON s.metric_name = m.name WHERE m.account_id = ?"
+        )
+        args: list[str] = [str(account_id), str(account_id)]
+        if name is not None:
+            sql += " AND m.name = ?"
+            args.append(name)
+        with self._read() as conn:
+            rows = conn.execute(sql + " ORDER BY m.name", args).fetchall()
+        return [MetricInfo(r[0], r[1], bool(r[2]), int(r[3]), parse_ts(r[4])) for r in rows]
+
+    def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
+        """Cells computed in Python: exact decimals, buckets by bisection."""
+        group = "NULL" if query.by is None else "properties -> ?"
+        args: list[str] = [] if query.by is None else ['$."' + query.by + '"']
+        args += [str(query.account_id), query.metric_name, ts(query.since), ts(query.until)]
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT occurred_at, value, contact_id, {group} FROM events "
+                "WHERE account_id = ? AND metric_name = ? AND occurred_at >= ? "
+                "AND occurred_at < ?",
+                args,
+            ).fetchall()
+        starts = [ts(s) for s in query.starts]
+        cells: dict[tuple[int, str | None], Any] = {}
+        for occurred_at, value, contact, raw_group in rows:
+            key = (bisect_right(starts, occurred_at) - 1, _group_text(raw_group))
+            if query.measurement == "count":
+                cells[key] = cells.get(key, 0) + 1
+            elif query.measurement == "sum_value":
+                cells[key] = cells.get(key, Decimal(0)) + (Decimal(value) if value else 0)
+            else:
+                cells.setdefault(key, set()).add(contact)
+        return [
+            AggregateCell(b, g, len(v) if isinstance(v, set) else v)
+            for (b, g), v in cells.items()
+            if b >= 0
+        ]
+
+    def replay_rejection(
+        self, account_id: UUID, rejection_id: UUID, build: BuildReplayEvent
+    ) -> Replay | None:
+        """Replay under the write lock (BEGIN IMMEDIATE): replays run one at a time."""
+        account = str(account_id)
+        with self._write() as conn:
+            row = conn.execute(
+                f"SELECT {_REJECTION_COLUMNS} FROM rejections WHERE account_id = ? AND id = ?",
+                (account, str(rejection_id)),
+            ).fetchone()
+            if row is None:
+                return None
+            rejection = _rejection(row)
+            if rejection.replayed_event_id is not None:
+                earlier = Outcome("created", event_id=rejection.replayed_event_id)
+                return Replay(rejection, earlier, earlier=True)
+            event = build(rejection)
+            if event.contact_id is None or (
+                conn.execute(
+                    "SELECT 1 FROM contacts WHERE account_id = ? AND id = ?",
+                    (account, str(event.contact_id)),
+                ).fetchone()
+                is None
+            ):
+                return Replay(rejection, None)
+            [outcome] = _record_in(conn, [event])
+            conn.execute(
+                "UPDATE rejections SET replayed_at = ?, replayed_event_id = ? "
+                "WHERE account_id = ? AND id = ?",
+                (ts(datetime.now(UTC)), str(outcome.event_id), account, str(rejection_id)),
+            )
+            return Replay(replace(rejection, replayed_event_id=outcome.event_id), outcome)
 
 
 class _Batch:
@@ -495,6 +771,43 @@ class _Batch:
                 "last_event_at = excluded.last_event_at, updated_at = excluded.updated_at",
                 (account, contact, metric, str(new_id()), count, str(total), first, last, self.now),
             )
+
+
+def _record_in(conn: sqlite3.Connection, events: Sequence[PreparedEvent]) -> list[Outcome]:
+    """Record events inside the caller's transaction."""
+    batch = _Batch(conn)
+    outcomes = [batch.record(event) for event in events]
+    batch.flush_summaries()
+    return outcomes
+
+
+def _rejection(r: Sequence[Any]) -> Rejection:
+    return Rejection(
+        UUID(r[0]), UUID(r[1]), r[2], r[3], orjson.loads(r[4]), parse_ts(r[5]), _opt_uuid(r[6])
+    )
+
+
+def _api_key(r: Sequence[Any]) -> ApiKey:
+    return ApiKey(
+        account_id=UUID(r[0]),
+        id=UUID(r[1]),
+        key_hash=r[2],
+        hint=r[3],
+        name=r[4],
+        scopes=tuple(orjson.loads(r[5])),
+        created_at=parse_ts(r[6]),
+        revoked_at=None if r[7] is None else parse_ts(r[7]),
+    )
+
+
+def _group_text(raw: str | None) -> str | None:
+    """A property's JSON text as a group label: strings unquoted, JSON null as None."""
+    if raw is None or raw == "null":
+        return None
+    if raw.startswith('"'):
+        text: str = orjson.loads(raw)
+        return text
+    return raw
 
 
 def _rebuild_account(conn: sqlite3.Connection, account: str) -> RebuildReport:

@@ -1,0 +1,888 @@
+"""Ingest throughput: sinal's ledger against a raw load and against the seed's naive flow.
+
+Run from the project root:
+
+    .venv/bin/python bench/ingest.py [--quick] [--json] [--backend postgresql|sqlite|both]
+                                     [--events N] [--per-event N]
+
+For each backend, in one run, on the same generated events:
+
+- the raw baseline: PostgreSQL `COPY events ... FROM STDIN` (one transaction per 500 rows,
+  and one big COPY) or SQLite `executemany` (one transaction per 500 rows);
+- `Ledger.emit_many` in batches of 500;
+- `Ledger.emit_event`, one event per call;
+- the seed's flow: per event five statements, each in its own transaction.
+
+Every method starts from empty events, summary, outbox and rejection tables and is checked
+afterwards (events stored, and for the ledger also outcomes, outbox and summaries); a
+mismatch is printed and the script exits with status 1. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import sqlite3
+import statistics
+import string
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+from rich.console import Console
+from rich.table import Table
+
+from sinal.catalog import (
+    METRIC_MESSAGE_DELIVERED,
+    METRIC_MESSAGE_READ,
+    METRIC_MESSAGE_SENT,
+    METRIC_ORDER_PAID,
+    METRIC_ORDER_PLACED,
+    get_metric_category,
+    get_metric_label,
+    is_system_metric,
+)
+from sinal.events import SCHEMA_VERSION, EmitEvent, EmitResult, dumps_json
+from sinal.ids import metric_id, new_id
+from sinal.ledger import Ledger, connect
+from sinal.store.base import Account, NewContact
+from sinal.store.sqlite import ts
+
+BATCH = 500
+CONTACTS = 200
+DUPLICATE_SHARE = 0.20
+SPREAD = timedelta(days=30)
+WARMUP = 100  # events run through each method, untimed, before it is measured
+SEED = 20261129
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432"
+FULL = (20_000, 3_000)  # (batch methods, per-event methods)
+QUICK = (2_000, 500)
+
+# (metric, weight, source, entity type)
+MIX: tuple[tuple[str, int, str, str], ...] = (
+    (METRIC_ORDER_PLACED, 15, "shopify", "order"),
+    (METRIC_ORDER_PAID, 10, "shopify", "payment"),
+    (METRIC_MESSAGE_SENT, 30, "whatsapp", "message"),
+    (METRIC_MESSAGE_DELIVERED, 25, "whatsapp", "message_status"),
+    (METRIC_MESSAGE_READ, 20, "whatsapp", "message_status"),
+)
+PRODUCTS = (
+    "Camiseta Básica Algodão",
+    "Calça Jeans Slim",
+    "Tênis Casual Couro",
+    "Boné Aba Curva",
+    "Jaqueta Corta-Vento",
+    "Meia Cano Alto (3 pares)",
+    "Mochila Urbana 20L",
+)
+AREA_CODES = (11, 21, 31, 41, 48, 51, 61, 71, 81, 85)
+
+# The columns every raw method writes (created_at is left to its default on PostgreSQL).
+EVENT_COLUMNS = (
+    "account_id, id, contact_id, metric_id, metric_name, properties, value, currency, source, "
+    "source_id, integration_id, unique_event_id, entity_type, entity_id, "
+    "automation_execution_id, occurred_at, received_at, schema_version"
+)
+EVENT_TABLES = ("events", "contact_metrics_summary", "outbox", "rejections")
+
+Backend = Literal["postgresql", "sqlite"]
+Results = list[EmitResult] | None  # what a method returns: the ledger's answers, or nothing
+console = Console(stderr=True, soft_wrap=True)  # progress; stdout holds only the results
+
+
+# -- the workload --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One generated event as the raw methods write it (the ledger derives the same)."""
+
+    id: UUID
+    contact_id: UUID
+    metric_id: UUID
+    metric_name: str
+    display_name: str
+    category: str
+    is_system: bool
+    properties_json: str
+    value: Decimal | None
+    currency: str
+    source: str
+    source_id: str
+    unique_event_id: str
+    entity_type: str
+    entity_id: str
+    occurred_at: datetime
+    received_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One input event: the ledger's keyword arguments, as an `EmitEvent`, and as a row."""
+
+    params: dict[str, Any]
+    event: EmitEvent
+    row: Row
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One account, its contacts and a stream of events (repeats included)."""
+
+    account_id: UUID
+    contacts: list[tuple[UUID, str, str]]  # (id, name, phone)
+    inputs: list[Input]
+
+    def expected(self, n: int) -> int:
+        """How many distinct events the first `n` inputs hold (what must be stored)."""
+        return len({i.row.unique_event_id for i in self.inputs[:n]})
+
+
+class _Generator:
+    """Deterministic, realistic events: Shopify orders and WhatsApp messages."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.now = datetime.now(UTC)
+        self.account_id = UUID(int=self.rng.getrandbits(128), version=4)
+        self.next_order = 100_000
+
+    def contacts(self, n: int) -> list[tuple[UUID, str, str]]:
+        first = ("Ana", "Bruno", "Carla", "Diego", "Eduarda", "Felipe", "Gabriela", "Heitor")
+        last = ("Silva", "Souza", "Oliveira", "Santos", "Lima", "Pereira", "Costa", "Rocha")
+        return [
+            (
+                UUID(int=self.rng.getrandbits(128), version=4),
+                f"{self.rng.choice(first)} {self.rng.choice(last)}",
+                f"+55{self.rng.choice(AREA_CODES)}9{self.rng.randrange(10**8):08d}",
+            )
+            for _ in range(n)
+        ]
+
+    def event(self, contact: tuple[UUID, str, str]) -> dict[str, Any]:
+        metric, source, entity_type = self._metric()
+        params: dict[str, Any] = {
+            "contact_id": contact[0],
+            "metric_name": metric,
+            "source": source,
+            "entity_type": entity_type,
+            "occurred_at": params_time(self.rng, self.now),
+        }
+        if source == "shopify":
+            params.update(self._order(contact, paid=metric == METRIC_ORDER_PAID))
+        else:
+            params.update(self._message(contact, metric))
+        return params
+
+    def _metric(self) -> tuple[str, str, str]:
+        weights = [w for _, w, _, _ in MIX]
+        metric, _, source, entity_type = self.rng.choices(MIX, weights)[0]
+        return metric, source, entity_type
+
+    def _order(self, contact: tuple[UUID, str, str], *, paid: bool) -> dict[str, Any]:
+        self.next_order += 1
+        items: list[dict[str, Any]] = [
+            {
+                "sku": f"SKU-{self.rng.randrange(10_000):04d}",
+                "name": self.rng.choice(PRODUCTS),
+                "quantity": self.rng.randint(1, 3),
+                "price": str(Decimal(self.rng.randint(1_990, 34_990)).scaleb(-2)),
+            }
+            for _ in range(self.rng.randint(1, 3))
+        ]
+        total = sum((Decimal(i["price"]) * i["quantity"] for i in items), Decimal(0))
+        order_id = str(5_000_000_000 + self.next_order)
+        properties: dict[str, Any] = {
+            "order_id": order_id,
+            "order_number": f"#{self.next_order}",
+            "items": items,
+            "phone": contact[2],
+            "customer_name": contact[1],
+            "total": str(total),
+            "payment_method": self.rng.choice(("pix", "credit_card", "boleto")),
+            "shipping": {"method": self.rng.choice(("PAC", "SEDEX")), "price": "19.90"},
+            "store": "loja-exemplo.myshopify.com",
+        }
+        if paid:
+            properties["paid_at"] = self.now.isoformat()
+        return {
+            "properties": properties,
+            "value": total,
+            "currency": "BRL",
+            "source_id": order_id,
+            "entity_id": order_id,
+        }
+
+    def _message(self, contact: tuple[UUID, str, str], metric: str) -> dict[str, Any]:
+        wamid = "wamid.HBgN" + "".join(self.rng.choices(string.ascii_letters + string.digits, k=48))
+        properties: dict[str, Any] = {"phone": contact[2], "wa_message_id": wamid}
+        if metric == METRIC_MESSAGE_SENT:
+            properties |= {
+                "message_type": "template",
+                "template_name": "pedido_confirmado",
+                "language": "pt_BR",
+                "conversation_id": secrets_hex(self.rng),
+                "text": f"Olá {contact[1]}! Seu pedido foi confirmado e já está em separação. "
+                "Acompanhe a entrega pelo link que enviaremos em breve.",
+            }
+            source_id = wamid
+        else:
+            status = "delivered" if metric == METRIC_MESSAGE_DELIVERED else "read"
+            properties |= {
+                "status": status,
+                "recipient_id": contact[2].removeprefix("+"),
+                "timestamp": str(int(params_time(self.rng, self.now).timestamp())),
+                "conversation": {
+                    "id": secrets_hex(self.rng),
+                    "expiration_timestamp": str(int(self.now.timestamp()) + 86_400),
+                    "origin": {"type": "utility"},
+                },
+                "pricing": {"billable": True, "pricing_model": "CBP", "category": "utility"},
+                "phone_number_id": "106540352242922",
+            }
+            source_id = f"{wamid}:{status}"
+        return {"properties": properties, "source_id": source_id, "entity_id": wamid}
+
+
+def params_time(rng: random.Random, now: datetime) -> datetime:
+    """A moment in the last 30 days."""
+    return now - SPREAD * rng.random()
+
+
+def secrets_hex(rng: random.Random) -> str:
+    """32 hex digits from `rng` (reproducible, unlike `secrets`)."""
+    return f"{rng.getrandbits(128):032x}"
+
+
+def generate(n: int, seed: int = SEED) -> Workload:
+    """`n` inputs over one account and its contacts; ~20% repeat an earlier event."""
+    gen = _Generator(seed)
+    contacts = gen.contacts(CONTACTS)
+    inputs: list[Input] = []
+    originals: list[Input] = []
+    for _ in range(n):
+        if originals and gen.rng.random() < DUPLICATE_SHARE:
+            inputs.append(gen.rng.choice(originals))  # a webhook retried: the same input
+            continue
+        params = {"account_id": gen.account_id, **gen.event(gen.rng.choice(contacts))}
+        item = Input(params, EmitEvent(**params), _row(gen.account_id, params, gen.now))
+        originals.append(item)
+        inputs.append(item)
+    return Workload(gen.account_id, contacts, inputs)
+
+
+def _row(account_id: UUID, params: dict[str, Any], now: datetime) -> Row:
+    name: str = params["metric_name"]
+    source_id: str = params["source_id"]
+    return Row(
+        id=new_id(),
+        contact_id=params["contact_id"],
+        metric_id=metric_id(account_id, name),
+        metric_name=name,
+        display_name=get_metric_label(name, "en"),
+        category=str(get_metric_category(name)),
+        is_system=is_system_metric(name),
+        properties_json=dumps_json(params["properties"]),
+        value=params.get("value"),
+        currency=params.get("currency") or "BRL",
+        source=params["source"],
+        source_id=source_id,
+        unique_event_id=f"{params['source']}:{params['entity_type']}:{source_id}",
+        entity_type=params["entity_type"],
+        entity_id=params["entity_id"],
+        occurred_at=params["occurred_at"],
+        received_at=now,
+    )
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One way to ingest the workload."""
+
+    key: str  # the --json name
+    label: str
+    run: Callable[[Sequence[Input]], Results]
+    per_event: bool  # measured on the (smaller) per-event count
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One method's result: the median of its timed runs."""
+
+    key: str
+    label: str
+    events: int
+    stored: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Input events processed per second of wall time (repeats included)."""
+        return self.events / self.seconds
+
+
+class Mismatch(Exception):
+    """A method stored something other than what the workload says it must."""
+
+
+def chunks(items: Sequence[Input], size: int = BATCH) -> Iterator[Sequence[Input]]:
+    """`items` in consecutive slices of `size`."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class Bench(ABC):
+    """One backend's database, its ledger, and the raw methods to compare it with."""
+
+    name: Backend
+    baseline: str  # the key of the raw-load method the others are compared with
+    ledger: Ledger
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.account = str(workload.account_id)
+        self.cleanup = ExitStack()  # undoes `open`, also when it fails half-way
+        try:
+            self.open()
+            self.prepare_tenant()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Bench:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @abstractmethod
+    def open(self) -> None:
+        """Create the database, migrated, with `ledger` and a raw connection on it."""
+
+    @abstractmethod
+    def methods(self) -> list[Method]:
+        """The methods measured on this backend, in the order they run."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Empty the event tables (contacts and metrics stay)."""
+
+    @abstractmethod
+    def count(self, table: str) -> int:
+        """Rows in `table`."""
+
+    @abstractmethod
+    def summary_total(self) -> int:
+        """The sum of `event_count` over all summary rows."""
+
+    def close(self) -> None:
+        """Release connections and remove the database."""
+        self.cleanup.close()
+
+    def prepare_tenant(self) -> None:
+        """Create the account and its contacts; create the metrics through the ledger."""
+        store = self.ledger.store
+        account_id = self.workload.account_id
+        store.create_account(Account(account_id, "Loja Exemplo", "America/Sao_Paulo", now()))
+        for contact_id, name, phone in self.workload.contacts:
+            store.upsert_contact(NewContact(account_id, contact_id, name, phone))
+        first_contact = self.workload.contacts[0][0]
+        primers = [
+            EmitEvent(account_id=account_id, contact_id=first_contact, metric_name=m, source=s)
+            for m, _, s, _ in MIX
+        ]
+        self.ledger.emit_many(primers)  # the metric rows, exactly as the ledger writes them
+        self.reset()
+
+    def emit_event(self, inputs: Sequence[Input]) -> Results:
+        """`Ledger.emit_event`, one call per input."""
+        return [self.ledger.emit_event(**i.params) for i in inputs]
+
+    def emit_many(self, inputs: Sequence[Input]) -> Results:
+        """`Ledger.emit_many`, 500 inputs per call."""
+        results: list[EmitResult] = []
+        for chunk in chunks(inputs):
+            results.extend(self.ledger.emit_many([i.event for i in chunk]))
+        return results
+
+    def ledger_methods(self) -> list[Method]:
+        """The two methods under test, the same on every backend."""
+        return [
+            Method("emit_many", f"emit_many ×{BATCH}", self.emit_many, per_event=False),
+            Method("emit_event", "emit_event", self.emit_event, per_event=True),
+        ]
+
+    def warm_up(self, method: Method) -> None:
+        """Run `method` untimed on the first inputs (caches, prepared statements)."""
+        self.reset()
+        inputs = self.workload.inputs[:WARMUP]
+        self.verify(method, inputs, method.run(inputs))
+
+    def timed_run(self, method: Method, inputs: Sequence[Input]) -> float:
+        """Seconds `method` takes on `inputs` from empty tables (checked afterwards)."""
+        self.reset()
+        started = time.perf_counter()
+        results = method.run(inputs)
+        seconds = time.perf_counter() - started
+        self.verify(method, inputs, results)
+        return seconds
+
+    def verify(self, method: Method, inputs: Sequence[Input], results: Results) -> None:
+        """Raise `Mismatch` unless exactly the distinct inputs were stored."""
+        distinct_n = self.workload.expected(len(inputs))
+        checks = [("events stored", self.count("events"), distinct_n)]
+        if results is not None:  # the ledger also answers, fills the outbox and summaries
+            checks += [
+                ("answered 'created'", sum(r.status == "created" for r in results), distinct_n),
+                ("answered 'duplicate'", sum(r.status == "duplicate" for r in results),
+                 len(inputs) - distinct_n),
+                ("duplicates said to differ", sum(bool(r.differs) for r in results), 0),
+                ("outbox rows", self.count("outbox"), distinct_n),
+                ("summary event_count", self.summary_total(), distinct_n),
+            ]  # fmt: skip
+        wrong = [f"{what}: {got} (expected {want})" for what, got, want in checks if got != want]
+        if wrong:
+            raise Mismatch(
+                f"{self.name} / {method.label}, {len(inputs)} inputs: {'; '.join(wrong)}"
+            )
+
+
+def now() -> datetime:
+    """The current time, UTC."""
+    return datetime.now(UTC)
+
+
+def distinct(inputs: Sequence[Input], seen: set[str]) -> Iterator[Row]:
+    """The rows of inputs whose unique id is not in `seen` yet (adding them to it)."""
+    for item in inputs:
+        if item.row.unique_event_id not in seen:
+            seen.add(item.row.unique_event_id)
+            yield item.row
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------
+
+
+def pg_row(account_id: UUID, row: Row, metric: UUID) -> tuple[Any, ...]:
+    """`row` in EVENT_COLUMNS order, as psycopg adapts it."""
+    return (
+        account_id, row.id, row.contact_id, metric, row.metric_name, row.properties_json,
+        row.value, row.currency, row.source, row.source_id, None, row.unique_event_id,
+        row.entity_type, row.entity_id, None, row.occurred_at, row.received_at, SCHEMA_VERSION,
+    )  # fmt: skip
+
+
+class PostgresBench(Bench):
+    """A fresh database `sinal_bench_<pid>_<random>`, dropped on close."""
+
+    name: Backend = "postgresql"
+    baseline = "copy"
+
+    def __init__(self, workload: Workload, base_url: str) -> None:
+        self.database = f"sinal_bench_{os.getpid()}_{secrets.token_hex(3)}"
+        self.admin_url = with_database(base_url, "postgres")
+        self.url = with_database(base_url, self.database)
+        self.can_checkpoint = True
+        super().__init__(workload)
+        self.conn.execute("ANALYZE")  # what autovacuum would have done by now
+
+    def open(self) -> None:
+        """CREATE DATABASE (dropped on close), migrate it, connect."""
+        self.admin("CREATE DATABASE {}")
+        self.cleanup.callback(self.admin, "DROP DATABASE IF EXISTS {} WITH (FORCE)")
+        self.ledger = connect(self.url)
+        self.cleanup.callback(self.ledger.close)
+        self.ledger.migrate()
+        self.conn = psycopg.connect(self.url, autocommit=True)  # the raw methods' connection
+        self.cleanup.callback(self.conn.close)
+
+    def admin(self, statement: str) -> None:
+        """Run `statement` about the bench database from the server's `postgres` database."""
+        query = sql.SQL(statement).format(sql.Identifier(self.database))
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            admin.execute(query)
+
+    def methods(self) -> list[Method]:
+        """Chunked COPY (the baseline), one big COPY, the ledger, the seed's flow."""
+        return [
+            Method("copy", f"COPY ×{BATCH}/tx", self.copy_chunked, per_event=False),
+            Method("copy_single", "COPY, one tx", self.copy_single, per_event=False),
+            *self.ledger_methods(),
+            Method("seed_flow", "seed flow", self.seed_flow, per_event=True),
+        ]
+
+    def reset(self) -> None:
+        """TRUNCATE the event tables, then CHECKPOINT so no method pays for another's writes."""
+        self.conn.execute(f"TRUNCATE {', '.join(EVENT_TABLES)}")
+        if self.can_checkpoint:
+            try:
+                self.conn.execute("CHECKPOINT")
+            except psycopg.errors.InsufficientPrivilege:
+                self.can_checkpoint = False  # not a superuser (nor pg_checkpoint): do without
+
+    def count(self, table: str) -> int:
+        """Rows in `table`."""
+        row = self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+        return int(row[0]) if row else 0
+
+    def summary_total(self) -> int:
+        """The sum of `event_count` over all summary rows."""
+        row = self.conn.execute(
+            "SELECT coalesce(sum(event_count), 0) FROM contact_metrics_summary"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def _copy(self, inputs: Sequence[Input], seen: set[str]) -> None:
+        account_id = self.workload.account_id
+        statement = f"COPY events ({EVENT_COLUMNS}) FROM STDIN"
+        with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(statement) as copy:
+            for row in distinct(inputs, seen):
+                copy.write_row(pg_row(account_id, row, row.metric_id))
+
+    def copy_chunked(self, inputs: Sequence[Input]) -> Results:
+        """One COPY and one transaction per 500 inputs; repeats dropped in Python."""
+        seen: set[str] = set()
+        for chunk in chunks(inputs):
+            self._copy(chunk, seen)
+        return None
+
+    def copy_single(self, inputs: Sequence[Input]) -> Results:
+        """Every input in one COPY, one transaction."""
+        self._copy(inputs, set())
+        return None
+
+    def seed_flow(self, inputs: Sequence[Input]) -> Results:
+        """The seed's emitEvent: five statements per event, each its own transaction."""
+        conn, account_id = self.conn, self.workload.account_id
+        for item in inputs:
+            row = item.row
+            contact = conn.execute(
+                "SELECT id FROM contacts WHERE account_id = %s AND id = %s",
+                (account_id, row.contact_id),
+            ).fetchone()
+            if contact is None:
+                continue
+            conn.execute(
+                "INSERT INTO metrics (account_id, id, name, display_name, category, source, "
+                "is_system) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (account_id, row.metric_id, row.metric_name, row.display_name, row.category,
+                 row.source, row.is_system),
+            )  # fmt: skip
+            metric = conn.execute(
+                "SELECT id FROM metrics WHERE account_id = %s AND name = %s",
+                (account_id, row.metric_name),
+            ).fetchone()
+            assert metric is not None
+            existing = conn.execute(
+                "SELECT id FROM events WHERE account_id = %s AND unique_event_id = %s",
+                (account_id, row.unique_event_id),
+            ).fetchone()
+            if existing is not None:
+                continue  # the seed answers the earlier event's id
+            conn.execute(
+                f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join(['%s'] * 18)}) "
+                "ON CONFLICT (account_id, unique_event_id) DO NOTHING",
+                pg_row(account_id, row, metric[0]),
+            )
+        return None
+
+
+def with_database(base_url: str, database: str) -> str:
+    """`base_url` pointing at `database` (its path replaced)."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+# -- SQLite --------------------------------------------------------------------------------
+
+
+def sqlite_row(account: str, row: Row, metric: str) -> tuple[Any, ...]:
+    """`row` in EVENT_COLUMNS order plus created_at, as SQLiteStore stores it."""
+    return (
+        account, str(row.id), str(row.contact_id), metric, row.metric_name, row.properties_json,
+        None if row.value is None else str(row.value), row.currency, row.source, row.source_id,
+        None, row.unique_event_id, row.entity_type, row.entity_id, None, ts(row.occurred_at),
+        ts(row.received_at), SCHEMA_VERSION, ts(row.received_at),
+    )  # fmt: skip
+
+
+SQLITE_INSERT = f"INSERT INTO events ({EVENT_COLUMNS}, created_at) VALUES ({', '.join('?' * 19)})"
+
+
+class SQLiteBench(Bench):
+    """A file in a temporary directory, with SQLiteStore's settings (WAL, synchronous=FULL)."""
+
+    name: Backend = "sqlite"
+    baseline = "executemany"
+
+    def open(self) -> None:
+        """A temporary directory (removed on close) holding the database file."""
+        directory = self.cleanup.enter_context(tempfile.TemporaryDirectory(prefix="sinal_bench_"))
+        path = Path(directory) / "bench.db"
+        self.ledger = connect(f"sqlite:///{path}")  # an absolute path: sqlite:////tmp/...
+        self.cleanup.callback(self.ledger.close)
+        self.ledger.migrate()
+        self.conn = sqlite3.connect(path, isolation_level=None)  # autocommit, like the store
+        self.cleanup.callback(self.conn.close)
+        for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON"):
+            self.conn.execute(f"PRAGMA {pragma}")
+
+    def methods(self) -> list[Method]:
+        """executemany (the baseline), the ledger, the seed's flow."""
+        return [
+            Method("executemany", f"executemany ×{BATCH}/tx", self.executemany, per_event=False),
+            *self.ledger_methods(),
+            Method("seed_flow", "seed flow", self.seed_flow, per_event=True),
+        ]
+
+    def reset(self) -> None:
+        """DELETE the event tables, VACUUM and checkpoint: as good as a fresh file."""
+        for table in EVENT_TABLES:
+            self.conn.execute(f"DELETE FROM {table}")
+        self.conn.execute("VACUUM")
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def count(self, table: str) -> int:
+        """Rows in `table`."""
+        return int(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+    def summary_total(self) -> int:
+        """The sum of `event_count` over all summary rows."""
+        query = "SELECT coalesce(sum(event_count), 0) FROM contact_metrics_summary"
+        return int(self.conn.execute(query).fetchone()[0])
+
+    def executemany(self, inputs: Sequence[Input]) -> Results:
+        """One executemany INSERT and one transaction per 500 inputs; repeats dropped."""
+        seen: set[str] = set()
+        for chunk in chunks(inputs):
+            rows = [sqlite_row(self.account, r, str(r.metric_id)) for r in distinct(chunk, seen)]
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(SQLITE_INSERT, rows)
+            self.conn.execute("COMMIT")
+        return None
+
+    def seed_flow(self, inputs: Sequence[Input]) -> Results:
+        """The seed's emitEvent: five statements per event, each its own transaction."""
+        conn, account = self.conn, self.account
+        for item in inputs:
+            row = item.row
+            contact = conn.execute(
+                "SELECT id FROM contacts WHERE account_id = ? AND id = ?",
+                (account, str(row.contact_id)),
+            ).fetchone()
+            if contact is None:
+                continue
+            conn.execute(
+                "INSERT INTO metrics (account_id, id, name, display_name, category, source, "
+                "is_system, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (account, str(row.metric_id), row.metric_name, row.display_name, row.category,
+                 row.source, int(row.is_system), ts(row.received_at)),
+            )  # fmt: skip
+            metric = conn.execute(
+                "SELECT id FROM metrics WHERE account_id = ? AND name = ?",
+                (account, row.metric_name),
+            ).fetchone()
+            existing = conn.execute(
+                "SELECT id FROM events WHERE account_id = ? AND unique_event_id = ?",
+                (account, row.unique_event_id),
+            ).fetchone()
+            if existing is not None:
+                continue  # the seed answers the earlier event's id
+            conn.execute(
+                SQLITE_INSERT + " ON CONFLICT (account_id, unique_event_id) DO NOTHING",
+                sqlite_row(account, row, metric[0]),
+            )
+        return None
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One backend's measurements."""
+
+    backend: Backend
+    baseline: str
+    rows: list[Measurement]
+
+    def rate(self, key: str) -> float:
+        """Events/s of the method `key`."""
+        return next(m.rate for m in self.rows if m.key == key)
+
+
+def run_backend(bench: Bench, args: argparse.Namespace) -> Report:
+    """Warm every method up, then time them in rounds (so a slow spell of the machine hits
+    all methods alike) and keep each method's median."""
+    methods = bench.methods()
+    sizes = {m.key: args.event_n if m.per_event else args.batch_n for m in methods}
+    for method in methods:
+        bench.warm_up(method)
+    seconds: dict[str, list[float]] = {m.key: [] for m in methods}
+    for round_ in range(1, args.repeat + 1):
+        for method in methods:
+            n = sizes[method.key]
+            seconds[method.key].append(bench.timed_run(method, bench.workload.inputs[:n]))
+            console.print(
+                f"{bench.name:>10} round {round_}/{args.repeat} {method.label:<18} {n:>7,} events "
+                f"{seconds[method.key][-1]:7.2f} s {n / seconds[method.key][-1]:>9,.0f}/s "
+                f"(load {os.getloadavg()[0]:.2f})"
+            )
+    rows = [
+        Measurement(
+            m.key,
+            m.label,
+            sizes[m.key],
+            bench.workload.expected(sizes[m.key]),
+            statistics.median(seconds[m.key]),
+        )
+        for m in methods
+    ]
+    return Report(bench.name, bench.baseline, rows)
+
+
+def table(report: Report) -> Table:
+    """The report as a Rich table."""
+    out = Table(title=f"{report.backend}: ingest throughput", title_justify="left")
+    for header in ("method", "events", "stored", "seconds", "events/s"):
+        out.add_column(header, justify="left" if header == "method" else "right")
+    out.add_column(f"× {report.baseline}", justify="right")
+    out.add_column("× seed flow", justify="right")
+    base, seed = report.rate(report.baseline), report.rate("seed_flow")
+    for m in report.rows:
+        out.add_row(
+            m.label,
+            f"{m.events:,}",
+            f"{m.stored:,}",
+            f"{m.seconds:.2f}",
+            f"{m.rate:,.0f}",
+            f"{m.rate / base:.2f}",
+            f"{m.rate / seed:.2f}",
+        )
+    return out
+
+
+def targets(report: Report) -> list[tuple[str, float, float]]:
+    """(target, measured ratio, required ratio) for a backend."""
+    return [
+        (
+            f"emit_many ≥ 50% of {report.baseline} ({BATCH} rows/transaction)",
+            report.rate("emit_many") / report.rate(report.baseline),
+            0.5,
+        ),
+        (
+            "emit_event ≥ 2× the seed flow",
+            report.rate("emit_event") / report.rate("seed_flow"),
+            2.0,
+        ),
+    ]
+
+
+def print_report(reports: list[Report]) -> None:
+    """Tables, then the targets (PostgreSQL's are the targets; SQLite's are shown too)."""
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=100)  # not 80: the table fits without wrapping
+    for report in reports:
+        out.print(table(report))
+        out.print()
+    for report in reports:
+        scope = "targets" if report.backend == "postgresql" else "same ratios, for information"
+        out.print(f"[bold]{report.backend}[/bold] — {scope}:")
+        for what, ratio, required in targets(report):
+            verdict = "[green]holds[/green]" if ratio >= required else "[red]MISSED[/red]"
+            out.print(f"  {what}: {ratio:.2f} → {verdict}")
+
+
+def as_json(reports: list[Report]) -> str:
+    """{"postgresql": {"copy": …, "emit_many": …, …}, "sqlite": {…}} in events/s."""
+    keys = ("emit_many", "emit_event", "seed_flow")
+    return json.dumps(
+        {r.backend: {k: round(r.rate(k), 1) for k in (r.baseline, *keys)} for r in reports}
+    )
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="2,000 / 500 events (< 1 minute)")
+    parser.add_argument("--json", action="store_true", help="print only events/s as JSON")
+    parser.add_argument("--backend", choices=("postgresql", "sqlite", "both"), default="both")
+    parser.add_argument("--events", type=int, help="events for the batch methods")
+    parser.add_argument("--per-event", type=int, help="events for emit_event and the seed flow")
+    parser.add_argument(
+        "--repeat", type=int, help="timed rounds; each method's median is kept (default 3, quick 1)"
+    )
+    args = parser.parse_args(argv)
+    batch_n, event_n = QUICK if args.quick else FULL
+    args.repeat = args.repeat or (1 if args.quick else 3)
+    args.batch_n = args.events or batch_n
+    args.event_n = min(args.per_event or event_n, args.batch_n)
+    if min(args.batch_n, args.event_n, args.repeat) < 1:
+        parser.error("counts must be positive")
+    return args
+
+
+def open_bench(backend: Backend, workload: Workload) -> Bench:
+    """A fresh database for `backend`, with the workload's tenant in it."""
+    if backend == "postgresql":
+        return PostgresBench(workload, os.environ.get("SINAL_BENCH_PG", DEFAULT_PG))
+    return SQLiteBench(workload)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; 1 when a method stored the wrong number of events, 2 when
+    PostgreSQL cannot be reached."""
+    args = parse_args(argv)
+    backends: list[Backend] = ["postgresql", "sqlite"] if args.backend == "both" else [args.backend]
+    workload = generate(args.batch_n)
+    sizes = [len(i.row.properties_json) for i in workload.inputs]
+    console.print(
+        f"{args.batch_n:,} events ({workload.expected(args.batch_n):,} distinct), "
+        f"{len(workload.contacts)} contacts, properties {min(sizes)}-{max(sizes)} bytes "
+        f"(mean {sum(sizes) / len(sizes):.0f}); per-event methods: {args.event_n:,}"
+    )
+    reports: list[Report] = []
+    try:
+        for backend in backends:
+            with open_bench(backend, workload) as bench:
+                reports.append(run_backend(bench, args))
+    except Mismatch as exc:
+        console.print(f"[bold red]MISMATCH[/bold red] {exc}")
+        return 1
+    except psycopg.OperationalError as exc:
+        console.print(f"[bold red]PostgreSQL unreachable[/bold red] (set SINAL_BENCH_PG): {exc}")
+        return 2
+    if args.json:
+        sys.stdout.write(as_json(reports) + "\n")
+    else:
+        print_report(reports)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

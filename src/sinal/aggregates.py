@@ -1,0 +1,139 @@
+"""Time buckets for aggregates, in the account's timezone; no I/O.
+
+Bucket boundaries are computed here, once, with `zoneinfo`, and both stores only place
+events between them: a day is the zone's calendar day (23 or 25 hours across a DST
+change), a week starts on Monday, an hour is an hour of real time labelled with the
+zone's offset at that instant (so the repeated hour of a DST fall-back is two buckets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Literal, get_args
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sinal.errors import FieldError, InvalidQuery
+from sinal.store.base import AggregateCell, Measurement
+
+Interval = Literal["hour", "day", "week", "month"]
+INTERVALS: tuple[Interval, ...] = get_args(Interval)
+MEASUREMENTS: tuple[Measurement, ...] = get_args(Measurement)
+MAX_SPAN = timedelta(days=366)
+MAX_GROUPS = 100  # with `by`: the largest groups, by their total over the range
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateRow:
+    """One bucket's value (and its group, with `by`)."""
+
+    bucket: datetime  # the bucket's first instant, in the query's timezone
+    value: int | Decimal
+    group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """An aggregate's answer: every bucket of the range, empty ones included."""
+
+    timezone: str
+    rows: list[AggregateRow]
+    groups_truncated: bool = False
+
+
+def parse_zone(name: str, field: str = "timezone") -> ZoneInfo:
+    """The IANA zone `name`, or `InvalidQuery` naming `field`."""
+    try:
+        if not name or len(name) > 64:
+            raise ValueError(name)
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise InvalidQuery(
+            [FieldError(field, "invalid_timezone", f"{name!r} is not an IANA time zone")]
+        ) from None
+
+
+def check_range(since: datetime, until: datetime) -> None:
+    """`since` before `until`, both timezone-aware, at most a year apart."""
+    errors: list[FieldError] = []
+    for name, value in (("since", since), ("until", until)):
+        if value.tzinfo is None or value.utcoffset() is None:
+            errors.append(
+                FieldError(name, "naive_datetime", f"{name} must carry a timezone offset or Z")
+            )
+    if not errors and since >= until:
+        errors.append(FieldError("until", "before_since", "until must be after since"))
+    elif not errors and until - since > MAX_SPAN:
+        errors.append(FieldError("until", "range_too_long", "since and until are > 1 year apart"))
+    if errors:
+        raise InvalidQuery(errors)
+
+
+def bucket_starts(
+    since: datetime, until: datetime, interval: Interval, zone: ZoneInfo
+) -> list[datetime]:
+    """The first instant of every bucket that meets [since, until), in `zone`."""
+    local = since.astimezone(zone)
+    starts: list[datetime] = []
+    if interval == "hour":
+        current = local.replace(minute=0, second=0, microsecond=0).astimezone(UTC)
+        while current < until:
+            starts.append(current.astimezone(zone))
+            current += timedelta(hours=1)
+        return starts
+    day = _first_day(local.date(), interval)
+    while (start := _midnight(day, zone)) < until:
+        starts.append(start)
+        day = _next_day(day, interval)
+    return starts
+
+
+def _first_day(day: date, interval: Interval) -> date:
+    if interval == "week":
+        return day - timedelta(days=day.weekday())
+    if interval == "month":
+        return day.replace(day=1)
+    return day
+
+
+def _next_day(day: date, interval: Interval) -> date:
+    if interval == "day":
+        return day + timedelta(days=1)
+    if interval == "week":
+        return day + timedelta(days=7)
+    return date(day.year + day.month // 12, day.month % 12 + 1, 1)
+
+
+def _midnight(day: date, zone: ZoneInfo) -> datetime:
+    """The day's first instant; where midnight is skipped by DST, the transition itself
+    (zoneinfo reads a skipped wall time with the offset before it)."""
+    start = datetime.combine(day, time(0), tzinfo=zone)
+    return start.astimezone(UTC).astimezone(zone)
+
+
+def densify(
+    starts: Sequence[datetime],
+    cells: Iterable[AggregateCell],
+    *,
+    by: str | None,
+    zero: int | Decimal,
+    timezone: str,
+) -> Aggregate:
+    """Every bucket (per group, with `by`) in order, with `zero` where no event fell."""
+    values: dict[tuple[int, str | None], int | Decimal] = {}
+    totals: dict[str | None, int | Decimal] = {}
+    for cell in cells:
+        values[(cell.bucket, cell.group)] = cell.value
+        totals[cell.group] = totals.get(cell.group, zero) + cell.value
+    if by is None:
+        rows = [AggregateRow(s, values.get((i, None), zero)) for i, s in enumerate(starts)]
+        return Aggregate(timezone, rows)
+    # Largest groups first; ties by name (None, "no such property", last).
+    ranked = sorted(totals, key=lambda g: (-totals[g], g is None, g or ""))
+    groups = ranked[:MAX_GROUPS]
+    rows = [
+        AggregateRow(s, values.get((i, g), zero), g) for i, s in enumerate(starts) for g in groups
+    ]
+    return Aggregate(timezone, rows, groups_truncated=len(ranked) > MAX_GROUPS)

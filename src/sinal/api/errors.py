@@ -1,0 +1,256 @@
+"""Every error's HTTP answer, from one table: `application/problem+json` (RFC 9457).
+
+```
+{"type": "/problems/invalid-event", "title": "The event is invalid", "status": 422,
+ "detail": "metric: metric_name must not be empty",
+ "errors": [{"field": "metric", "code": "empty", "message": "..."}]}
+```
+
+`type` is stable (clients branch on it); `errors` lists one entry per bad field, its
+`field` a JSON path into the request (`events[3].properties.items[0].price`) or the name
+of a query parameter. A rejected event adds `reason` and `rejection_id` (it is kept and
+can be replayed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from sinal.errors import (
+    AccountNotFound,
+    ContactNotFound,
+    FieldError,
+    IdentityConflict,
+    InvalidAccount,
+    InvalidContact,
+    InvalidEvent,
+    InvalidQuery,
+    SchemaOutOfDate,
+    StoreError,
+)
+
+PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger("sinal.api")
+
+
+class ApiError(Exception):
+    """An answer decided by the API layer itself (auth, body, routing)."""
+
+    def __init__(
+        self,
+        detail: str,
+        errors: Iterable[FieldError] = (),
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.errors = tuple(errors)
+        self.extra = extra
+
+
+class Unauthorized(ApiError):
+    """No key, a malformed, unknown or revoked key."""
+
+
+class Forbidden(ApiError):
+    """The key lacks the route's scope."""
+
+
+class NotFound(ApiError):
+    """No such resource in this account (another account's id looks the same)."""
+
+
+class MalformedBody(ApiError):
+    """The body is not JSON at all."""
+
+
+class PayloadTooLarge(ApiError):
+    """The body is over the route's limit."""
+
+
+class UnsupportedMediaType(ApiError):
+    """The body is not declared as JSON."""
+
+
+class InvalidInput(ApiError):
+    """JSON that breaks the rules: NaN, duplicate keys, wrong types, unknown fields."""
+
+
+class Rejected(ApiError):
+    """A valid event that could not be recorded (unknown contact); kept for replay."""
+
+
+class Conflict(ApiError):
+    """The request conflicts with the current state."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One row of the table: the answer's status, `type` slug and title."""
+
+    status: int
+    slug: str
+    title: str
+
+
+# The one table. Looked up along the exception's MRO, so subclasses inherit an answer.
+PROBLEMS: dict[type[BaseException], Problem] = {
+    MalformedBody: Problem(400, "malformed-json", "The body is not valid JSON"),
+    Unauthorized: Problem(401, "unauthorized", "A valid API key is required"),
+    AccountNotFound: Problem(401, "unauthorized", "A valid API key is required"),
+    Forbidden: Problem(403, "forbidden", "The API key lacks the scope this route needs"),
+    NotFound: Problem(404, "not-found", "No such resource"),
+    ContactNotFound: Problem(404, "not-found", "No such resource"),
+    Conflict: Problem(409, "conflict", "The request conflicts with the current state"),
+    IdentityConflict: Problem(409, "identity-conflict", "The identity names another contact"),
+    PayloadTooLarge: Problem(413, "payload-too-large", "The body is too large"),
+    UnsupportedMediaType: Problem(415, "unsupported-media-type", "The body must be JSON"),
+    InvalidInput: Problem(422, "invalid-input", "The body breaks the request's rules"),
+    InvalidEvent: Problem(422, "invalid-event", "The event is invalid"),
+    InvalidContact: Problem(422, "invalid-contact", "The contact is invalid"),
+    InvalidAccount: Problem(422, "invalid-account", "The account settings are invalid"),
+    InvalidQuery: Problem(422, "invalid-query", "The query parameters are invalid"),
+    RequestValidationError: Problem(422, "invalid-query", "The query parameters are invalid"),
+    Rejected: Problem(422, "event-rejected", "The event was not recorded"),
+    SchemaOutOfDate: Problem(503, "schema-out-of-date", "The database needs `sinal migrate`"),
+    StoreError: Problem(503, "store-unavailable", "The database is unavailable; retry"),
+    Exception: Problem(500, "internal-error", "Something went wrong on our side"),
+}
+_BY_STATUS = {
+    404: PROBLEMS[NotFound],
+    405: Problem(405, "method-not-allowed", "The route does not accept this method"),
+}
+
+
+def problem_for(exc: BaseException) -> Problem:
+    """The table's row for an exception (the nearest class in its MRO)."""
+    for cls in type(exc).__mro__:
+        if cls in PROBLEMS:
+            return PROBLEMS[cls]
+    return PROBLEMS[Exception]
+
+
+def problem_response(
+    problem: Problem,
+    detail: str,
+    errors: Sequence[FieldError] = (),
+    *,
+    instance: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> Response:
+    """The problem+json answer."""
+    body: dict[str, Any] = {
+        "type": f"/problems/{problem.slug}",
+        "title": problem.title,
+        "status": problem.status,
+        "detail": detail,
+        "errors": [e.as_dict() for e in errors],
+    }
+    if instance is not None:
+        body["instance"] = instance
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return Response(
+        orjson.dumps(body), status_code=problem.status, media_type=PROBLEM_JSON, headers=headers
+    )
+
+
+async def handle_error(request: Request, exc: Exception) -> Response:
+    """Any exception as problem+json (registered for Exception and HTTPException)."""
+    path = request.url.path
+    if isinstance(exc, HTTPException):
+        problem = _BY_STATUS.get(exc.status_code) or Problem(exc.status_code, "http", str(exc))
+        headers = dict(exc.headers) if exc.headers else None
+        return problem_response(problem, str(exc.detail), instance=path, headers=headers)
+    problem = problem_for(exc)
+    errors = _errors_of(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+    if problem.status >= 500:
+        log.error("%s %s failed", request.method, path, exc_info=exc)
+    extra = exc.extra if isinstance(exc, ApiError) else {}
+    detail = _detail(exc, problem, errors)
+    return problem_response(problem, detail, errors, instance=path, headers=headers, **extra)
+
+
+def _errors_of(exc: BaseException) -> tuple[FieldError, ...]:
+    if isinstance(exc, RequestValidationError):
+        return tuple(pydantic_errors(exc.errors(), query=True))
+    if isinstance(exc, IdentityConflict):
+        return (FieldError(exc.field, "identity_taken", str(exc)),)
+    errors: tuple[FieldError, ...] = getattr(exc, "errors", ())
+    return errors if isinstance(errors, tuple) else ()
+
+
+def _detail(exc: BaseException, problem: Problem, errors: Sequence[FieldError]) -> str:
+    if problem.status >= 500:
+        # Never echo a driver's message: it may name tables, hosts or data.
+        return problem.title
+    if isinstance(exc, AccountNotFound):
+        return "the API key's account no longer exists"
+    if errors:
+        return "; ".join(f"{e.field}: {e.message}" for e in errors[:10])
+    return str(exc) or problem.title
+
+
+def pydantic_errors(
+    errors: Iterable[Any], *, prefix: str = "", query: bool = False
+) -> list[FieldError]:
+    """Pydantic's (or FastAPI's) error list as FieldErrors with JSON paths."""
+    found: list[FieldError] = []
+    for error in errors:
+        loc = list(error.get("loc", ()))
+        if query and loc and loc[0] in ("query", "path", "header", "body"):
+            loc = loc[1:]
+        field = json_path(loc, prefix)
+        code = str(error.get("type", "invalid"))
+        found.append(FieldError(field or "body", code, str(error.get("msg", "invalid"))))
+    return found
+
+
+def json_path(loc: Iterable[Any], prefix: str = "") -> str:
+    """("properties", "items", 0, "price") -> "properties.items[0].price"."""
+    path = prefix
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+class FieldProblem(BaseModel):
+    """One bad field."""
+
+    field: str
+    code: str
+    message: str
+
+
+class ProblemBody(BaseModel):
+    """An error answer (RFC 9457 problem details)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[FieldProblem]
+    reason: str | None = None
+    rejection_id: str | None = None
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the given error statuses."""
+    content = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/ProblemBody"}}}
+    titles = {p.status: p.title for p in [*PROBLEMS.values(), *_BY_STATUS.values()]}
+    return {s: {"description": titles.get(s, "Error"), "content": content} for s in statuses}

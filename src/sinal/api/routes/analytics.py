@@ -1,0 +1,80 @@
+"""The account's metrics and their time-bucketed aggregates."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import Response
+
+from sinal.aggregates import Interval
+from sinal.api.errors import NotFound, problem_responses
+from sinal.api.models import AggregateOut, MetricList
+from sinal.api.service import service
+from sinal.api.views import aggregate_view, json_response, locale_of, metric_view
+from sinal.errors import FieldError, InvalidQuery
+from sinal.store.base import Measurement
+
+router = APIRouter(tags=["metrics"])
+_BY = r"^[\w\-]{1,64}$"
+
+
+@router.get(
+    "/v1/metrics",
+    summary="The account's metrics",
+    response_model=MetricList,
+    responses=problem_responses(401, 403, 503),
+)
+async def list_metrics(
+    request: Request,
+    locale: Annotated[str | None, Query(description="pt-BR, en or es")] = None,
+    accept_language: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Response:
+    """Name, label, category, whether it is a catalog (system) metric, and its events."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    metrics = await svc.run(svc.ledger.list_metrics, key.account_id)
+    lang = locale_of(locale, accept_language)
+    return json_response({"data": [metric_view(m, lang) for m in metrics]})
+
+
+@router.get(
+    "/v1/metrics/{name}/aggregates",
+    summary="A metric per time bucket (and per property value)",
+    response_model=AggregateOut,
+    responses=problem_responses(401, 403, 404, 422, 503),
+)
+async def aggregates(
+    request: Request,
+    name: str,
+    *,
+    since: Annotated[datetime, Query(description="ISO 8601 with an offset; inclusive")],
+    until: Annotated[datetime, Query(description="ISO 8601 with an offset; exclusive")],
+    measurement: Annotated[Measurement, Query()] = "count",
+    interval: Annotated[Interval, Query()] = "day",
+    timezone: Annotated[
+        str | None, Query(description="IANA zone; default: the account's (America/Sao_Paulo)")
+    ] = None,
+    by: Annotated[
+        str | None, Query(pattern=_BY, description="Group by this property's value")
+    ] = None,
+) -> Response:
+    """Buckets follow the zone's calendar (days of 23 or 25 hours across DST, weeks from
+    Monday); every bucket of [since, until) is listed, empty ones with 0. `since` and
+    `until` may be at most a year apart. Sums are exact decimal strings."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    for field, when in (("since", since), ("until", until)):
+        if when.utcoffset() is None:
+            message = f"{field} must carry a timezone offset or Z"
+            raise InvalidQuery([FieldError(field, "naive_datetime", message)])
+    result = await svc.run(
+        lambda: svc.ledger.aggregate(
+            key.account_id, name, measurement=measurement, interval=interval,
+            since=since, until=until, timezone=timezone, by=by,
+        )
+    )  # fmt: skip
+    if result is None:
+        raise NotFound(f"the account has no metric {name!r}")
+    return json_response(aggregate_view(name, measurement, interval, by, result))

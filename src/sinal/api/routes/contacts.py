@@ -1,0 +1,200 @@
+"""Contacts: create or match, read, change, tag; their timeline and metric summaries.
+
+Every change records its seed metric (Contact Created, Contact Updated, Tag Added, Tag
+Removed) with source `api`, in the transaction that makes the change.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import Response
+
+from sinal.api.body import read_json, validate
+from sinal.api.errors import NotFound, problem_responses
+from sinal.api.models import (
+    ContactIn,
+    ContactMetrics,
+    ContactOut,
+    ContactPatch,
+    EventPage,
+    TagsIn,
+)
+from sinal.api.openapi import body_of
+from sinal.api.routes.events import event_page
+from sinal.api.service import Service, service
+from sinal.api.views import contact_view, json_response, locale_of, parse_path_id, summary_view
+from sinal.errors import FieldError, InvalidContact
+from sinal.store.base import Contact, EventQuery
+
+router = APIRouter(tags=["contacts"])
+_ID_ERRORS = problem_responses(401, 403, 404, 503)
+_WRITE_ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 503)
+MAX_BODY = 64 * 1024
+
+
+@router.post(
+    "/v1/contacts",
+    status_code=201,
+    summary="Create a contact, or match an existing one by its identifiers",
+    openapi_extra=body_of(ContactIn),
+    responses={
+        201: {"model": ContactOut, "description": "Created (Contact Created recorded)"},
+        200: {"model": ContactOut, "description": "An existing contact matched"},
+        **problem_responses(400, 401, 403, 413, 415, 422, 503),
+    },
+)
+async def create_contact(request: Request) -> Response:
+    """Matched by external_id, then phone, then email; a match is returned unchanged."""
+    svc = service(request)
+    key = await svc.authorize(request, "ingest")
+    body = validate(ContactIn, await read_json(request, MAX_BODY))
+    contact, created = await svc.run(
+        svc.ledger.resolve_contact,
+        key.account_id,
+        phone=body.phone,
+        email=body.email,
+        external_id=body.external_id,
+        name=body.name,
+    )
+    tags = [] if created else await svc.run(svc.ledger.list_tags, key.account_id, contact.id)
+    return json_response(contact_view(contact, tags), 201 if created else 200)
+
+
+@router.get(
+    "/v1/contacts/{contact_id}",
+    summary="One contact, with its tags",
+    response_model=ContactOut,
+    responses=_ID_ERRORS,
+)
+async def get_contact(request: Request, contact_id: str) -> Response:
+    """A contact of the key's account (any other id answers 404)."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    contact = await _contact(svc, key.account_id, contact_id)
+    tags = await svc.run(svc.ledger.list_tags, key.account_id, contact.id)
+    return json_response(contact_view(contact, tags))
+
+
+@router.patch(
+    "/v1/contacts/{contact_id}",
+    summary="Change a contact's name or identifiers",
+    response_model=ContactOut,
+    openapi_extra=body_of(ContactPatch),
+    responses=_WRITE_ERRORS,
+)
+async def patch_contact(request: Request, contact_id: str) -> Response:
+    """Fields given are set (null removes one); a real change records Contact Updated.
+    An identifier that already names another contact answers 409."""
+    svc = service(request)
+    key = await svc.authorize(request, "ingest")
+    ident = _path_id(contact_id)
+    body = validate(ContactPatch, await read_json(request, MAX_BODY))
+    changes = {name: getattr(body, name) for name in body.model_fields_set}
+    contact = await svc.run(svc.ledger.update_contact, key.account_id, ident, changes)
+    if contact is None:
+        raise NotFound(f"no contact {contact_id}")
+    tags = await svc.run(svc.ledger.list_tags, key.account_id, contact.id)
+    return json_response(contact_view(contact, tags))
+
+
+@router.post(
+    "/v1/contacts/{contact_id}/tags",
+    summary="Tag a contact",
+    response_model=ContactOut,
+    openapi_extra=body_of(TagsIn),
+    responses=_WRITE_ERRORS,
+)
+async def add_tags(request: Request, contact_id: str) -> Response:
+    """Each tag the contact did not have records Tag Added; the contact is returned."""
+    svc = service(request)
+    key = await svc.authorize(request, "ingest")
+    ident = _path_id(contact_id)
+    body = validate(TagsIn, await read_json(request, MAX_BODY))
+    added = await svc.run(svc.ledger.add_tags, key.account_id, ident, body.tags)
+    if added is None:
+        raise NotFound(f"no contact {contact_id}")
+    contact = await _contact(svc, key.account_id, contact_id)
+    tags = await svc.run(svc.ledger.list_tags, key.account_id, ident)
+    return json_response(contact_view(contact, tags))
+
+
+@router.delete(
+    "/v1/contacts/{contact_id}/tags/{tag}",
+    summary="Untag a contact",
+    status_code=204,
+    responses={204: {"description": "The contact does not have the tag (any more)"},
+               **problem_responses(401, 403, 404, 422, 503)},
+)  # fmt: skip
+async def remove_tag(request: Request, contact_id: str, tag: str) -> Response:
+    """Records Tag Removed if the contact had the tag; 204 either way (idempotent)."""
+    svc = service(request)
+    key = await svc.authorize(request, "ingest")
+    ident = _path_id(contact_id)
+    try:
+        removed = await svc.run(svc.ledger.remove_tags, key.account_id, ident, [tag])
+    except InvalidContact as exc:
+        raise InvalidContact([FieldError("tag", e.code, e.message) for e in exc.errors]) from None
+    if removed is None:
+        raise NotFound(f"no contact {contact_id}")
+    return Response(status_code=204)
+
+
+@router.get(
+    "/v1/contacts/{contact_id}/timeline",
+    summary="A contact's events, newest first, with labels",
+    response_model=EventPage,
+    responses=problem_responses(401, 403, 404, 422, 503),
+)
+async def timeline(
+    request: Request,
+    contact_id: str,
+    *,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    locale: Annotated[str | None, Query(description="pt-BR, en or es")] = None,
+    accept_language: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Response:
+    """Keyset pagination, as GET /v1/events."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    contact = await _contact(svc, key.account_id, contact_id)
+    query = EventQuery(key.account_id, contact_id=contact.id)
+    return await event_page(svc, query, limit, cursor, locale_of(locale, accept_language))
+
+
+@router.get(
+    "/v1/contacts/{contact_id}/metrics",
+    summary="A contact's per-metric totals, with labels",
+    response_model=ContactMetrics,
+    responses=_ID_ERRORS,
+)
+async def contact_metrics(
+    request: Request,
+    contact_id: str,
+    locale: Annotated[str | None, Query(description="pt-BR, en or es")] = None,
+    accept_language: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Response:
+    """Count, total value, first and last occurrence of each metric the contact has."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    contact = await _contact(svc, key.account_id, contact_id)
+    rows = await svc.run(svc.ledger.get_summary, key.account_id, contact.id)
+    lang = locale_of(locale, accept_language)
+    return json_response({"data": [summary_view(r, lang) for r in rows]})
+
+
+def _path_id(raw: str) -> UUID:
+    ident = parse_path_id(raw)
+    if ident is None:
+        raise NotFound(f"no contact {raw}")
+    return ident
+
+
+async def _contact(svc: Service, account_id: UUID, raw: str) -> Contact:
+    contact = await svc.run(svc.ledger.get_contact, account_id, _path_id(raw))
+    if contact is None:
+        raise NotFound(f"no contact {raw}")
+    return contact

@@ -1,0 +1,345 @@
+"""POST /v1/events (group commit), POST /v1/events/batch, GET /v1/events[/{id}]."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Query, Request
+from starlette.responses import Response
+
+from sinal.api.body import read_json, validate
+from sinal.api.errors import InvalidInput, NotFound, Rejected, problem_responses
+from sinal.api.models import BatchIn, BatchOut, EventAccepted, EventIn, EventOut, EventPage
+from sinal.api.openapi import body_of
+from sinal.api.service import Service, service
+from sinal.api.views import (
+    decode_event_cursor,
+    encode_cursor,
+    event_view,
+    json_response,
+    locale_of,
+    parse_path_id,
+)
+from sinal.contacts import Identities, InvalidIdentities, InvalidIdentity, normalize_name
+from sinal.errors import FieldError, InvalidContact, InvalidEvent, InvalidQuery
+from sinal.events import EmitEvent, EmitResult, prepare
+from sinal.ledger import MAX_BATCH
+from sinal.store.base import EventQuery
+
+router = APIRouter(tags=["events"])
+_RENAMED = {"metric_name": "metric"}  # the ledger's field names -> the API's
+
+
+@router.post(
+    "/v1/events",
+    status_code=201,
+    summary="Record one event",
+    openapi_extra=body_of(EventIn),
+    responses={
+        201: {"model": EventAccepted, "description": "Stored"},
+        200: {"model": EventAccepted, "description": "A duplicate of a stored event"},
+        **problem_responses(400, 401, 403, 413, 415, 422, 503),
+    },
+)
+async def post_event(request: Request) -> Response:
+    """Record one event; answered once it is committed (concurrent requests share a
+    transaction). 201 created, 200 duplicate (with `differs`), 422 invalid or rejected."""
+    svc = service(request)
+    key = await svc.authorize(request, "ingest")
+    item = validate(EventIn, await read_json(request, svc.settings.max_event_bytes))
+    event = to_emit(item, key.account_id)
+    if item.contact is not None or item.contact_id is not None:
+        check_contact_choice(item)
+    if item.contact is not None:
+        check_event(event, svc)  # before a contact is created for an event we would refuse
+        [contact_id] = await svc.run(_resolve_contacts, svc, key.account_id, [item.contact])
+        event = replace(event, contact_id=contact_id)
+    try:
+        result = await svc.committer.emit(event)
+    except InvalidEvent as exc:
+        raise InvalidEvent(renamed(exc.errors)) from None
+    svc.metrics.count_event(event.source, result.status)
+    if result.status == "rejected":
+        raise rejected(result)
+    return json_response(accepted(result, event), 201 if result.status == "created" else 200)
+
+
+@router.post(
+    "/v1/events/batch",
+    summary="Record up to 1,000 events",
+    openapi_extra=body_of("BatchIn"),
+    responses={200: {"model": BatchOut}, **problem_responses(400, 401, 403, 413, 415, 422, 503)},
+)
+async def post_batch(request: Request) -> Response:
+    """One result per item, in order; valid items are stored even when others are not.
+    The valid ones share one transaction."""
+    svc = service(request)
+    key = await svc.authorize(request, "ingest")
+    data = await read_json(request, svc.settings.max_batch_bytes)
+    items = data.get("events") if isinstance(data, dict) else None
+    if isinstance(items, list) and len(items) > MAX_BATCH:
+        raise InvalidInput(
+            f"a batch holds at most {MAX_BATCH} events",
+            [FieldError("events", "too_many", f"a batch holds at most {MAX_BATCH} events")],
+        )
+    batch = validate(BatchIn, data)
+    results: list[dict[str, Any] | None] = [None] * len(batch.events)
+    pending: list[tuple[int, EventIn, EmitEvent]] = []
+    for i, raw in enumerate(batch.events):
+        try:
+            item = validate(EventIn, raw, prefix=f"events[{i}]")
+            event = to_emit(item, key.account_id)
+            check_contact_choice(item, f"events[{i}].")
+            if item.contact is not None:
+                check_event(event, svc, f"events[{i}].")
+        except (InvalidInput, InvalidEvent, InvalidContact) as exc:
+            results[i] = invalid_item(exc.errors)
+            continue
+        pending.append((i, item, event))
+    outcomes = await svc.run(_record_batch, svc, key.account_id, pending)
+    for (i, _, event), result in zip(pending, outcomes, strict=True):
+        results[i] = batch_item(result, f"events[{i}].")
+        svc.metrics.count_event(event.source, result.status)
+    for item_result in results:
+        if item_result is not None and item_result.get("reason") == "invalid":
+            svc.metrics.count_event("invalid", "rejected")
+    counts = {s: sum(1 for r in results if r and r["status"] == s) for s in _STATUSES}
+    return json_response({"results": results, **counts})
+
+
+_STATUSES = ("created", "duplicate", "rejected")
+
+
+@router.get(
+    "/v1/events",
+    summary="List events, newest first",
+    response_model=EventPage,
+    responses=problem_responses(401, 403, 422, 503),
+)
+async def list_events(
+    request: Request,
+    *,
+    contact_id: Annotated[str | None, Query(description="Only this contact's events")] = None,
+    metric: Annotated[str | None, Query(description="Only this metric")] = None,
+    since: Annotated[datetime | None, Query(description="occurred_at >= since")] = None,
+    until: Annotated[datetime | None, Query(description="occurred_at < until")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    locale: Annotated[str | None, Query(description="pt-BR, en or es")] = None,
+    accept_language: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Response:
+    """Keyset pagination: pass `next_cursor` back as `cursor` until it is null."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    contact = _query_uuid("contact_id", contact_id)
+    return await event_page(
+        svc,
+        EventQuery(key.account_id, contact, metric, _aware("since", since), _aware("until", until)),
+        limit,
+        cursor,
+        locale_of(locale, accept_language),
+    )
+
+
+@router.get(
+    "/v1/events/{event_id}",
+    summary="One event",
+    response_model=EventOut,
+    responses=problem_responses(401, 403, 404, 503),
+)
+async def get_event(
+    request: Request,
+    event_id: str,
+    locale: Annotated[str | None, Query(description="pt-BR, en or es")] = None,
+    accept_language: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> Response:
+    """An event of the key's account (any other id answers 404)."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    ident = parse_path_id(event_id)
+    event = None if ident is None else await svc.run(svc.ledger.get_event, key.account_id, ident)
+    if event is None:
+        raise NotFound(f"no event {event_id}")
+    return json_response(event_view(event, locale_of(locale, accept_language)))
+
+
+# -- shared with the contacts routes ----------------------------------------------------
+
+
+async def event_page(
+    svc: Service, query: EventQuery, limit: int, cursor: str | None, locale: str
+) -> Response:
+    """A page of events and the cursor of the next one."""
+    before = None if cursor is None else decode_event_cursor(cursor)
+    rows = await svc.run(svc.ledger.list_events, replace(query, before=before, limit=limit + 1))
+    page, more = rows[:limit], len(rows) > limit
+    next_cursor = (
+        encode_cursor(page[-1].occurred_at.isoformat(), str(page[-1].id)) if more else None
+    )
+    return json_response(
+        {"data": [event_view(e, locale) for e in page], "next_cursor": next_cursor}
+    )
+
+
+def to_emit(item: EventIn, account_id: UUID) -> EmitEvent:
+    """The ledger's input for an API event."""
+    return EmitEvent(
+        account_id=account_id,
+        contact_id=item.contact_id,
+        metric_name=item.metric,
+        source=item.source,
+        properties=item.properties or {},
+        value=item.value,
+        currency=item.currency,
+        source_id=item.source_id,
+        entity_type=item.entity_type,
+        entity_id=item.entity_id,
+        occurred_at=item.occurred_at,
+    )
+
+
+def check_contact_choice(item: EventIn, prefix: str = "") -> None:
+    """contact_id or contact, not both."""
+    if item.contact is not None and item.contact_id is not None:
+        message = "give contact_id or contact, not both"
+        raise InvalidEvent([FieldError(f"{prefix}contact", "ambiguous_contact", message)])
+
+
+def check_event(event: EmitEvent, svc: Service, prefix: str = "") -> None:
+    """Validate an event whose contact is still to be resolved (nothing is written)."""
+    try:
+        prepare(replace(event, contact_id=None), svc.ledger.clock())
+    except InvalidEvent as exc:
+        raise InvalidEvent(renamed(exc.errors, prefix)) from None
+
+
+def renamed(errors: tuple[FieldError, ...], prefix: str = "") -> list[FieldError]:
+    """Ledger field errors with the API's field names (and a batch item's prefix)."""
+    out = []
+    for e in errors:
+        head, dot, rest = e.field.partition(".")
+        field = _RENAMED.get(head, head) + dot + rest
+        out.append(FieldError(prefix + field, e.code, e.message))
+    return out
+
+
+def accepted(result: EmitResult, event: EmitEvent) -> dict[str, Any]:
+    """The body of a 201 or 200."""
+    body: dict[str, Any] = {
+        "status": result.status,
+        "event_id": str(result.event_id),
+        "unique_event_id": result.unique_event_id,
+        "contact_id": str(event.contact_id),
+    }
+    if result.status == "duplicate":
+        body["differs"] = result.differs
+    return body
+
+
+def rejected(result: EmitResult, field: str = "contact_id") -> Rejected:
+    """The 422 for a valid event that was not recorded (kept for replay)."""
+    message = result.message or "the event was not recorded"
+    return Rejected(
+        message,
+        [FieldError(field, result.reason or "rejected", message)],
+        reason=result.reason,
+        rejection_id=None if result.rejection_id is None else str(result.rejection_id),
+    )
+
+
+def invalid_item(errors: tuple[FieldError, ...] | list[FieldError]) -> dict[str, Any]:
+    """A batch item refused for its input."""
+    return {
+        "status": "rejected",
+        "reason": "invalid",
+        "message": "; ".join(f"{e.field}: {e.message}" for e in errors[:5]),
+        "errors": [e.as_dict() for e in errors],
+    }
+
+
+def batch_item(result: EmitResult, prefix: str) -> dict[str, Any]:
+    """A batch item's outcome."""
+    if result.status == "rejected" and result.reason == "invalid":
+        return invalid_item(renamed(result.errors, prefix))
+    item: dict[str, Any] = {
+        "status": result.status,
+        "event_id": None if result.event_id is None else str(result.event_id),
+        "unique_event_id": result.unique_event_id,
+    }
+    if result.status == "duplicate":
+        item["differs"] = result.differs
+    if result.status == "rejected":
+        item |= {
+            "reason": result.reason,
+            "message": result.message,
+            "rejection_id": None if result.rejection_id is None else str(result.rejection_id),
+        }
+    return item
+
+
+def _record_batch(
+    svc: Service, account_id: UUID, pending: list[tuple[int, EventIn, EmitEvent]]
+) -> list[EmitResult]:
+    """In a worker thread: resolve the items' contacts, then one `emit_many`."""
+    events: list[EmitEvent] = []
+    resolved: dict[tuple[Any, ...], UUID] = {}
+    early: dict[int, EmitResult] = {}
+    for n, (_, item, event) in enumerate(pending):
+        if item.contact is None:
+            events.append(event)
+            continue
+        ident = (item.contact.phone, item.contact.email, item.contact.external_id)
+        try:
+            if ident not in resolved:
+                [resolved[ident]] = _resolve_contacts(svc, account_id, [item.contact])
+        except InvalidContact as exc:
+            early[n] = EmitResult("rejected", reason="invalid", message=str(exc), errors=exc.errors)
+            continue
+        events.append(replace(event, contact_id=resolved[ident]))
+    recorded = iter(svc.ledger.emit_many(events))
+    return [early[n] if n in early else next(recorded) for n in range(len(pending))]
+
+
+def _resolve_contacts(svc: Service, account_id: UUID, refs: list[Any]) -> list[UUID]:
+    """Blocking: each reference's contact id (created, with Contact Created, if new)."""
+    ids = []
+    for ref in refs:
+        _check_identities(ref)
+        contact, _ = svc.ledger.resolve_contact(
+            account_id, phone=ref.phone, email=ref.email, external_id=ref.external_id,
+            name=ref.name,
+        )  # fmt: skip
+        ids.append(contact.id)
+    return ids
+
+
+def _check_identities(ref: Any) -> None:
+    """InvalidContact with fields under `contact.` (the ledger names them bare)."""
+    try:
+        Identities.parse(phone=ref.phone, email=ref.email, external_id=ref.external_id)
+        normalize_name(ref.name)
+    except InvalidIdentities as exc:
+        raise InvalidContact(
+            [FieldError(f"contact.{e.field}", e.code, e.message) for e in exc.errors]
+        ) from None
+    except InvalidIdentity as exc:
+        raise InvalidContact([FieldError(f"contact.{exc.field}", exc.code, exc.message)]) from None
+
+
+def _query_uuid(name: str, raw: str | None) -> UUID | None:
+    if raw is None:
+        return None
+    ident = parse_path_id(raw)
+    if ident is None:
+        raise InvalidQuery([FieldError(name, "invalid_uuid", f"{name} must be a UUID")])
+    return ident
+
+
+def _aware(name: str, when: datetime | None) -> datetime | None:
+    if when is not None and when.utcoffset() is None:
+        message = f"{name} must carry a timezone offset or Z"
+        raise InvalidQuery([FieldError(name, "naive_datetime", message)])
+    return when

@@ -1,0 +1,98 @@
+"""What was not recorded and why; replaying it once the cause is fixed."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from sinal.api.body import read_json, validate
+from sinal.api.errors import NotFound, Rejected, problem_responses
+from sinal.api.models import RejectionPage, ReplayIn, ReplayOut
+from sinal.api.openapi import body_of
+from sinal.api.routes.events import renamed
+from sinal.api.service import service
+from sinal.api.views import (
+    decode_id_cursor,
+    encode_cursor,
+    json_response,
+    parse_path_id,
+    rejection_view,
+)
+from sinal.errors import FieldError, InvalidEvent
+
+router = APIRouter(tags=["rejections"])
+MAX_BODY = 4096
+
+
+@router.get(
+    "/v1/rejections",
+    summary="Inputs that were valid but not recorded, newest first",
+    response_model=RejectionPage,
+    responses=problem_responses(401, 403, 422, 503),
+)
+async def list_rejections(
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> Response:
+    """Each with its reason, message and the kept input (`payload`)."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    before = None if cursor is None else decode_id_cursor(cursor)
+    rows = await svc.run(svc.ledger.list_rejections_page, key.account_id, limit + 1, before)
+    page, more = rows[:limit], len(rows) > limit
+    return json_response(
+        {
+            "data": [rejection_view(r) for r in page],
+            "next_cursor": encode_cursor(str(page[-1].id)) if more else None,
+        }
+    )
+
+
+@router.post(
+    "/v1/rejections/{rejection_id}/replay",
+    summary="Record a kept input now that its cause is fixed",
+    openapi_extra=body_of(ReplayIn, required=False),
+    responses={
+        201: {"model": ReplayOut, "description": "The event was recorded"},
+        200: {"model": ReplayOut, "description": "Already replayed, or a duplicate"},
+        **problem_responses(400, 401, 403, 404, 413, 415, 422, 503),
+    },
+)
+async def replay(request: Request, rejection_id: str) -> Response:
+    """Give `contact_id` for an input that had none. At most one event per rejection,
+    however often (or concurrently) it is replayed; 422 while the contact is unknown."""
+    svc = service(request)
+    key = await svc.authorize(request, "ingest")
+    ident = parse_path_id(rejection_id)
+    contact_id = None
+    if await _has_body(request):
+        contact_id = validate(ReplayIn, await read_json(request, MAX_BODY)).contact_id
+    if ident is None:
+        raise NotFound(f"no rejection {rejection_id}")
+    try:
+        done = await svc.run(svc.ledger.replay_rejection, key.account_id, ident, contact_id)
+    except InvalidEvent as exc:
+        raise InvalidEvent(renamed(exc.errors)) from None
+    if done is None:
+        raise NotFound(f"no rejection {rejection_id}")
+    if done.outcome is None:
+        message = "the event's contact still does not exist in this account"
+        raise Rejected(
+            message,
+            [FieldError("contact_id", "contact_not_found", message)],
+            reason="contact_not_found",
+            rejection_id=str(ident),
+        )
+    status = "already_replayed" if done.earlier else done.outcome.kind
+    svc.metrics.count_event("replay", "duplicate" if done.earlier else done.outcome.kind)
+    body = {"status": status, "event_id": str(done.outcome.event_id), "rejection_id": str(ident)}
+    return json_response(body, 201 if status == "created" else 200)
+
+
+async def _has_body(request: Request) -> bool:
+    if request.headers.get("content-length", "0") not in ("", "0"):
+        return True
+    return "chunked" in request.headers.get("transfer-encoding", "").lower()

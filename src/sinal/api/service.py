@@ -1,0 +1,93 @@
+"""What every request shares: the ledger, the group committer, the key cache, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
+
+from starlette.requests import Request
+
+from sinal.api.errors import Forbidden, Unauthorized
+from sinal.api.metrics import Metrics
+from sinal.auth import Scope, hash_key
+from sinal.config import Settings
+from sinal.group_commit import GroupCommitter
+from sinal.ledger import Ledger
+from sinal.store.base import ApiKey
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_MAX_CACHED_KEYS = 10_000
+
+
+@dataclass(slots=True)
+class KeyCache:
+    """API key lookups, remembered for `ttl` seconds (negative answers too).
+
+    A revoked key keeps working for at most `ttl` seconds in each process; 0 disables
+    the cache. Keys are cached by their hash, never by their text.
+    """
+
+    ttl: float
+    entries: dict[str, tuple[float, ApiKey | None]] = field(default_factory=dict)
+
+    def get(self, key_hash: str) -> tuple[bool, ApiKey | None]:
+        """(found, key): found is False when the hash is not cached or has expired."""
+        entry = self.entries.get(key_hash)
+        if entry is None or entry[0] < time.monotonic():
+            return False, None
+        return True, entry[1]
+
+    def put(self, key_hash: str, key: ApiKey | None) -> None:
+        """Remember an answer."""
+        if self.ttl <= 0:
+            return
+        if len(self.entries) >= _MAX_CACHED_KEYS:
+            self.entries.clear()  # crude, but bounded; a flood of bad keys cannot grow it
+        self.entries[key_hash] = (time.monotonic() + self.ttl, key)
+
+
+class Service:
+    """The app's shared state (on `app.state.service`)."""
+
+    def __init__(self, settings: Settings, ledger: Ledger, metrics: Metrics) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.metrics = metrics
+        self.keys = KeyCache(settings.auth_cache_ttl)
+        self.committer = GroupCommitter(
+            ledger,
+            max_batch=settings.group_commit_max_batch,
+            max_delay=settings.group_commit_max_delay,
+        )
+
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run blocking ledger work in a worker thread: the event loop never waits on I/O."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def authorize(self, request: Request, scope: Scope | None) -> ApiKey:
+        """The request's key, which must hold `scope` (None: any valid key)."""
+        header = request.headers.get("authorization", "")
+        kind, _, text = header.partition(" ")
+        if kind.lower() != "bearer" or not text.strip():
+            raise Unauthorized("send an API key: Authorization: Bearer <key>")
+        text = text.strip()
+        digest = hash_key(text)
+        found, key = self.keys.get(digest)
+        if not found:
+            key = await self.run(self.ledger.authenticate, text)
+            self.keys.put(digest, key)
+        if key is None:
+            raise Unauthorized("the API key is unknown or revoked")
+        if scope is not None and scope not in key.scopes:
+            raise Forbidden(f"this route needs an API key with the {scope!r} scope")
+        return key
+
+
+def service(request: Request) -> Service:
+    """The app's `Service`."""
+    svc: Service = request.app.state.service
+    return svc

@@ -1,0 +1,187 @@
+"""Turning ledger values into JSON answers (dicts for orjson), and cursors."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import orjson
+from starlette.responses import Response
+
+from sinal.aggregates import Aggregate
+from sinal.catalog import get_metric_category, get_metric_label, negotiate_locale
+from sinal.errors import FieldError, InvalidQuery
+from sinal.store.base import Account, Contact, MetricInfo, Rejection, StoredEvent, SummaryRow
+
+_PLACES = Decimal("0.0001")
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    """A JSON answer serialized by orjson."""
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def decimal_text(value: Decimal) -> str:
+    """Money as text, exact: at least two and at most four decimal places ("297.90")."""
+    whole, _, fraction = f"{value.quantize(_PLACES):f}".partition(".")
+    return f"{whole}.{fraction.rstrip('0').ljust(2, '0')}"
+
+
+def stamp(when: datetime) -> str:
+    """A UTC timestamp as ISO 8601 with "Z"."""
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def opt_str(value: object | None) -> str | None:
+    """str(value), keeping None."""
+    return None if value is None else str(value)
+
+
+def locale_of(locale: str | None, accept_language: str | None) -> str:
+    """?locale= first, then Accept-Language; the catalog's default otherwise."""
+    return negotiate_locale(locale or accept_language)
+
+
+def event_view(event: StoredEvent, locale: str) -> dict[str, Any]:
+    """A stored event as the API shows it."""
+    return {
+        "id": str(event.id),
+        "contact_id": str(event.contact_id),
+        "metric": event.metric_name,
+        "label": get_metric_label(event.metric_name, locale),
+        "properties": event.properties,
+        "value": None if event.value is None else decimal_text(event.value),
+        "currency": event.currency,
+        "source": event.source,
+        "source_id": event.source_id,
+        "unique_event_id": event.unique_event_id,
+        "entity_type": event.entity_type,
+        "entity_id": event.entity_id,
+        "integration_id": opt_str(event.integration_id),
+        "automation_execution_id": opt_str(event.automation_execution_id),
+        "occurred_at": stamp(event.occurred_at),
+        "received_at": stamp(event.received_at),
+    }
+
+
+def contact_view(contact: Contact, tags: list[str]) -> dict[str, Any]:
+    """A contact as the API shows it."""
+    return {
+        "id": str(contact.id),
+        "name": contact.name,
+        "phone": contact.phone,
+        "email": contact.email,
+        "external_id": contact.external_id,
+        "tags": tags,
+        "created_at": stamp(contact.created_at),
+        "updated_at": stamp(contact.updated_at),
+    }
+
+
+def summary_view(row: SummaryRow, locale: str) -> dict[str, Any]:
+    """A contact's summary row."""
+    return {
+        "metric": row.metric_name,
+        "label": get_metric_label(row.metric_name, locale),
+        "count": row.event_count,
+        "total_value": decimal_text(row.total_value),
+        "first_event_at": stamp(row.first_event_at),
+        "last_event_at": stamp(row.last_event_at),
+    }
+
+
+def metric_view(metric: MetricInfo, locale: str) -> dict[str, Any]:
+    """One of the account's metrics."""
+    return {
+        "name": metric.name,
+        "label": get_metric_label(metric.name, locale),
+        "category": str(metric.category or get_metric_category(metric.name)),
+        "is_system": metric.is_system,
+        "count": metric.event_count,
+    }
+
+
+def aggregate_view(
+    metric: str, measurement: str, interval: str, by: str | None, result: Aggregate
+) -> dict[str, Any]:
+    """An aggregate's answer; sums as exact decimal text; `group` on each row with `by`."""
+    data = []
+    for row in result.rows:
+        value = decimal_text(row.value) if isinstance(row.value, Decimal) else row.value
+        item: dict[str, Any] = {"bucket": row.bucket.isoformat(), "value": value}
+        if by is not None:
+            item["group"] = row.group
+        data.append(item)
+    return {
+        "metric": metric,
+        "measurement": measurement,
+        "interval": interval,
+        "timezone": result.timezone,
+        "data": data,
+        "groups_truncated": result.groups_truncated,
+    }
+
+
+def rejection_view(rejection: Rejection) -> dict[str, Any]:
+    """A kept rejection."""
+    return {
+        "id": str(rejection.id),
+        "reason": rejection.reason,
+        "message": rejection.message,
+        "payload": rejection.payload,
+        "created_at": stamp(rejection.created_at),
+        "replayed_event_id": opt_str(rejection.replayed_event_id),
+    }
+
+
+def account_view(account: Account) -> dict[str, Any]:
+    """The key's account."""
+    return {
+        "id": str(account.id),
+        "name": account.name,
+        "timezone": account.timezone,
+        "created_at": stamp(account.created_at),
+    }
+
+
+def encode_cursor(*parts: str) -> str:
+    """An opaque cursor."""
+    return base64.urlsafe_b64encode("|".join(parts).encode()).decode().rstrip("=")
+
+
+def decode_event_cursor(cursor: str) -> tuple[datetime, UUID]:
+    """(occurred_at, id) from an events cursor; `InvalidQuery` if it is not one of ours."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        when, _, ident = text.partition("|")
+        moment = datetime.fromisoformat(when)
+        if moment.tzinfo is None:
+            raise ValueError(when)
+        return moment, UUID(ident)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidQuery(
+            [FieldError("cursor", "invalid_cursor", "not a cursor from us")]
+        ) from None
+
+
+def decode_id_cursor(cursor: str) -> UUID:
+    """The id in a rejections cursor."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        return UUID(text)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise InvalidQuery(
+            [FieldError("cursor", "invalid_cursor", "not a cursor from us")]
+        ) from None
+
+
+def parse_path_id(raw: str) -> UUID | None:
+    """A UUID from a path segment, or None (the route answers 404, as for an unknown id)."""
+    try:
+        return UUID(raw)
+    except ValueError:
+        return None

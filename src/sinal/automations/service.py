@@ -1,0 +1,218 @@
+"""Automations and integrations as the API and the CLI manage them: validate, store, show.
+
+Thin on purpose: validation lives in `model` (automations) and `_validate_integration`
+(connections); storage in the store's `AutomationStore` methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, cast, get_args
+from urllib.parse import urlsplit
+from uuid import UUID
+
+from sinal.automations.matching import explain_match
+from sinal.automations.model import apply_patch, parse_automation
+from sinal.automations.steps import DEFAULT_WHATSAPP_API
+from sinal.errors import FieldError, InvalidIntegration
+from sinal.ids import new_id
+from sinal.ledger import Ledger
+from sinal.store.automations import (
+    AutomationRow,
+    AutomationStore,
+    Execution,
+    Integration,
+    IntegrationKind,
+)
+from sinal.store.base import StoredEvent
+
+# Per kind: (required settings, optional settings with defaults, secret fields).
+_KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
+    "whatsapp": (
+        ("phone_number_id",),
+        {"api_base_url": DEFAULT_WHATSAPP_API, "name": None},
+        ("secret", "verify_token", "access_token"),
+    ),
+    "ai": (("base_url", "model"), {"name": None}, ("api_key",)),
+    "shopify": ((), {"abandon_after_minutes": 60, "shop_domain": None, "name": None}, ("secret",)),
+    "yampi": ((), {"alias": None, "name": None}, ("secret",)),
+}
+_REQUIRED_SECRETS = {"whatsapp": ("secret", "access_token"), "shopify": ("secret",),
+                     "yampi": ("secret",)}  # fmt: skip
+
+
+class Automations:
+    """The account-scoped operations on automations, integrations and executions."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.store = cast(AutomationStore, ledger.store)
+
+    # -- integrations --------------------------------------------------------------------
+
+    def create_integration(self, account_id: UUID, data: object) -> Integration:
+        """Validate and store a connection; raises `InvalidIntegration` listing bad fields."""
+        kind, settings, secrets = _validate_integration(data)
+        integration = Integration(
+            account_id=account_id, id=new_id(), kind=kind, name=settings.pop("name", None),
+            settings=settings, secrets=secrets, created_at=self.ledger.clock(),
+        )  # fmt: skip
+        self.store.create_integration(integration)
+        return integration
+
+    # -- automations ---------------------------------------------------------------------
+
+    def create(self, account_id: UUID, data: object) -> AutomationRow:
+        """Validate and store an automation."""
+        spec = parse_automation(data)
+        now = self.ledger.clock()
+        row = AutomationRow(account_id, new_id(), spec.name, spec.status, spec.metric_name,
+                            spec.to_dict(), now, now)  # fmt: skip
+        self.store.create_automation(row)
+        return row
+
+    def update(self, account_id: UUID, automation_id: UUID, patch: object) -> AutomationRow | None:
+        """Apply a partial update (re-validated); None when there is no such automation."""
+        row = self.store.get_automation(account_id, automation_id)
+        if row is None:
+            return None
+        spec = apply_patch(parse_automation(row.spec), patch)
+        updated = replace(row, name=spec.name, status=spec.status,
+                          trigger_metric=spec.metric_name, spec=spec.to_dict(),
+                          updated_at=self.ledger.clock())  # fmt: skip
+        return updated if self.store.update_automation(updated) else None
+
+    def trace(self, event: StoredEvent) -> list[dict[str, Any]]:
+        """For every automation of the event's account: triggered (with the execution) or why
+        not."""
+        executions = {
+            x.automation_id: x
+            for x in self.store.list_executions(event.account_id, event_id=event.id)
+        }
+        answer = []
+        for row in self.store.list_automations(event.account_id):
+            decision = explain_match(parse_automation(row.spec), event, row.created_at)
+            execution = executions.get(row.id)
+            entry: dict[str, Any] = {
+                "automation_id": str(row.id),
+                "automation_name": row.name,
+                "triggered": decision.triggered,
+                **decision.as_dict(),
+            }
+            if execution is not None:
+                entry["execution"] = execution_summary(execution)
+            answer.append(entry)
+        return answer
+
+
+def automation_view(row: AutomationRow) -> dict[str, Any]:
+    """An automation as the API shows it."""
+    return {
+        "id": str(row.id),
+        **row.spec,
+        "resolved_metric": row.trigger_metric,
+        "created_at": row.created_at.isoformat(),
+        "updated_at": row.updated_at.isoformat(),
+    }
+
+
+def integration_view(integration: Integration, base_url: str = "") -> dict[str, Any]:
+    """A connection as the API shows it: settings yes, secrets never (only which are set)."""
+    view: dict[str, Any] = {
+        "id": str(integration.id),
+        "kind": integration.kind,
+        "name": integration.name,
+        **integration.settings,
+        "secrets_set": sorted(k for k, v in integration.secrets.items() if v),
+        "created_at": integration.created_at.isoformat(),
+    }
+    if integration.kind in ("whatsapp", "shopify", "yampi"):
+        view["webhook_url"] = f"{base_url}/webhooks/{integration.kind}/{integration.id}"
+    return view
+
+
+def execution_summary(x: Execution) -> dict[str, Any]:
+    """An execution without its steps."""
+    return {
+        "id": str(x.id),
+        "automation_id": str(x.automation_id),
+        "event_id": str(x.event_id),
+        "contact_id": str(x.contact_id),
+        "status": x.status,
+        "next_step": x.next_step,
+        "attempts": x.attempts,
+        "run_at": x.run_at.isoformat(),
+        "last_error": x.last_error,
+        "created_at": x.created_at.isoformat(),
+        "updated_at": x.updated_at.isoformat(),
+    }
+
+
+def execution_view(x: Execution, emitted: list[StoredEvent]) -> dict[str, Any]:
+    """An execution with its steps, attempts, errors and the events it emitted."""
+    return {
+        **execution_summary(x),
+        "steps": [
+            {
+                "index": s.step_index, "type": s.step_type, "status": s.status,
+                "attempts": s.attempts, "result": s.result, "error": s.error,
+                "event_id": None if s.event_id is None else str(s.event_id),
+                "started_at": s.started_at.isoformat(),
+                "finished_at": None if s.finished_at is None else s.finished_at.isoformat(),
+            }
+            for s in x.steps
+        ],
+        "emitted_events": [
+            {"id": str(e.id), "metric": e.metric_name, "occurred_at": e.occurred_at.isoformat()}
+            for e in emitted
+        ],
+    }  # fmt: skip
+
+
+def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any], dict[str, Any]]:
+    if not isinstance(data, Mapping):
+        raise InvalidIntegration([FieldError("$", "invalid_type", "expected a JSON object")])
+    kind = str(data.get("kind"))
+    if kind not in get_args(IntegrationKind):
+        raise InvalidIntegration(
+            [FieldError("kind", "invalid_choice", f"kind must be one of {sorted(_KINDS)}")]
+        )
+    required, optional, secret_fields = _KINDS[kind]
+    errors: list[FieldError] = []
+    settings: dict[str, Any] = {}
+    for name in required:
+        value = data.get(name)
+        if not isinstance(value, str) or not value.strip():
+            errors.append(FieldError(name, "required", f"{name} is required for {kind}"))
+        else:
+            settings[name] = value.strip()
+    for name, default in optional.items():
+        settings[name] = data.get(name, default)
+    secrets = {name: data.get(name) for name in secret_fields if data.get(name) is not None}
+    for name in _REQUIRED_SECRETS.get(kind, ()):
+        if not isinstance(secrets.get(name), str) or not secrets[name]:
+            errors.append(FieldError(name, "required", f"{name} is required for {kind}"))
+    for name, value in secrets.items():
+        if not isinstance(value, str) or len(value) > 4096:
+            errors.append(FieldError(name, "invalid_type", f"{name} must be a string"))
+    for name in ("api_base_url", "base_url"):
+        url = settings.get(name)
+        if url is not None and (not isinstance(url, str) or urlsplit(url).scheme not in
+                                ("http", "https") or not urlsplit(url).netloc):  # fmt: skip
+            errors.append(FieldError(name, "invalid_url", f"{name} must be an http(s) URL"))
+    minutes = settings.get("abandon_after_minutes")
+    if minutes is not None and not _is_int_within(minutes, 5, 10_080):
+        errors.append(
+            FieldError("abandon_after_minutes", "out_of_range",
+                       "abandon_after_minutes must be a whole number from 5 to 10080")
+        )  # fmt: skip
+    unknown = set(data) - {"kind", *required, *optional, *secret_fields}
+    errors += [FieldError(k, "unknown_field", f"{k} is not a setting of {kind}") for k in unknown]
+    if errors:
+        raise InvalidIntegration(errors)
+    return cast(IntegrationKind, kind), settings, secrets
+
+
+def _is_int_within(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high

@@ -1,0 +1,343 @@
+"""Running automation steps: the outside world (WhatsApp Cloud API, AI, webhooks) and the
+contact's own data (tags, conversations). Each runner returns a `StepOutcome`; the
+dispatcher records it.
+
+Failures are sorted by what a retry can do:
+
+- `StepFailed(retry=True)`: definitely not done (connection refused, 429, 5xx): retry later.
+- `StepFailed(retry=False)`: will never work as configured (no WhatsApp connection, 400).
+- `OutcomeUnknown`: the request left and no answer came back (timeout). It may have been
+  delivered, so it is never resent blindly: the execution stops as `unknown`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+
+from sinal import catalog as c
+from sinal.automations.matching import ContactData, evaluate_filters, template_context
+from sinal.automations.model import (
+    AddTag,
+    AiRespond,
+    CloseConversation,
+    FilterStep,
+    RemoveTag,
+    SendMessage,
+    SendTemplate,
+    Step,
+    Wait,
+    Webhook,
+)
+from sinal.automations.templates import render_text, render_value
+from sinal.errors import SinalError
+from sinal.events import EmitEvent, decimal_text
+from sinal.store.automations import Claim, Integration
+
+DEFAULT_WHATSAPP_API = "https://graph.facebook.com/v21.0"
+
+# Steps whose side effect happens outside sinal and cannot be repeated safely.
+EXTERNAL_SENDS = frozenset({"send_message", "send_template", "ai_respond"})
+
+
+class StepFailed(SinalError):
+    """The step did not happen; `retry` says whether trying again can help."""
+
+    def __init__(self, message: str, *, retry: bool) -> None:
+        self.retry = retry
+        super().__init__(message)
+
+
+class OutcomeUnknown(SinalError):
+    """The request left, no answer came: the side effect may or may not have happened."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What a step did: its result, the event it emits, and how the execution goes on."""
+
+    result: dict[str, Any] = field(default_factory=dict)
+    emit: EmitEvent | None = None
+    control: Literal["continue", "wait", "stop"] = "continue"
+    resume_at: datetime | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What a runner may use."""
+
+    claim: Claim
+    index: int
+    now: datetime
+    http: httpx.Client
+    integrations: Callable[[str], Integration | None]  # kind -> the account's connection
+    change_tag: Callable[[str, bool, EmitEvent], None]  # (tag, add, event) in one transaction
+    close_conversation: Callable[[], Any]  # -> closed conversation id or None
+    allow_private_webhooks: bool = False
+
+    @property
+    def template_data(self) -> dict[str, object]:
+        """The event and contact, as templates see them."""
+        return template_context(self.claim.event, self.contact_view)
+
+    @property
+    def contact_view(self) -> ContactData:
+        """The contact as filters and templates see it."""
+        contact = self.claim.contact
+        return ContactData(
+            id=contact.id, name=contact.name, email=contact.email, phone=contact.phone,
+            tags=self.claim.tags,
+        )  # fmt: skip
+
+    def event(self, metric: str, *, entity_type: str, key: str = "", **fields: Any) -> EmitEvent:
+        """An event emitted by this step: source `automation`, carrying the execution, with a
+        unique id per (execution, step[, key]) so a resumed step never records it twice."""
+        e = self.claim.execution
+        suffix = f":{key}" if key else ""
+        return EmitEvent(
+            account_id=e.account_id,
+            contact_id=e.contact_id,
+            metric_name=metric,
+            source="automation",
+            source_id=f"{e.id}:{self.index}{suffix}",
+            entity_type=entity_type,
+            automation_execution_id=e.id,
+            properties={
+                "automation_id": str(e.automation_id),
+                "automation_execution_id": str(e.id),
+                "trigger_event_id": str(e.event_id),
+                **fields.pop("properties", {}),
+            },
+            **fields,
+        )
+
+
+def run_step(step: Step, ctx: StepContext) -> StepOutcome:
+    """Run one step."""
+    runner = _RUNNERS[step.type]
+    return runner(step, ctx)
+
+
+def _send_message(step: Any, ctx: StepContext) -> StepOutcome:
+    assert isinstance(step, SendMessage)
+    text = render_text(step.text, ctx.template_data)
+    if not text.strip():
+        raise StepFailed("the message rendered empty", retry=False)
+    payload = {"type": "text", "text": {"preview_url": False, "body": text}}
+    wamid, phone = _whatsapp_send(ctx, payload)
+    return StepOutcome(
+        result={"wamid": wamid, "text": text},
+        emit=ctx.event(c.METRIC_MESSAGE_SENT, entity_type="message", entity_id=wamid,
+                       properties={"phone": phone, "wa_message_id": wamid, "text": text}),
+    )  # fmt: skip
+
+
+def _send_template(step: Any, ctx: StepContext) -> StepOutcome:
+    assert isinstance(step, SendTemplate)
+    data = ctx.template_data
+    rendered = render_value(list(step.components), data)
+    components: list[Any] = list(rendered) if isinstance(rendered, list) else []
+    if step.parameters:
+        parameters = [{"type": "text", "text": render_text(p, data)} for p in step.parameters]
+        components.append({"type": "body", "parameters": parameters})
+    template: dict[str, Any] = {"name": step.name, "language": {"code": step.language}}
+    if components:
+        template["components"] = components
+    wamid, phone = _whatsapp_send(ctx, {"type": "template", "template": template})
+    return StepOutcome(
+        result={"wamid": wamid, "template": step.name},
+        emit=ctx.event(c.METRIC_TEMPLATE_SENT, entity_type="message", entity_id=wamid,
+                       properties={"phone": phone, "wa_message_id": wamid,
+                                   "template_name": step.name, "language": step.language}),
+    )  # fmt: skip
+
+
+def _ai_respond(step: Any, ctx: StepContext) -> StepOutcome:
+    assert isinstance(step, AiRespond)
+    ai = ctx.integrations("ai")
+    if ai is None:
+        raise StepFailed("the account has no AI connection (POST /v1/integrations)", retry=False)
+    data = ctx.template_data
+    question = render_text(step.prompt, data) if step.prompt else _event_text(ctx)
+    messages = [{"role": "user", "content": question}]
+    if step.system_prompt:
+        messages.insert(0, {"role": "system", "content": render_text(step.system_prompt, data)})
+    body: dict[str, Any] = {"model": ai.settings.get("model"), "messages": messages}
+    if step.max_tokens:
+        body["max_tokens"] = step.max_tokens
+    base = str(ai.settings.get("base_url", "")).rstrip("/")
+    answer = _post_json(ctx, f"{base}/chat/completions", body, ai.secrets.get("api_key"))
+    try:
+        reply = str(answer["choices"][0]["message"]["content"]).strip()
+    except (KeyError, IndexError, TypeError) as exc:
+        raise StepFailed("the AI endpoint answered without choices[0].message", retry=True) from exc
+    if not reply:
+        raise StepFailed("the AI endpoint answered with an empty message", retry=True)
+    # the AI call is harmless to repeat; from here on the send is the side effect
+    payload = {"type": "text", "text": {"preview_url": False, "body": reply}}
+    wamid, phone = _whatsapp_send(ctx, payload)
+    return StepOutcome(
+        result={"wamid": wamid, "text": reply, "model": ai.settings.get("model")},
+        emit=ctx.event(c.METRIC_AI_RESPONSE_SENT, entity_type="message", entity_id=wamid,
+                       properties={"phone": phone, "wa_message_id": wamid, "text": reply}),
+    )  # fmt: skip
+
+
+def _tag(step: Any, ctx: StepContext) -> StepOutcome:
+    assert isinstance(step, AddTag | RemoveTag)
+    add = isinstance(step, AddTag)
+    metric = c.METRIC_TAG_ADDED if add else c.METRIC_TAG_REMOVED
+    event = ctx.event(metric, entity_type="tag", entity_id=step.tag, key=step.tag,
+                      properties={"tag": step.tag})  # fmt: skip
+    ctx.change_tag(step.tag, add, event)  # the tag and its event commit together
+    return StepOutcome(result={"tag": step.tag, "added" if add else "removed": True})
+
+
+def _close_conversation(step: Any, ctx: StepContext) -> StepOutcome:
+    assert isinstance(step, CloseConversation)
+    closed = ctx.close_conversation()
+    if closed is None:
+        return StepOutcome(result={"closed": None})
+    return StepOutcome(
+        result={"closed": str(closed)},
+        emit=ctx.event(c.METRIC_CONVERSATION_CLOSED, entity_type="conversation",
+                       entity_id=str(closed), properties={"conversation_id": str(closed)}),
+    )  # fmt: skip
+
+
+def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
+    assert isinstance(step, Webhook)
+    if not ctx.allow_private_webhooks:
+        refuse_private_target(step.url)
+    e = ctx.claim.execution
+    event = ctx.claim.event
+    body = {
+        "automation_id": str(e.automation_id),
+        "execution_id": str(e.id),
+        "event": {
+            "id": str(event.id), "metric": event.metric_name, "contact_id": str(event.contact_id),
+            "value": None if event.value is None else decimal_text(event.value),
+            "currency": event.currency, "source": event.source,
+            "occurred_at": event.occurred_at.isoformat(), "properties": event.properties,
+        },
+    }  # fmt: skip
+    # The receiver dedupes on the key, which is what makes resending after a crash safe.
+    headers = {**dict(step.headers), "Idempotency-Key": f"{e.id}:{ctx.index}"}
+    status = _post(ctx, step.url, orjson.dumps(body), headers).status_code
+    return StepOutcome(result={"status": status})
+
+
+def _wait(step: Any, ctx: StepContext) -> StepOutcome:
+    assert isinstance(step, Wait)
+    until = step.until or ctx.now + timedelta(seconds=step.seconds or 0)
+    return StepOutcome(result={"until": until.isoformat()}, control="wait", resume_at=until)
+
+
+def _filter(step: Any, ctx: StepContext) -> StepOutcome:
+    assert isinstance(step, FilterStep)
+    verdict = evaluate_filters(step.conditions, ctx.claim.event, ctx.contact_view)
+    if verdict.matched:
+        return StepOutcome(result={"matched": True})
+    return StepOutcome(result={"matched": False}, control="stop", reason=verdict.message)
+
+
+_RUNNERS: Mapping[str, Callable[[Any, StepContext], StepOutcome]] = {
+    "send_message": _send_message,
+    "send_template": _send_template,
+    "ai_respond": _ai_respond,
+    "add_tag": _tag,
+    "remove_tag": _tag,
+    "close_conversation": _close_conversation,
+    "webhook": _webhook,
+    "wait": _wait,
+    "filter": _filter,
+}
+
+
+def _whatsapp_send(ctx: StepContext, message: dict[str, Any]) -> tuple[str, str]:
+    """POST {api_base_url}/{phone_number_id}/messages; the returned wamid and the phone."""
+    wa = ctx.integrations("whatsapp")
+    if wa is None:
+        raise StepFailed("the account has no WhatsApp connection (POST /v1/integrations)",
+                         retry=False)  # fmt: skip
+    phone = ctx.claim.contact.phone
+    if not phone:
+        raise StepFailed("the contact has no phone number", retry=False)
+    base = str(wa.settings.get("api_base_url") or DEFAULT_WHATSAPP_API).rstrip("/")
+    url = f"{base}/{wa.settings.get('phone_number_id')}/messages"
+    body = {"messaging_product": "whatsapp", "recipient_type": "individual",
+            "to": phone.lstrip("+"), **message}  # fmt: skip
+    answer = _post_json(ctx, url, body, wa.secrets.get("access_token"))
+    try:
+        return str(answer["messages"][0]["id"]), phone
+    except (KeyError, IndexError, TypeError) as exc:
+        # a 2xx without a message id: it may have been accepted; do not send again blindly
+        raise OutcomeUnknown("the WhatsApp API answered without messages[0].id") from exc
+
+
+def _post_json(ctx: StepContext, url: str, body: dict[str, Any], token: Any) -> Any:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    response = _post(ctx, url, orjson.dumps(body), headers)
+    try:
+        return orjson.loads(response.content)
+    except orjson.JSONDecodeError as exc:
+        raise OutcomeUnknown(f"{url} answered {response.status_code} with no JSON") from exc
+
+
+def _post(ctx: StepContext, url: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
+    """POST, sorting every failure by whether the request may have been delivered."""
+    try:
+        response = ctx.http.post(
+            url, content=content, headers={"Content-Type": "application/json", **headers}
+        )
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise StepFailed(f"could not connect to {_host(url)}: {exc}", retry=True) from exc
+    except httpx.TimeoutException as exc:
+        raise OutcomeUnknown(f"{_host(url)} did not answer in time ({exc})") from exc
+    except httpx.HTTPError as exc:
+        raise OutcomeUnknown(f"the request to {_host(url)} broke off: {exc}") from exc
+    if response.status_code == 429 or response.status_code >= 500:
+        raise StepFailed(f"{_host(url)} answered {response.status_code}", retry=True)
+    if response.status_code >= 400:
+        raise StepFailed(
+            f"{_host(url)} refused the request ({response.status_code}): {response.text[:300]}",
+            retry=False,
+        )
+    return response
+
+
+def refuse_private_target(url: str) -> None:
+    """Refuse URLs whose host resolves to a private, loopback, link-local or reserved address."""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError as exc:
+        raise StepFailed(f"cannot resolve {host}: {exc}", retry=True) from exc
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if not address.is_global or address.is_multicast:
+            raise StepFailed(
+                f"{host} resolves to {address}, a private or local address; webhooks there are "
+                "refused (SINAL_ALLOW_PRIVATE_WEBHOOKS=true allows them)",
+                retry=False,
+            )
+
+
+def _host(url: str) -> str:
+    return urlsplit(url).netloc or url
+
+
+def _event_text(ctx: StepContext) -> str:
+    properties = ctx.claim.event.properties
+    return str(properties.get("text") or properties.get("caption") or ctx.claim.event.metric_name)

@@ -1,0 +1,247 @@
+"""The storage interface of integrations, automations and their executions.
+
+Kept apart from the ledger's `Store` (as eventsourcing keeps its process recorder apart from
+its aggregate recorder): the same backend classes implement both, through mixins
+(`sqlite_automations.py`, `postgres_automations.py`), each method one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+from uuid import UUID
+
+from sinal.store.base import Contact, StoredEvent
+
+IntegrationKind = Literal["whatsapp", "ai", "shopify", "yampi"]
+ExecutionStatus = Literal["pending", "waiting", "completed", "stopped", "unknown", "dead"]
+StepStatus = Literal["started", "completed", "failed", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Integration:
+    """A connection of an account to a provider (WhatsApp Cloud API, an AI endpoint, a store)."""
+
+    account_id: UUID
+    id: UUID
+    kind: IntegrationKind
+    name: str | None
+    settings: dict[str, Any]
+    secrets: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AutomationRow:
+    """An automation as stored: its parsed definition is `spec` (JSON)."""
+
+    account_id: UUID
+    id: UUID
+    name: str
+    status: Literal["active", "paused"]
+    trigger_metric: str
+    spec: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What happened to one step of one execution."""
+
+    step_index: int
+    step_type: str
+    status: StepStatus
+    attempts: int
+    result: dict[str, Any] | None
+    error: str | None
+    event_id: UUID | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One run of one automation for one event."""
+
+    account_id: UUID
+    id: UUID
+    automation_id: UUID
+    event_id: UUID
+    contact_id: UUID
+    status: ExecutionStatus
+    next_step: int
+    attempts: int
+    run_at: datetime
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    steps: tuple[StepRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """An execution claimed by a worker until `claimed_until`, with what it needs to run."""
+
+    execution: Execution
+    automation: AutomationRow
+    event: StoredEvent
+    contact: Contact
+    tags: tuple[str, ...]
+    worker: str
+    lease: float
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """How a worker leaves an execution it holds (applied only while it still holds it)."""
+
+    status: ExecutionStatus
+    next_step: int
+    run_at: datetime | None = None
+    attempts: int | None = None
+    last_error: str | None = None
+
+
+@dataclass(slots=True)
+class FanOut:
+    """What one fan-out pass did."""
+
+    events: int = 0
+    executions: int = 0
+    skipped: list[tuple[UUID, str]] = field(default_factory=list)
+
+
+# Given an event and its account's automations listening to its metric, the ids to run.
+Chooser = Callable[[StoredEvent, Sequence[AutomationRow]], list[UUID]]
+
+
+class AutomationStore(Protocol):
+    """What the dispatcher and the automations API need from a database."""
+
+    def create_integration(self, integration: Integration) -> None:
+        """Insert an integration."""
+        ...
+
+    def get_integration(self, account_id: UUID, integration_id: UUID) -> Integration | None:
+        """One live integration of the account (secrets included: for internal use)."""
+        ...
+
+    def list_integrations(
+        self, account_id: UUID, kind: IntegrationKind | None = None
+    ) -> list[Integration]:
+        """The account's live integrations, oldest first."""
+        ...
+
+    def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
+        """Soft-delete; False when there was none."""
+        ...
+
+    def create_automation(self, row: AutomationRow) -> None:
+        """Insert an automation."""
+        ...
+
+    def get_automation(self, account_id: UUID, automation_id: UUID) -> AutomationRow | None:
+        """One live automation, or None."""
+        ...
+
+    def list_automations(self, account_id: UUID) -> list[AutomationRow]:
+        """The account's live automations, oldest first."""
+        ...
+
+    def update_automation(self, row: AutomationRow) -> bool:
+        """Replace name, status, trigger and spec; False when there was none."""
+        ...
+
+    def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
+        """Soft-delete (executions keep pointing at it); False when there was none."""
+        ...
+
+    def fan_out(self, choose: Chooser, limit: int) -> FanOut:
+        """Take up to `limit` outbox rows, create one execution per chosen automation (unique
+        per automation and event) and delete the rows — one transaction, so a crash anywhere
+        leaves the rows for another worker."""
+        ...
+
+    def claim_executions(self, worker: str, limit: int, lease: float) -> list[Claim]:
+        """Claim due executions (pending/waiting with run_at passed, not held by a live
+        claim) for `lease` seconds."""
+        ...
+
+    def start_step(
+        self, claim: Claim, step_index: int, step_type: str
+    ) -> tuple[StepRecord, bool] | None:
+        """Record that a step starts (committed before any side effect) and extend the lease.
+
+        Returns (record, True) when this call started it (fresh, or again after a definite
+        failure); (the earlier record, False) when it had been started or done before; None
+        when the claim was lost."""
+        ...
+
+    def finish_step(
+        self,
+        claim: Claim,
+        step_index: int,
+        status: StepStatus,
+        *,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+        event_id: UUID | None = None,
+    ) -> bool:
+        """Record a step's outcome; False when the claim was lost."""
+        ...
+
+    def advance(self, claim: Claim, advance: Advance) -> bool:
+        """Move the execution on and release the claim; False when the claim was lost."""
+        ...
+
+    def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:
+        """One execution with its step records."""
+        ...
+
+    def list_executions(
+        self,
+        account_id: UUID,
+        *,
+        automation_id: UUID | None = None,
+        event_id: UUID | None = None,
+        limit: int = 100,
+    ) -> list[Execution]:
+        """Executions, newest first (without step records)."""
+        ...
+
+    def retry_dead(self, account_id: UUID | None = None, execution_id: UUID | None = None) -> int:
+        """Revive dead (and unknown, when named by id) executions: pending again, now."""
+        ...
+
+    def close_open_conversation(self, account_id: UUID, contact_id: UUID) -> UUID | None:
+        """Close the contact's open conversation; its id, or None when none was open."""
+        ...
+
+    def outbox_depth(self) -> int:
+        """Outbox rows waiting to be fanned out."""
+        ...
+
+
+def decode_json(value: Any) -> Any:
+    """JSON columns come back parsed from PostgreSQL and as text from SQLite."""
+    if isinstance(value, str | bytes):
+        import orjson
+
+        return orjson.loads(value)
+    return value
+
+
+__all__ = [
+    "Advance",
+    "AutomationRow",
+    "AutomationStore",
+    "Chooser",
+    "Claim",
+    "Execution",
+    "FanOut",
+    "Integration",
+    "StepRecord",
+]

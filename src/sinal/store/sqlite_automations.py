@@ -1,0 +1,437 @@
+"""SQLite side of `AutomationStore` (one worker: `BEGIN IMMEDIATE` serializes writers)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import orjson
+
+from sinal.events import dumps_json
+from sinal.ids import new_id
+from sinal.store.automations import (
+    Advance,
+    AutomationRow,
+    Chooser,
+    Claim,
+    Execution,
+    FanOut,
+    Integration,
+    IntegrationKind,
+    StepRecord,
+    StepStatus,
+)
+
+_EXECUTION_COLUMNS = (
+    "account_id, id, automation_id, event_id, contact_id, status, next_step, attempts, run_at, "
+    "last_error, created_at, updated_at"
+)
+_STEP_COLUMNS = (
+    "step_index, step_type, status, attempts, result, error, event_id, started_at, finished_at"
+)
+_AUTOMATION_COLUMNS = "account_id, id, name, status, trigger_metric, spec, created_at, updated_at"
+_INTEGRATION_COLUMNS = "account_id, id, kind, name, settings, secrets, created_at"
+_HELD = "account_id = ? AND id = ? AND claimed_by = ? AND claimed_until > ?"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(when: datetime) -> str:
+    from sinal.store.sqlite import ts
+
+    return ts(when)
+
+
+def _parse(text: str | None) -> datetime | None:
+    from sinal.store.sqlite import parse_ts
+
+    return None if text is None else parse_ts(text)
+
+
+def _uuid(text: str | None) -> UUID | None:
+    return None if text is None else UUID(text)
+
+
+class SQLiteAutomations:
+    """Mixin for `SQLiteStore`: the `AutomationStore` methods."""
+
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    # -- integrations --------------------------------------------------------------------
+
+    def create_integration(self, integration: Integration) -> None:
+        """Insert an integration."""
+        i = integration
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO integrations ({_INTEGRATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (str(i.account_id), str(i.id), i.kind, i.name, dumps_json(i.settings),
+                 dumps_json(i.secrets), _ts(i.created_at)),
+            )  # fmt: skip
+
+    def get_integration(self, account_id: UUID, integration_id: UUID) -> Integration | None:
+        """One live integration of the account."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_INTEGRATION_COLUMNS} FROM integrations "
+                "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
+                (str(account_id), str(integration_id)),
+            ).fetchone()
+        return None if row is None else _integration(row)
+
+    def list_integrations(
+        self, account_id: UUID, kind: IntegrationKind | None = None
+    ) -> list[Integration]:
+        """The account's live integrations, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_INTEGRATION_COLUMNS} FROM integrations WHERE account_id = ? "
+                "AND deleted_at IS NULL AND (? IS NULL OR kind = ?) ORDER BY created_at",
+                (str(account_id), kind, kind),
+            ).fetchall()
+        return [_integration(r) for r in rows]
+
+    def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
+        """Soft-delete an integration."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE integrations SET deleted_at = ? "
+                "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
+                (_ts(_now()), str(account_id), str(integration_id)),
+            )
+            return cur.rowcount == 1
+
+    # -- automations ---------------------------------------------------------------------
+
+    def create_automation(self, row: AutomationRow) -> None:
+        """Insert an automation."""
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO automations ({_AUTOMATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (str(row.account_id), str(row.id), row.name, row.status, row.trigger_metric,
+                 dumps_json(row.spec), _ts(row.created_at), _ts(row.updated_at)),
+            )  # fmt: skip
+
+    def get_automation(self, account_id: UUID, automation_id: UUID) -> AutomationRow | None:
+        """One live automation."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_AUTOMATION_COLUMNS} FROM automations "
+                "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
+                (str(account_id), str(automation_id)),
+            ).fetchone()
+        return None if row is None else _automation(row)
+
+    def list_automations(self, account_id: UUID) -> list[AutomationRow]:
+        """The account's live automations, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_AUTOMATION_COLUMNS} FROM automations "
+                "WHERE account_id = ? AND deleted_at IS NULL ORDER BY created_at, id",
+                (str(account_id),),
+            ).fetchall()
+        return [_automation(r) for r in rows]
+
+    def update_automation(self, row: AutomationRow) -> bool:
+        """Replace name, status, trigger and spec."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE automations SET name = ?, status = ?, trigger_metric = ?, spec = ?, "
+                "updated_at = ? WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
+                (row.name, row.status, row.trigger_metric, dumps_json(row.spec),
+                 _ts(row.updated_at), str(row.account_id), str(row.id)),
+            )  # fmt: skip
+            return cur.rowcount == 1
+
+    def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
+        """Soft-delete an automation."""
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE automations SET deleted_at = ? "
+                "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
+                (_ts(_now()), str(account_id), str(automation_id)),
+            )
+            return cur.rowcount == 1
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    def fan_out(self, choose: Chooser, limit: int) -> FanOut:
+        """Outbox rows → executions, in one transaction."""
+        from sinal.store.sqlite import _EVENT_COLUMNS, _stored_event
+
+        report = FanOut()
+        now = _ts(_now())
+        with self._write() as conn:
+            keys = conn.execute(
+                "SELECT account_id, event_id FROM outbox WHERE available_at <= ? "
+                "ORDER BY available_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            for account, event_id in keys:
+                row = conn.execute(
+                    f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = ? AND id = ?",
+                    (account, event_id),
+                ).fetchone()
+                conn.execute(
+                    "DELETE FROM outbox WHERE account_id = ? AND event_id = ?", (account, event_id)
+                )
+                report.events += 1
+                if row is None:
+                    continue
+                event = _stored_event(row)
+                candidates = [
+                    _automation(r)
+                    for r in conn.execute(
+                        f"SELECT {_AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? "
+                        "AND trigger_metric = ? AND deleted_at IS NULL ORDER BY created_at, id",
+                        (account, event.metric_name),
+                    )
+                ]
+                for automation_id in choose(event, candidates):
+                    cur = conn.execute(
+                        "INSERT INTO executions (account_id, id, automation_id, event_id, "
+                        "contact_id, status, run_at, created_at, updated_at) "
+                        "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT DO NOTHING",
+                        (account, str(new_id()), str(automation_id), event_id,
+                         str(event.contact_id), now, now, now),
+                    )  # fmt: skip
+                    report.executions += cur.rowcount
+        return report
+
+    def claim_executions(self, worker: str, limit: int, lease: float) -> list[Claim]:
+        """Claim due executions for `lease` seconds."""
+        now = _now()
+        with self._write() as conn:
+            rows = conn.execute(
+                f"SELECT {_EXECUTION_COLUMNS} FROM executions "
+                "WHERE status IN ('pending', 'waiting') AND run_at <= ? "
+                "AND (claimed_until IS NULL OR claimed_until < ?) ORDER BY run_at LIMIT ?",
+                (_ts(now), _ts(now), limit),
+            ).fetchall()
+            until = _ts(now + timedelta(seconds=lease))
+            claims = []
+            for row in rows:
+                conn.execute(
+                    "UPDATE executions SET claimed_by = ?, claimed_until = ? "
+                    "WHERE account_id = ? AND id = ?",
+                    (worker, until, row[0], row[1]),
+                )
+                claims.append(_claim(conn, _execution(row), worker, lease))
+            return claims
+
+    def start_step(
+        self, claim: Claim, step_index: int, step_type: str
+    ) -> tuple[StepRecord, bool] | None:
+        """Record that a step starts; extend the lease. (record, started_now) or None."""
+        e = claim.execution
+        now = _now()
+        with self._write() as conn:
+            held = conn.execute(
+                f"UPDATE executions SET claimed_until = ? WHERE {_HELD}",
+                (_ts(now + timedelta(seconds=claim.lease)), str(e.account_id), str(e.id),
+                 claim.worker, _ts(now)),
+            )  # fmt: skip
+            if held.rowcount != 1:
+                return None
+            key = (str(e.account_id), str(e.id), step_index)
+            row = conn.execute(
+                "INSERT INTO execution_steps (account_id, execution_id, step_index, step_type, "
+                "status, started_at) VALUES (?, ?, ?, ?, 'started', ?) "
+                "ON CONFLICT (account_id, execution_id, step_index) DO UPDATE SET "
+                "status = 'started', attempts = attempts + 1, error = NULL, "
+                "started_at = excluded.started_at, finished_at = NULL "
+                f"WHERE status = 'failed' RETURNING {_STEP_COLUMNS}",
+                (*key, step_type, _ts(now)),
+            ).fetchone()
+            if row is not None:
+                return _step(row), True
+            existing = conn.execute(
+                f"SELECT {_STEP_COLUMNS} FROM execution_steps "
+                "WHERE account_id = ? AND execution_id = ? AND step_index = ?",
+                key,
+            ).fetchone()
+            return _step(existing), False
+
+    def finish_step(
+        self,
+        claim: Claim,
+        step_index: int,
+        status: StepStatus,
+        *,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+        event_id: UUID | None = None,
+    ) -> bool:
+        """Record a step's outcome (fenced)."""
+        e = claim.execution
+        now = _ts(_now())
+        with self._write() as conn:
+            held = conn.execute(
+                f"SELECT 1 FROM executions WHERE {_HELD}",
+                (str(e.account_id), str(e.id), claim.worker, now),
+            ).fetchone()
+            if held is None:
+                return False
+            conn.execute(
+                "UPDATE execution_steps SET status = ?, result = ?, error = ?, event_id = ?, "
+                "finished_at = ? WHERE account_id = ? AND execution_id = ? AND step_index = ?",
+                (status, None if result is None else dumps_json(result), error,
+                 None if event_id is None else str(event_id), now, str(e.account_id), str(e.id),
+                 step_index),
+            )  # fmt: skip
+            return True
+
+    def advance(self, claim: Claim, advance: Advance) -> bool:
+        """Move the execution on and release the claim (fenced)."""
+        e = claim.execution
+        now = _ts(_now())
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE executions SET status = ?, next_step = ?, run_at = coalesce(?, run_at), "
+                "attempts = coalesce(?, attempts), last_error = ?, claimed_by = NULL, "
+                f"claimed_until = NULL, updated_at = ? WHERE {_HELD}",
+                (advance.status, advance.next_step,
+                 None if advance.run_at is None else _ts(advance.run_at), advance.attempts,
+                 advance.last_error, now, str(e.account_id), str(e.id), claim.worker, now),
+            )  # fmt: skip
+            return cur.rowcount == 1
+
+    def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:
+        """One execution with its step records."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE account_id = ? AND id = ?",
+                (str(account_id), str(execution_id)),
+            ).fetchone()
+            if row is None:
+                return None
+            return _with_steps(conn, _execution(row))
+
+    def list_executions(
+        self,
+        account_id: UUID,
+        *,
+        automation_id: UUID | None = None,
+        event_id: UUID | None = None,
+        limit: int = 100,
+    ) -> list[Execution]:
+        """Executions, newest first."""
+        a = None if automation_id is None else str(automation_id)
+        ev = None if event_id is None else str(event_id)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE account_id = ? "
+                "AND (? IS NULL OR automation_id = ?) AND (? IS NULL OR event_id = ?) "
+                "ORDER BY id DESC LIMIT ?",
+                (str(account_id), a, a, ev, ev, limit),
+            ).fetchall()
+        return [_execution(r) for r in rows]
+
+    def retry_dead(self, account_id: UUID | None = None, execution_id: UUID | None = None) -> int:
+        """Revive dead executions (and an unknown one named by id)."""
+        statuses = ("dead", "unknown") if execution_id is not None else ("dead", "dead")
+        a = None if account_id is None else str(account_id)
+        x = None if execution_id is None else str(execution_id)
+        now = _ts(_now())
+        with self._write() as conn:
+            cur = conn.execute(
+                "UPDATE executions SET status = 'pending', attempts = 0, run_at = ?, "
+                "claimed_by = NULL, claimed_until = NULL, updated_at = ? "
+                "WHERE status IN (?, ?) AND (? IS NULL OR account_id = ?) "
+                "AND (? IS NULL OR id = ?)",
+                (now, now, *statuses, a, a, x, x),
+            )
+            if x is not None and cur.rowcount:
+                conn.execute(
+                    "UPDATE execution_steps SET status = 'failed' WHERE execution_id = ? "
+                    "AND status IN ('unknown', 'started')",
+                    (x,),
+                )
+            return cur.rowcount
+
+    def close_open_conversation(self, account_id: UUID, contact_id: UUID) -> UUID | None:
+        """Close the contact's open conversation."""
+        with self._write() as conn:
+            row = conn.execute(
+                "UPDATE conversations SET status = 'closed', closed_at = ? "
+                "WHERE account_id = ? AND contact_id = ? AND status = 'open' RETURNING id",
+                (_ts(_now()), str(account_id), str(contact_id)),
+            ).fetchone()
+        return None if row is None else UUID(row[0])
+
+    def outbox_depth(self) -> int:
+        """Outbox rows waiting."""
+        with self._read() as conn:
+            return int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
+
+
+def _integration(r: Sequence[Any]) -> Integration:
+    return Integration(UUID(r[0]), UUID(r[1]), r[2], r[3], orjson.loads(r[4]),
+                       orjson.loads(r[5]), _parse(r[6]) or _now())  # fmt: skip
+
+
+def _automation(r: Sequence[Any]) -> AutomationRow:
+    return AutomationRow(UUID(r[0]), UUID(r[1]), r[2], r[3], r[4], orjson.loads(r[5]),
+                         _parse(r[6]) or _now(), _parse(r[7]) or _now())  # fmt: skip
+
+
+def _execution(r: Sequence[Any]) -> Execution:
+    return Execution(UUID(r[0]), UUID(r[1]), UUID(r[2]), UUID(r[3]), UUID(r[4]), r[5], r[6],
+                     r[7], _parse(r[8]) or _now(), r[9], _parse(r[10]) or _now(),
+                     _parse(r[11]) or _now())  # fmt: skip
+
+
+def _step(r: Sequence[Any]) -> StepRecord:
+    return StepRecord(r[0], r[1], r[2], r[3], None if r[4] is None else orjson.loads(r[4]), r[5],
+                      _uuid(r[6]), _parse(r[7]) or _now(), _parse(r[8]))  # fmt: skip
+
+
+def _with_steps(conn: sqlite3.Connection, e: Execution) -> Execution:
+    steps = conn.execute(
+        f"SELECT {_STEP_COLUMNS} FROM execution_steps "
+        "WHERE account_id = ? AND execution_id = ? ORDER BY step_index",
+        (str(e.account_id), str(e.id)),
+    ).fetchall()
+    return replace(e, steps=tuple(_step(s) for s in steps))
+
+
+def _claim(conn: sqlite3.Connection, e: Execution, worker: str, lease: float) -> Claim:
+    from sinal.store.sqlite import _EVENT_COLUMNS, SQLiteStore, _stored_event
+
+    account = str(e.account_id)
+    automation = conn.execute(
+        f"SELECT {_AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? AND id = ?",
+        (account, str(e.automation_id)),
+    ).fetchone()
+    event = conn.execute(
+        f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = ? AND id = ?",
+        (account, str(e.event_id)),
+    ).fetchone()
+    contact = SQLiteStore._contact(conn, account, str(e.contact_id))
+    tags = conn.execute(
+        "SELECT tag FROM contact_tags WHERE account_id = ? AND contact_id = ? ORDER BY tag",
+        (account, str(e.contact_id)),
+    ).fetchall()
+    assert automation is not None
+    assert event is not None
+    assert contact is not None
+    return Claim(
+        execution=_with_steps(conn, e),
+        automation=_automation(automation),
+        event=_stored_event(event),
+        contact=contact,
+        tags=tuple(t[0] for t in tags),
+        worker=worker,
+        lease=lease,
+    )

@@ -1,0 +1,362 @@
+"""The dispatcher on both backends, against local WhatsApp / AI / webhook servers."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+import sinal
+from sinal import Ledger
+from sinal.automations.backoff import RetryPolicy
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings, spec_of
+from sinal.automations.model import InvalidAutomation
+from sinal.automations.service import Automations
+from sinal.errors import InvalidIntegration
+from sinal.store.base import EventQuery
+from tests.helpers import count, sql
+from tests.servers import Recorder, ai_server, webhook_receiver, whatsapp_server
+
+
+@dataclass
+class World:
+    ledger: Ledger
+    automations: Automations
+    account: sinal.Account
+    contact: sinal.Contact
+    whatsapp: Recorder
+    url: str
+
+    def dispatcher(self, **settings: Any) -> Dispatcher:
+        base: dict[str, Any] = {
+            "http_timeout": 0.5,
+            "allow_private_webhooks": True,
+            "retry": RetryPolicy(max_attempts=3, base=0.01, cap=0.02),
+        }
+        return Dispatcher(self.ledger, DispatchSettings(**{**base, **settings}))
+
+    def order_paid(self, total: str = "297.90", source_id: str = "1001") -> sinal.EmitResult:
+        return self.ledger.emit_event(
+            account_id=self.account.id, contact_id=self.contact.id,
+            metric_name=sinal.METRIC_ORDER_PAID, source="shopify", source_id=source_id,
+            entity_type="order_paid", value=Decimal(total),
+            properties={"order_id": source_id, "order_number": f"#{source_id}", "total": total},
+        )  # fmt: skip
+
+    def executions(self) -> list[Any]:
+        return self.automations.store.list_executions(self.account.id)
+
+    def drain(self, dispatcher: Dispatcher, rounds: int = 20) -> None:
+        for _ in range(rounds):
+            if not dispatcher.run_once():
+                return
+
+
+@pytest.fixture
+def world(ledger: Ledger, database_url: str) -> Iterator[World]:
+    account = ledger.create_account("Loja Exemplo")
+    contact = ledger.create_contact(account.id, phone="+55 11 98765-4321", name="Ana Souza")
+    automations = Automations(ledger)
+    with whatsapp_server() as (wa_url, recorder):
+        automations.create_integration(account.id, {
+            "kind": "whatsapp", "secret": "app-secret", "verify_token": "v",
+            "phone_number_id": "1234567890", "access_token": "EAAG-token",
+            "api_base_url": wa_url,
+        })  # fmt: skip
+        yield World(ledger, automations, account, contact, recorder, database_url)
+
+
+THANKS = {
+    "name": "Obrigado pelo pedido",
+    "trigger_type": "order_paid",
+    "filters": [{"field": "properties.total", "op": "gte", "value": 100}],
+    "steps": [
+        {"type": "send_message",
+         "text": "Olá {{ contact.name | first_name }}, o pedido {{ event.properties.order_number }}"
+                 " de {{ event.value | money }} foi pago!"},
+        {"type": "add_tag", "tag": "comprou"},
+    ],
+}  # fmt: skip
+
+
+def test_matching_automation_runs_once_and_its_events_carry_the_execution(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    event = world.order_paid()
+    dispatcher = world.dispatcher()
+
+    world.drain(dispatcher)
+    world.drain(dispatcher)
+
+    [message] = world.whatsapp.bodies("/1234567890/messages")
+    assert message["to"] == "5511987654321"
+    assert message["text"]["body"] == "Olá Ana, o pedido #1001 de R$ 297,90 foi pago!"
+    assert world.whatsapp.requests[0]["headers"]["Authorization"] == "Bearer EAAG-token"
+    [execution] = world.executions()
+    assert (execution.status, execution.event_id) == ("completed", event.event_id)
+    emitted = world.ledger.list_events(EventQuery(world.account.id, metric_name="Message Sent"))
+    assert [e.automation_execution_id for e in emitted] == [execution.id]
+    assert emitted[0].entity_id == "wamid.LOCAL00000000"
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+    assert count(world.url, "outbox") == 0  # events from steps never enter the outbox
+
+
+def test_redelivered_outbox_row_does_not_run_the_automation_twice(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    event = world.order_paid()
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)
+    sql(world.url, "INSERT INTO outbox (account_id, event_id, metric_name, created_at, "
+        "available_at) VALUES (?, ?, 'Order Paid', '2026-01-01T00:00:00.000000Z', "
+        "'2026-01-01T00:00:00.000000Z')", str(world.account.id), str(event.event_id))  # fmt: skip
+
+    world.drain(dispatcher)
+
+    assert len(world.executions()) == 1
+    assert len(world.whatsapp.bodies()) == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"filters": [{"field": "properties.total", "op": "gte", "value": 1000}]}, "filter_false"),
+        ({"status": "paused"}, "paused"),
+        ({"trigger_type": None, "trigger_metric": "Order Placed"}, "other_metric"),
+    ],
+)
+def test_trace_says_why_an_automation_did_not_run(
+    world: World, change: dict[str, Any], reason: str
+) -> None:
+    row = world.automations.create(world.account.id, THANKS)
+    world.automations.update(world.account.id, row.id, change)
+    event = world.order_paid()
+    world.drain(world.dispatcher())
+
+    assert world.executions() == []
+    stored = world.ledger.get_event(world.account.id, event.event_id)
+    assert stored is not None
+    [trace] = world.automations.trace(stored)
+    assert (trace["triggered"], trace["outcome"]) == (False, reason)
+
+
+def test_automation_created_after_the_event_does_not_fire(world: World) -> None:
+    event = world.order_paid()
+    world.automations.create(world.account.id, THANKS)
+    world.drain(world.dispatcher())
+    assert world.executions() == []
+    stored = world.ledger.get_event(world.account.id, event.event_id)
+    assert stored is not None
+    assert world.automations.trace(stored)[0]["outcome"] == "created_after_event"
+
+
+def test_events_emitted_by_steps_never_trigger_automations(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.automations.create(world.account.id, {
+        "name": "loop?", "trigger_metric": "Message Sent",
+        "steps": [{"type": "send_message", "text": "again"}],
+    })  # fmt: skip
+    world.order_paid()
+    world.drain(world.dispatcher())
+    assert len(world.whatsapp.bodies()) == 1
+    assert len(world.executions()) == 1
+
+
+def test_transient_failures_retry_with_backoff_then_succeed(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.whatsapp.behaviour.fail_times = 2
+    world.order_paid()
+    dispatcher = world.dispatcher()
+
+    for _ in range(50):
+        dispatcher.run_once()
+        if world.executions()[0].status == "completed":
+            break
+        time.sleep(0.02)
+
+    [execution] = world.executions()
+    assert execution.status == "completed"
+    assert len(world.whatsapp.requests) == 3  # two 503s, one success
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    assert detail.steps[0].attempts == 3
+
+
+def test_permanent_failure_is_dead_with_its_error_and_can_be_retried(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.whatsapp.behaviour.status = 400
+    world.order_paid()
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)
+
+    [execution] = world.executions()
+    assert execution.status == "dead"
+    assert execution.last_error is not None
+    assert "refused the request (400)" in execution.last_error
+
+    world.whatsapp.behaviour.status = 200
+    assert world.automations.store.retry_dead(world.account.id) == 1
+    world.drain(dispatcher)
+    assert world.executions()[0].status == "completed"
+
+
+def test_send_that_times_out_is_unknown_and_never_resent(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.whatsapp.behaviour.delay = 1.0  # past the 0.5 s client timeout
+    world.order_paid()
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)
+    world.whatsapp.behaviour.delay = 0
+    world.drain(dispatcher)
+
+    [execution] = world.executions()
+    assert execution.status == "unknown"
+    assert "did not answer in time" in (execution.last_error or "")
+    assert len(world.whatsapp.requests) == 1
+
+
+def test_step_interrupted_mid_send_is_unknown_after_the_lease_expires(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    dispatcher = world.dispatcher(lease=0.2)
+    store = world.automations.store
+    store.fan_out(lambda e, c: [a.id for a in c], 10)
+    [claim] = store.claim_executions("doomed-worker", 10, 0.2)
+    assert store.start_step(claim, 0, "send_message") is not None  # ...and the worker dies
+    time.sleep(0.3)
+
+    world.drain(dispatcher)
+
+    [execution] = world.executions()
+    assert execution.status == "unknown"
+    assert world.whatsapp.requests == []
+
+
+def test_completed_step_is_not_repeated_when_the_execution_resumes(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    store = world.automations.store
+    store.fan_out(lambda e, c: [a.id for a in c], 10)
+    [claim] = store.claim_executions("doomed-worker", 10, 0.2)
+    doomed = world.dispatcher()
+    doomed.settings = DispatchSettings(worker_id="doomed-worker", http_timeout=0.5)
+    outcome = doomed._run_step(claim, 0, spec_of(claim.automation))
+    assert outcome is not None  # step 0 sent and recorded; the worker dies before step 1
+    time.sleep(0.3)
+
+    world.drain(world.dispatcher())
+
+    [execution] = world.executions()
+    assert execution.status == "completed"
+    assert len(world.whatsapp.bodies()) == 1
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+
+
+def test_wait_step_resumes_later(world: World) -> None:
+    world.automations.create(world.account.id, {
+        "name": "lembrete", "trigger_type": "order_paid",
+        "steps": [{"type": "wait", "seconds": 1}, {"type": "send_message", "text": "Oi!"}],
+    })  # fmt: skip
+    world.order_paid()
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)
+    assert world.executions()[0].status == "waiting"
+    assert world.whatsapp.requests == []
+
+    time.sleep(1.1)
+    world.drain(dispatcher)
+    assert world.executions()[0].status == "completed"
+    assert len(world.whatsapp.bodies()) == 1
+
+
+def test_filter_step_stops_the_execution(world: World) -> None:
+    world.automations.create(world.account.id, {
+        "name": "vip", "trigger_type": "order_paid",
+        "steps": [{"type": "filter", "conditions": [
+            {"field": "contact.tags", "op": "contains", "value": "vip"}]},
+            {"type": "send_message", "text": "Oi VIP!"}],
+    })  # fmt: skip
+    world.order_paid()
+    world.drain(world.dispatcher())
+    [execution] = world.executions()
+    assert execution.status == "stopped"
+    assert world.whatsapp.requests == []
+
+
+def test_ai_respond_asks_the_model_and_sends_its_answer(world: World) -> None:
+    with ai_server() as (ai_url, ai):
+        world.automations.create_integration(
+            world.account.id,
+            {"kind": "ai", "base_url": ai_url, "model": "gpt-test", "api_key": "sk-test"},
+        )
+        world.automations.create(world.account.id, {
+            "name": "ia", "trigger_type": "order_paid",
+            "steps": [{"type": "ai_respond", "system_prompt": "Seja breve.",
+                       "prompt": "Agradeça o pedido {{ event.properties.order_number }}"}],
+        })  # fmt: skip
+        world.order_paid()
+        world.drain(world.dispatcher())
+
+    [question] = ai.bodies("/chat/completions")
+    assert question["model"] == "gpt-test"
+    assert question["messages"][-1]["content"] == "Agradeça o pedido #1001"
+    [sent] = world.whatsapp.bodies()
+    assert sent["text"]["body"] == "Resposta: Agradeça o pedido #1001"
+    assert world.ledger.list_events(EventQuery(world.account.id, metric_name="AI Response Sent"))
+
+
+def test_webhook_step_posts_the_event_with_an_idempotency_key(world: World) -> None:
+    with webhook_receiver() as (hook_url, hook):
+        world.automations.create(world.account.id, {
+            "name": "crm", "trigger_type": "order_paid",
+            "steps": [{"type": "webhook", "url": f"{hook_url}/hook"}],
+        })  # fmt: skip
+        event = world.order_paid()
+        world.drain(world.dispatcher())
+    [request] = hook.requests
+    assert request["body"]["event"]["id"] == str(event.event_id)
+    assert request["body"]["event"]["value"] == "297.90"
+    assert request["headers"]["Idempotency-Key"].endswith(":0")
+
+
+def test_webhook_to_a_private_address_is_refused_by_default(world: World) -> None:
+    world.automations.create(world.account.id, {
+        "name": "crm", "trigger_type": "order_paid",
+        "steps": [{"type": "webhook", "url": "http://127.0.0.1:9/hook"}],
+    })  # fmt: skip
+    world.order_paid()
+    world.drain(world.dispatcher(allow_private_webhooks=False))
+    [execution] = world.executions()
+    assert execution.status == "dead"
+    assert "private or local address" in (execution.last_error or "")
+
+
+def test_close_conversation_closes_the_open_one_and_records_it(world: World) -> None:
+    conversation = uuid.uuid4()
+    sql(world.url, "INSERT INTO conversations (account_id, id, contact_id, status, opened_at) "
+        "VALUES (?, ?, ?, 'open', '2026-11-01T00:00:00.000000Z')",
+        str(world.account.id), str(conversation), str(world.contact.id))  # fmt: skip
+    world.automations.create(world.account.id, {
+        "name": "fechar", "trigger_type": "order_paid",
+        "steps": [{"type": "close_conversation"}, {"type": "close_conversation"}],
+    })  # fmt: skip
+    world.order_paid()
+    world.drain(world.dispatcher())
+    closed = world.ledger.list_events(
+        EventQuery(world.account.id, metric_name="Conversation Closed")
+    )
+    assert [e.entity_id for e in closed] == [str(conversation)]
+    assert world.executions()[0].status == "completed"
+
+
+def test_invalid_definitions_name_the_field(world: World) -> None:
+    with pytest.raises(InvalidAutomation) as caught:
+        world.automations.create(world.account.id, {"name": "x", "trigger_type": "nope",
+                                                     "steps": []})  # fmt: skip
+    assert {e.field for e in caught.value.errors} >= {"trigger_type", "steps"}
+    with pytest.raises(InvalidIntegration) as bad:
+        world.automations.create_integration(world.account.id, {"kind": "whatsapp"})
+    assert {e.field for e in bad.value.errors} == {"phone_number_id", "secret", "access_token"}

@@ -1,0 +1,182 @@
+"""GET /v1/metrics and aggregates: timezone buckets, empty buckets, exact sums, groups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Api
+
+pytestmark = pytest.mark.anyio
+AGG = "/v1/metrics/Order Paid/aggregates"
+
+
+async def emit(api: Api, contact: str, when: str, value: str, n: str, **props: Any) -> None:
+    response = await api.post("/v1/events", {
+        "metric": "Order Paid", "contact_id": contact, "value": value, "source": "shopify",
+        "source_id": n, "occurred_at": when, "properties": props,
+    })  # fmt: skip
+    assert response.status_code == 201, response.text
+
+
+@pytest.fixture
+async def ana(api: Api) -> str:
+    return str(api.ledger.create_contact(api.account.id, email="ana@example.com").id)
+
+
+async def test_a_purchase_at_01_utc_on_the_2nd_counts_on_the_1st_in_sao_paulo(
+    api: Api, ana: str
+) -> None:
+    await emit(api, ana, "2026-11-02T01:00:00Z", "297.90", "1")
+    params = {"since": "2026-11-01T00:00:00-03:00", "until": "2026-11-04T00:00:00-03:00"}
+
+    local = (await api.client.get(AGG, params=params)).json()
+    utc = (await api.client.get(AGG, params=params | {"timezone": "UTC"})).json()
+
+    assert local["timezone"] == "America/Sao_Paulo"
+    assert local["data"] == [
+        {"bucket": "2026-11-01T00:00:00-03:00", "value": 1},
+        {"bucket": "2026-11-02T00:00:00-03:00", "value": 0},
+        {"bucket": "2026-11-03T00:00:00-03:00", "value": 0},
+    ]
+    assert [(b["bucket"][:10], b["value"]) for b in utc["data"]] == [
+        ("2026-11-01", 0), ("2026-11-02", 1), ("2026-11-03", 0), ("2026-11-04", 0),
+    ]  # fmt: skip
+
+
+async def test_sum_is_exact_and_unique_contacts_counts_people(api: Api, ana: str) -> None:
+    bia = str(api.ledger.create_contact(api.account.id, email="bia@example.com").id)
+    for n, (who, value) in enumerate([(ana, "0.1"), (ana, "0.2"), (bia, "1234567890.1234")]):
+        await emit(api, who, "2026-11-10T12:00:00Z", value, str(n))
+    params = {"since": "2026-11-01T00:00:00Z", "until": "2026-12-01T00:00:00Z",
+              "interval": "month"}  # fmt: skip
+
+    total = (await api.client.get(AGG, params=params | {"measurement": "sum_value"})).json()
+    people = await api.client.get(AGG, params=params | {"measurement": "unique_contacts"})
+
+    # Month buckets in São Paulo: Oct 31 21:00 UTC falls in October.
+    assert [(b["bucket"], b["value"]) for b in total["data"]] == [
+        ("2026-10-01T00:00:00-03:00", "0.00"),
+        ("2026-11-01T00:00:00-03:00", "1234567890.4234"),
+    ]
+    assert [b["value"] for b in people.json()["data"]] == [0, 2]
+
+
+async def test_by_groups_every_bucket_per_property_value(api: Api, ana: str) -> None:
+    await emit(api, ana, "2026-11-02T12:00:00Z", "1", "1", payment_method="pix")
+    await emit(api, ana, "2026-11-02T13:00:00Z", "1", "2", payment_method="pix")
+    await emit(api, ana, "2026-11-03T12:00:00Z", "1", "3", payment_method="boleto")
+    await emit(api, ana, "2026-11-03T13:00:00Z", "1", "4")
+    params = {"since": "2026-11-02T00:00:00-03:00", "until": "2026-11-04T00:00:00-03:00",
+              "by": "payment_method"}  # fmt: skip
+
+    rows = (await api.client.get(AGG, params=params)).json()["data"]
+
+    assert [(r["bucket"][8:10], r["group"], r["value"]) for r in rows] == [
+        ("02", "pix", 2), ("02", "boleto", 0), ("02", None, 0),
+        ("03", "pix", 0), ("03", "boleto", 1), ("03", None, 1),
+    ]  # fmt: skip
+
+
+async def test_buckets_follow_dst_in_the_zone(api: Api, ana: str) -> None:
+    # New York leaves DST at 2026-11-01 02:00 local: that day has 25 hours.
+    await emit(api, ana, "2026-11-01T05:30:00Z", "1", "1")  # 01:30 EDT, the first 01:30
+    await emit(api, ana, "2026-11-01T06:30:00Z", "1", "2")  # 01:30 EST, the second
+    tz = {"timezone": "America/New_York"}
+
+    days = (
+        await api.client.get(
+            AGG,
+            params=tz
+            | {"since": "2026-10-31T00:00:00-04:00", "until": "2026-11-03T00:00:00-05:00"},
+        )
+    ).json()
+    hours = (await api.client.get(AGG, params=tz | {
+        "interval": "hour", "since": "2026-11-01T05:00:00Z", "until": "2026-11-01T07:00:00Z",
+    })).json()  # fmt: skip
+
+    assert [(b["bucket"], b["value"]) for b in days["data"]] == [
+        ("2026-10-31T00:00:00-04:00", 0),
+        ("2026-11-01T00:00:00-04:00", 2),
+        ("2026-11-02T00:00:00-05:00", 0),
+    ]
+    assert [(b["bucket"], b["value"]) for b in hours["data"]] == [
+        ("2026-11-01T01:00:00-04:00", 1),
+        ("2026-11-01T01:00:00-05:00", 1),
+    ]
+
+
+async def test_weeks_start_on_monday(api: Api, ana: str) -> None:
+    await emit(api, ana, "2026-11-29T12:00:00Z", "1", "1")  # a Sunday
+    params = {"interval": "week", "since": "2026-11-25T00:00:00Z",
+              "until": "2026-12-01T00:00:00Z"}  # fmt: skip
+    rows = (await api.client.get(AGG, params=params)).json()["data"]
+    assert [(r["bucket"], r["value"]) for r in rows] == [
+        ("2026-11-23T00:00:00-03:00", 1),
+        ("2026-11-30T00:00:00-03:00", 0),
+    ]
+
+
+async def test_the_accounts_timezone_is_the_default(api: Api, ana: str) -> None:
+    await emit(api, ana, "2026-11-02T01:00:00Z", "1", "1")
+    patched = await api.client.patch("/v1/account", json={"timezone": "Europe/Lisbon"})
+    params = {"since": "2026-11-01T00:00:00Z", "until": "2026-11-03T00:00:00Z"}
+
+    rows = (await api.client.get(AGG, params=params)).json()
+
+    assert patched.json()["timezone"] == "Europe/Lisbon"
+    assert rows["timezone"] == "Europe/Lisbon"
+    assert [(r["bucket"], r["value"]) for r in rows["data"]] == [
+        ("2026-11-01T00:00:00+00:00", 0),
+        ("2026-11-02T00:00:00+00:00", 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"until": "2026-11-02T00:00:00Z"}, {("since", "missing")}),
+        ({"since": "2026-11-01T00:00:00Z", "until": "2027-11-03T00:00:00Z"},
+         {("until", "range_too_long")}),
+        ({"since": "2026-11-02T00:00:00Z", "until": "2026-11-01T00:00:00Z"},
+         {("until", "before_since")}),
+        ({"since": "2026-11-01T00:00:00", "until": "2026-11-02T00:00:00Z"},
+         {("since", "naive_datetime")}),
+        ({"since": "2026-11-01T00:00:00Z", "until": "2026-11-02T00:00:00Z",
+          "timezone": "Mars/Olympus"}, {("timezone", "invalid_timezone")}),
+        ({"since": "2026-11-01T00:00:00Z", "until": "2026-11-02T00:00:00Z",
+          "interval": "fortnight"}, {("interval", "literal_error")}),
+        ({"since": "2026-11-01T00:00:00Z", "until": "2026-11-02T00:00:00Z",
+          "measurement": "avg"}, {("measurement", "literal_error")}),
+        ({"since": "2026-11-01T00:00:00Z", "until": "2026-11-02T00:00:00Z",
+          "by": "a b"}, {("by", "string_pattern_mismatch")}),
+    ],
+)  # fmt: skip
+async def test_bad_aggregate_parameters_are_422(
+    api: Api, ana: str, params: dict[str, str], expected: set[tuple[str, str]]
+) -> None:
+    await emit(api, ana, "2026-11-02T01:00:00Z", "1", "1")
+    response = await api.client.get(AGG, params=params)
+    assert response.status_code == 422, response.text
+    assert {(e["field"], e["code"]) for e in response.json()["errors"]} == expected
+
+
+async def test_metrics_list_and_another_accounts_metric_is_404(api: Api, ana: str) -> None:
+    await emit(api, ana, "2026-11-02T01:00:00Z", "1", "1")
+    await api.post("/v1/events", {"metric": "Quiz Answered", "contact_id": ana})
+    other = api.ledger.create_account("Outra Loja")
+    their_key = await api.key_for("read", account=other)
+    params = {"since": "2026-11-01T00:00:00Z", "until": "2026-11-03T00:00:00Z"}
+
+    metrics = await api.client.get("/v1/metrics", params={"locale": "es"})
+    theirs = await api.client.get(AGG, params=params, headers=api.auth(their_key))
+    unknown = await api.client.get("/v1/metrics/Nope/aggregates", params=params)
+
+    assert metrics.json()["data"] == [
+        {"name": "Order Paid", "label": "Pedido Pagado", "category": "ecommerce",
+         "is_system": True, "count": 1},
+        {"name": "Quiz Answered", "label": "Quiz Answered", "category": "custom",
+         "is_system": False, "count": 1},
+    ]  # fmt: skip
+    assert (theirs.status_code, unknown.status_code) == (404, 404)

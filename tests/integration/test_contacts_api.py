@@ -1,0 +1,149 @@
+"""Contacts through HTTP: create or match, change, tag, timeline, summaries."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.helpers import sql
+from tests.integration.conftest import Api
+
+pytestmark = pytest.mark.anyio
+
+
+def events_of(api: Api, metric: str) -> list[tuple[str, Any]]:
+    return [
+        (r[0], r[1])
+        for r in sql(
+            api.url,
+            "SELECT source, properties FROM events WHERE metric_name = ? ORDER BY id",
+            metric,
+        )
+    ]
+
+
+async def test_contact_is_created_once_then_matched_by_any_identifier(api: Api) -> None:
+    created = await api.post(
+        "/v1/contacts", {"phone": "11 98765-4321", "email": "ana@example.com", "name": " Ana "}
+    )
+    matched = await api.post("/v1/contacts", {"email": "ANA@example.com", "name": "Other"})
+
+    assert created.status_code == 201, created.text
+    assert matched.status_code == 200
+    assert matched.json() == created.json()
+    assert created.json()["name"] == "Ana"
+    assert [source for source, _ in events_of(api, "Contact Created")] == ["api"]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({}, {("contact", "identity_required")}),
+        ({"phone": "123"}, {("phone", "invalid_phone")}),
+        ({"email": "a@b"}, {("email", "invalid_email")}),
+        ({"email": 5}, {("email", "string_type")}),
+        ({"nickname": "x", "email": "a@example.com"}, {("nickname", "extra_forbidden")}),
+    ],
+)
+async def test_bad_contact_bodies_are_422_per_field(
+    api: Api, body: dict[str, object], expected: set[tuple[str, str]]
+) -> None:
+    response = await api.post("/v1/contacts", body)
+    assert response.status_code == 422
+    assert {(e["field"], e["code"]) for e in response.json()["errors"]} == expected
+
+
+async def test_patch_changes_fields_and_records_contact_updated_once(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    path = f"/v1/contacts/{contact['id']}"
+
+    changed = await api.client.patch(path, json={"name": "Ana Souza", "email": None,
+                                                  "phone": "(21) 99876-5432"})  # fmt: skip
+    again = await api.client.patch(path, json={"name": "Ana Souza"})
+    by_phone = await api.post("/v1/contacts", {"phone": "+5521998765432"})
+    by_old_email = await api.post("/v1/contacts", {"email": "ana@example.com"})
+
+    assert changed.status_code == 200, changed.text
+    body = changed.json()
+    assert (body["name"], body["email"], body["phone"]) == ("Ana Souza", None, "+5521998765432")
+    assert again.json()["updated_at"] == body["updated_at"]  # nothing changed
+    assert by_phone.json()["id"] == contact["id"]
+    assert by_old_email.status_code == 201  # the email no longer names Ana
+    [(_, properties)] = events_of(api, "Contact Updated")
+    props = json.loads(properties) if isinstance(properties, str) else properties
+    assert sorted(props["changed"]) == ["email", "name", "phone"]
+    assert props["phone"] == "+5521998765432"
+
+
+async def test_patch_with_another_contacts_identifier_is_409(api: Api) -> None:
+    ana = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    await api.post("/v1/contacts", {"email": "bia@example.com"})
+
+    response = await api.client.patch(f"/v1/contacts/{ana['id']}",
+                                      json={"email": "bia@example.com"})  # fmt: skip
+
+    assert response.status_code == 409
+    assert response.json()["errors"][0]["field"] == "email"
+    assert events_of(api, "Contact Updated") == []
+
+
+async def test_tags_record_tag_added_and_removed_only_on_change(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    path = f"/v1/contacts/{contact['id']}"
+
+    first = await api.post(f"{path}/tags", {"tags": ["vip", "black-friday"]})
+    again = await api.post(f"{path}/tags", {"tags": ["vip"]})
+    removed = await api.client.delete(f"{path}/tags/vip")
+    absent = await api.client.delete(f"{path}/tags/vip")
+    bad = await api.post(f"{path}/tags", {"tags": [""]})
+
+    assert first.json()["tags"] == ["black-friday", "vip"]
+    assert again.json()["tags"] == ["black-friday", "vip"]
+    assert (removed.status_code, absent.status_code) == (204, 204)
+    assert (await api.client.get(path)).json()["tags"] == ["black-friday"]
+    assert len(events_of(api, "Tag Added")) == 2
+    assert len(events_of(api, "Tag Removed")) == 1
+    assert bad.status_code == 422
+    assert bad.json()["errors"][0]["field"] == "tags[0]"
+
+
+async def test_timeline_and_metrics_follow_the_locale(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    for n in ("1", "2"):
+        body = {"metric": "Order Paid", "contact_id": contact["id"], "value": "10.5",
+                "source": "shopify", "source_id": n}  # fmt: skip
+        await api.post("/v1/events", body)
+    path = f"/v1/contacts/{contact['id']}"
+
+    timeline = await api.client.get(f"{path}/timeline", headers={"Accept-Language": "pt-BR"})
+    spanish = await api.client.get(f"{path}/timeline", params={"locale": "es", "limit": 1})
+    metrics = await api.client.get(f"{path}/metrics", params={"locale": "pt-BR"})
+
+    assert [e["label"] for e in timeline.json()["data"]] == [
+        "Pedido Pago", "Pedido Pago", "Contato Criado",
+    ]  # fmt: skip
+    assert spanish.json()["data"][0]["label"] == "Pedido Pagado"
+    assert spanish.json()["next_cursor"] is not None
+    rows = {r["metric"]: r for r in metrics.json()["data"]}
+    assert (rows["Order Paid"]["count"], rows["Order Paid"]["total_value"]) == (2, "21.00")
+    assert rows["Order Paid"]["label"] == "Pedido Pago"
+
+
+async def test_another_accounts_contact_is_404_everywhere(api: Api) -> None:
+    other = api.ledger.create_account("Outra Loja")
+    theirs = api.ledger.create_contact(other.id, email="bia@example.com")
+    paths = [f"/v1/contacts/{theirs.id}", f"/v1/contacts/{theirs.id}/timeline",
+             f"/v1/contacts/{theirs.id}/metrics"]  # fmt: skip
+
+    for path in [*paths, f"/v1/contacts/{uuid.uuid4()}", "/v1/contacts/x"]:
+        assert (await api.client.get(path)).status_code == 404, path
+    patched = await api.client.patch(paths[0], json={"name": "Mine now"})
+    tagged = await api.post(f"{paths[0]}/tags", {"tags": ["mine"]})
+    untagged = await api.client.delete(f"{paths[0]}/tags/x")
+
+    assert (patched.status_code, tagged.status_code, untagged.status_code) == (404, 404, 404)
+    assert api.ledger.get_contact(other.id, theirs.id).name is None  # type: ignore[union-attr]
+    assert api.ledger.list_tags(other.id, theirs.id) == []

@@ -1,0 +1,409 @@
+"""POST /v1/events, /v1/events/batch, GET /v1/events: what a caller sees, on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.helpers import count, sql
+from tests.integration.conftest import Api
+
+pytestmark = pytest.mark.anyio
+PROBLEM = "application/problem+json"
+
+
+def order(contact_id: object, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metric": "Order Paid",
+        "contact_id": str(contact_id),
+        "value": "297.90",
+        "source": "shopify",
+        "source_id": "1001",
+        "entity_type": "order",
+        "properties": {"order_id": "1001", "items": [{"sku": "A", "price": 19.9}]},
+        "occurred_at": "2026-11-01T10:00:00-03:00",
+    }
+    body.update(overrides)
+    if contact_id is None:
+        del body["contact_id"]
+    return body
+
+
+@pytest.fixture
+def contact_id(api: Api) -> uuid.UUID:
+    return api.ledger.create_contact(api.account.id, phone="+55 11 98765-4321").id
+
+
+def field_codes(response: Any) -> set[tuple[str, str]]:
+    assert response.headers["content-type"] == PROBLEM, response.text
+    return {(e["field"], e["code"]) for e in response.json()["errors"]}
+
+
+async def test_event_is_created_then_read_back_with_its_label(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    created = await api.post("/v1/events", order(contact_id))
+
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert body["status"] == "created"
+    assert body["unique_event_id"] == "shopify:order:1001"
+    assert body["contact_id"] == str(contact_id)
+    got = await api.client.get(f"/v1/events/{body['event_id']}", params={"locale": "pt-BR"})
+    event = got.json()
+    assert event["label"] == "Pedido Pago"
+    assert event["value"] == "297.90"
+    assert event["occurred_at"] == "2026-11-01T13:00:00Z"
+    assert event["properties"]["items"][0]["price"] == 19.9  # a float stays a number
+
+
+async def test_duplicate_answers_200_with_the_first_id_and_whether_it_differs(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    first = (await api.post("/v1/events", order(contact_id))).json()
+    same = await api.post("/v1/events", order(contact_id, value=297.9))
+    changed = await api.post("/v1/events", order(contact_id, value="1.00"))
+
+    assert same.status_code == 200
+    assert same.json() | {"differs": None} == first | {"status": "duplicate", "differs": None}
+    assert same.json()["differs"] is False
+    assert (changed.status_code, changed.json()["differs"]) == (200, True)
+    assert count(api.url, "events") == 1
+
+
+async def test_contact_identifiers_create_the_contact_once_with_contact_created(
+    api: Api,
+) -> None:
+    ref = {"phone": "(11) 98765-4321", "email": "Ana@Example.com", "name": "Ana"}
+    first = await api.post("/v1/events", order(None, contact=ref))
+    again = await api.post(
+        "/v1/events", order(None, contact={"phone": "5511987654321"},
+                            source_id="1002")
+    )  # fmt: skip
+
+    assert first.status_code == 201, first.text
+    assert again.status_code == 201
+    assert first.json()["contact_id"] == again.json()["contact_id"]
+    rows = sql(api.url, "SELECT metric_name, source FROM events ORDER BY metric_name")
+    assert rows == [
+        ("Contact Created", "api"),
+        ("Order Paid", "shopify"),
+        ("Order Paid", "shopify"),
+    ]
+    contact = (await api.client.get(f"/v1/contacts/{first.json()['contact_id']}")).json()
+    assert (contact["phone"], contact["email"], contact["name"]) == (
+        "+5511987654321",
+        "ana@example.com",
+        "Ana",
+    )
+
+
+async def test_unknown_contact_is_422_and_kept_for_replay(api: Api) -> None:
+    stranger = uuid.uuid4()
+    response = await api.post("/v1/events", order(stranger))
+
+    assert response.status_code == 422
+    problem = response.json()
+    assert problem["type"] == "/problems/event-rejected"
+    assert problem["reason"] == "contact_not_found"
+    assert field_codes(response) == {("contact_id", "contact_not_found")}
+    kept = (await api.client.get("/v1/rejections")).json()["data"]
+    assert [r["id"] for r in kept] == [problem["rejection_id"]]
+    assert kept[0]["payload"]["contact_id"] == str(stranger)
+
+
+async def test_event_without_any_contact_is_rejected_as_contact_required(api: Api) -> None:
+    response = await api.post("/v1/events", {"metric": "Link Clicked"})
+    assert response.status_code == 422
+    assert response.json()["reason"] == "contact_required"
+
+
+async def test_event_cannot_be_written_against_another_accounts_contact(api: Api) -> None:
+    other = api.ledger.create_account("Outra Loja")
+    theirs = api.ledger.create_contact(other.id, email="bia@example.com")
+
+    response = await api.post("/v1/events", order(theirs.id))
+
+    assert (response.status_code, response.json()["reason"]) == (422, "contact_not_found")
+    assert count(api.url, "events") == 0
+
+
+INVALID: list[tuple[str, dict[str, Any], set[tuple[str, str]]]] = [
+    ("missing metric", {"metric": None}, {("metric", "string_type")}),
+    ("empty metric", {"metric": " "}, {("metric", "empty")}),
+    ("numeric metric", {"metric": 7}, {("metric", "string_type")}),
+    ("reserved metric", {"metric": "__x"}, {("metric", "reserved")}),
+    ("value text", {"value": "abc"}, {("value", "not_a_number")}),
+    ("value bool", {"value": True}, {("value", "not_a_number")}),
+    ("value huge", {"value": 1e20}, {("value", "out_of_range")}),
+    ("value precise", {"value": 1.23456}, {("value", "too_precise")}),
+    ("currency", {"currency": "REAIS"}, {("currency", "invalid_currency")}),
+    ("occurred_at text", {"occurred_at": "yesterday"}, {("occurred_at", "invalid_datetime")}),
+    ("occurred_at naive", {"occurred_at": "2026-11-01T10:00:00"},
+     {("occurred_at", "naive_datetime")}),
+    ("occurred_at old", {"occurred_at": "1999-01-01T00:00:00Z"},
+     {("occurred_at", "out_of_window")}),
+    ("source colon", {"source": "shop:ify"}, {("source", "invalid_format")}),
+    ("entity_type long", {"entity_type": "x" * 65}, {("entity_type", "too_long")}),
+    ("source_id list", {"source_id": [1]}, {("source_id", "invalid_type")}),
+    ("contact_id", {"contact_id": "nope"}, {("contact_id", "invalid_uuid")}),
+    ("properties list", {"properties": []}, {("properties", "dict_type")}),
+    ("deep property int", {"properties": {"a": {"b": 2**70}}},
+     {("properties.a.b", "out_of_range")}),
+    ("unknown field", {"contactId": "x"}, {("contactId", "extra_forbidden")}),
+    ("two errors at once", {"currency": "?", "value": "x"},
+     {("currency", "invalid_currency"), ("value", "not_a_number")}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "change", "expected"), INVALID, ids=[c for c, _, _ in INVALID])
+async def test_every_bad_field_is_a_422_naming_it_and_nothing_is_written(
+    api: Api, contact_id: uuid.UUID, case: str, change: dict[str, Any],
+    expected: set[tuple[str, str]],
+) -> None:  # fmt: skip
+    body = order(contact_id) | change
+    if change.get("metric", "") is None:
+        del body["metric"]
+        expected = {("metric", "missing")}
+    response = await api.post("/v1/events", body)
+
+    assert response.status_code == 422, response.text
+    assert field_codes(response) == expected
+    assert count(api.url, "events") == 0
+    assert count(api.url, "rejections") == 0
+
+
+RAW: list[tuple[str, str, set[tuple[str, str]]]] = [
+    ("NaN", '"value": NaN', {("value", "not_finite")}),
+    ("Infinity in properties", '"properties": {"x": -Infinity}', {("properties.x", "not_finite")}),
+    ("duplicate key", '"currency": "BRL", "currency": "USD"', {("currency", "duplicate_key")}),
+    ("nested duplicate key", '"properties": {"a": {"b": 1, "b": 2}}',
+     {("properties.a.b", "duplicate_key")}),
+    ("lone surrogate", '"properties": {"name": "Ana \\ud83d"}',
+     {("properties.name", "lone_surrogate")}),
+    ("lone surrogate in a key", '"properties": {"\\udc00": 1}',
+     {("properties.\\udc00", "lone_surrogate")}),
+    ("NUL", '"properties": {"items": [{"price": 1, "sku": "a\\u0000"}]}',
+     {("properties.items[0].sku", "nul_character")}),
+    ("NUL in metric", '"source": "api\\u0000"', {("source", "nul_character")}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "fragment", "expected"), RAW, ids=[c for c, _, _ in RAW])
+async def test_json_oddities_are_422_naming_the_path(
+    api: Api, contact_id: uuid.UUID, case: str, fragment: str, expected: set[tuple[str, str]]
+) -> None:
+    text = f'{{"metric": "Order Paid", "contact_id": "{contact_id}", {fragment}}}'
+    response = await api.raw("/v1/events", text)
+
+    assert response.status_code == 422, response.text
+    assert field_codes(response) == expected
+    assert count(api.url, "events") == 0
+
+
+async def test_properties_nested_too_deep_are_422(api: Api, contact_id: uuid.UUID) -> None:
+    nested: Any = 1
+    for _ in range(20):
+        nested = [nested]
+    response = await api.post("/v1/events", order(contact_id, properties={"a": nested}))
+    [(field, code)] = field_codes(response)
+    assert (field[:13], code) == ("properties.a[", "too_deep")
+
+
+async def test_invalid_event_with_new_identifiers_creates_no_contact(api: Api) -> None:
+    body = order(None, contact={"email": "new@example.com"}, currency="XX")
+    response = await api.post("/v1/events", body)
+
+    assert field_codes(response) == {("currency", "invalid_currency")}
+    assert count(api.url, "contacts") == 0
+
+
+@pytest.mark.parametrize(
+    ("contact", "expected"),
+    [
+        ({"phone": "abc", "email": "nope"},
+         {("contact.phone", "invalid_phone"), ("contact.email", "invalid_email")}),
+        ({}, {("contact", "identity_required")}),
+        ({"phone": 11}, {("contact.phone", "string_type")}),
+    ],
+)  # fmt: skip
+async def test_bad_contact_identifiers_are_422_per_field(
+    api: Api, contact: dict[str, Any], expected: set[tuple[str, str]]
+) -> None:
+    response = await api.post("/v1/events", order(None, contact=contact))
+    assert response.status_code == 422
+    assert field_codes(response) == expected
+    assert count(api.url, "contacts") == 0
+
+
+async def test_contact_id_and_contact_together_are_refused(api: Api, contact_id: uuid.UUID) -> None:
+    response = await api.post("/v1/events", order(contact_id, contact={"phone": "11987654321"}))
+    assert field_codes(response) == {("contact", "ambiguous_contact")}
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status", "slug"),
+    [
+        (b"{not json", {}, 400, "malformed-json"),
+        (b"", {}, 400, "malformed-json"),
+        (b'{"metric": "\xff"}', {}, 400, "malformed-json"),
+        (b"[" * 100_000, {}, 422, "invalid-input"),
+        (b'{"metric": "x"}', {"Content-Type": "text/plain"}, 415, "unsupported-media-type"),
+        (b'{"metric": "x"}', {"Content-Type": "application/json; charset=latin-1"}, 415,
+         "unsupported-media-type"),
+        (b"1" * 4500, {}, 400, "malformed-json"),
+        (b"[1, 2]", {}, 422, "invalid-input"),
+    ],
+)  # fmt: skip
+async def test_bodies_that_are_not_json_objects_get_a_clear_4xx(
+    api: Api, content: bytes, headers: dict[str, str], status: int, slug: str
+) -> None:
+    response = await api.raw("/v1/events", content, **headers)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    assert response.json()["type"] == f"/problems/{slug}"
+
+
+async def test_body_over_the_limit_is_413(api: Api, contact_id: uuid.UUID) -> None:
+    big = order(contact_id, properties={"blob": "x" * 1_100_000})
+    response = await api.post("/v1/events", big)
+    assert response.status_code == 413
+    assert response.json()["type"] == "/problems/payload-too-large"
+
+
+async def test_properties_over_64_kib_are_422(api: Api, contact_id: uuid.UUID) -> None:
+    response = await api.post("/v1/events", order(contact_id, properties={"x": "y" * 70_000}))
+    assert field_codes(response) == {("properties", "too_large")}
+
+
+async def test_concurrent_single_events_are_all_committed(api: Api, contact_id: uuid.UUID) -> None:
+    bodies = [order(contact_id, source_id=str(i % 40)) for i in range(120)]
+    responses = await asyncio.gather(*(api.post("/v1/events", b) for b in bodies))
+
+    assert sorted(r.status_code for r in responses).count(201) == 40
+    assert {r.status_code for r in responses} == {200, 201}
+    assert count(api.url, "events") == 40
+
+
+# -- batch --------------------------------------------------------------------------------
+
+
+async def test_batch_answers_each_item_in_order_and_stores_the_valid_ones(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    items: list[Any] = [
+        order(contact_id, source_id="1"),
+        order(contact_id, source_id="2", currency="??"),
+        order(contact_id, source_id="1", value="5"),
+        order(uuid.uuid4(), source_id="3"),
+        {"metric": 5},
+        "not an object",
+        order(None, contact={"email": "bia@example.com"}, source_id="4"),
+        order(None, contact={"email": "@"}, source_id="5"),
+    ]
+    response = await api.post("/v1/events/batch", {"events": items})
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    results = body["results"]
+    assert [r["status"] for r in results] == [
+        "created", "rejected", "duplicate", "rejected", "rejected", "rejected", "created",
+        "rejected",
+    ]  # fmt: skip
+    assert results[2]["event_id"] == results[0]["event_id"]
+    assert results[2]["differs"] is True
+    assert results[1]["errors"] == [
+        {"field": "events[1].currency", "code": "invalid_currency",
+         "message": "currency must be an ISO 4217 code, got '??'"}
+    ]  # fmt: skip
+    assert results[3]["reason"] == "contact_not_found"
+    assert {e["field"] for e in results[4]["errors"]} == {"events[4].metric"}
+    assert results[5]["errors"][0]["field"] == "events[5]"
+    assert results[7]["errors"][0]["field"] == "events[7].contact.email"
+    assert (body["created"], body["duplicate"], body["rejected"]) == (2, 1, 5)
+    assert count(api.url, "events") == 3  # two orders and bia's Contact Created
+
+
+async def test_batch_of_more_than_1000_is_422(api: Api, contact_id: uuid.UUID) -> None:
+    items = [order(contact_id, source_id=str(i)) for i in range(1001)]
+    response = await api.post("/v1/events/batch", {"events": items})
+    assert field_codes(response) == {("events", "too_many")}
+    assert count(api.url, "events") == 0
+
+
+async def test_batch_json_oddity_names_the_item(api: Api, contact_id: uuid.UUID) -> None:
+    text = json.dumps({"events": [order(contact_id)]}).replace('"value": "297.90"', '"value": NaN')
+    response = await api.raw("/v1/events/batch", text)
+    assert field_codes(response) == {("events[0].value", "not_finite")}
+
+
+async def test_batch_of_a_thousand_is_stored_in_one_go(api: Api, contact_id: uuid.UUID) -> None:
+    items = [order(contact_id, source_id=str(i)) for i in range(1000)]
+    response = await api.post("/v1/events/batch", {"events": items})
+    assert response.json()["created"] == 1000
+    assert count(api.url, "events") == 1000
+
+
+# -- listing ------------------------------------------------------------------------------
+
+
+async def test_events_page_newest_first_with_a_cursor_and_filters(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    for day in range(1, 6):
+        metric = "Link Clicked" if day % 2 else "Order Paid"
+        await api.post("/v1/events", order(contact_id, metric=metric, source_id=str(day),
+                       occurred_at=f"2026-11-0{day}T12:00:00Z"))  # fmt: skip
+
+    first = (await api.client.get("/v1/events", params={"limit": 2})).json()
+    rest = (await api.client.get("/v1/events", params={"cursor": first["next_cursor"]})).json()
+    clicks = await api.client.get("/v1/events", params={"metric": "Link Clicked"})
+    window = await api.client.get(
+        "/v1/events",
+        params={"since": "2026-11-02T00:00:00Z", "until": "2026-11-04T00:00:00Z"},
+    )
+
+    days = [e["occurred_at"][8:10] for e in first["data"] + rest["data"]]
+    assert days == ["05", "04", "03", "02", "01"]
+    assert rest["next_cursor"] is None
+    assert [e["occurred_at"][8:10] for e in clicks.json()["data"]] == ["05", "03", "01"]
+    assert [e["occurred_at"][8:10] for e in window.json()["data"]] == ["03", "02"]
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"cursor": "garbage"}, {("cursor", "invalid_cursor")}),
+        ({"since": "2026-11-01T00:00:00"}, {("since", "naive_datetime")}),
+        ({"since": "soon"}, {("since", "datetime_from_date_parsing")}),
+        ({"limit": 0}, {("limit", "greater_than_equal")}),
+        ({"contact_id": "x"}, {("contact_id", "invalid_uuid")}),
+    ],
+)
+async def test_bad_query_parameters_are_422(
+    api: Api, params: dict[str, Any], expected: set[tuple[str, str]]
+) -> None:
+    response = await api.client.get("/v1/events", params=params)
+    assert response.status_code == 422
+    assert field_codes(response) == expected
+
+
+async def test_another_accounts_event_is_404_like_a_missing_one(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    event_id = (await api.post("/v1/events", order(contact_id))).json()["event_id"]
+    other = api.ledger.create_account("Outra Loja")
+    their_key = await api.key_for("read", account=other)
+
+    theirs = await api.client.get(f"/v1/events/{event_id}", headers=api.auth(their_key))
+    missing = await api.client.get(f"/v1/events/{uuid.uuid4()}")
+    malformed = await api.client.get("/v1/events/not-a-uuid")
+    listing = await api.client.get("/v1/events", headers=api.auth(their_key))
+
+    assert theirs.status_code == missing.status_code == malformed.status_code == 404
+    assert theirs.json()["detail"].replace(event_id, "?") == "no event ?"
+    assert listing.json()["data"] == []

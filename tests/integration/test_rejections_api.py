@@ -1,0 +1,96 @@
+"""Rejections: listed with their reason, replayed once their cause is fixed, never twice."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from tests.helpers import count
+from tests.integration.conftest import Api
+
+pytestmark = pytest.mark.anyio
+
+
+async def reject(api: Api, contact_id: object | None, n: str = "1") -> str:
+    body = {"metric": "Order Paid", "value": "10", "source": "shopify", "source_id": n}
+    if contact_id is not None:
+        body["contact_id"] = str(contact_id)
+    response = await api.post("/v1/events", body)
+    assert response.status_code == 422
+    rejection_id: str = response.json()["rejection_id"]
+    return rejection_id
+
+
+async def test_replay_after_the_contact_exists_stores_the_event_once(api: Api) -> None:
+    rejection = await reject(api, None)
+    path = f"/v1/rejections/{rejection}/replay"
+
+    still = await api.client.post(path)
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    replayed = await api.post(path, {"contact_id": str(contact.id)})
+    again = await api.post(path, {"contact_id": str(contact.id)})
+
+    assert still.status_code == 422
+    assert still.json()["reason"] == "contact_not_found"
+    assert replayed.status_code == 201, replayed.text
+    assert again.status_code == 200
+    assert again.json() == replayed.json() | {"status": "already_replayed"}
+    [kept] = (await api.client.get("/v1/rejections")).json()["data"]
+    assert kept["replayed_event_id"] == replayed.json()["event_id"]
+    event = (await api.client.get(f"/v1/events/{kept['replayed_event_id']}")).json()
+    assert (event["contact_id"], event["unique_event_id"]) == (
+        str(contact.id),
+        "shopify:event:1",
+    )
+    assert count(api.url, "events") == 1
+
+
+async def test_concurrent_replays_store_one_event(api: Api) -> None:
+    missing = uuid.uuid4()
+    rejection = await reject(api, missing)
+    # The contact now exists under the id the source used (e.g. created by a later sync).
+    api.ledger.create_contact(api.account.id, email="ana@example.com")
+    contact = api.ledger.create_contact(api.account.id, email="bia@example.com")
+
+    responses = await asyncio.gather(*(
+        api.post(f"/v1/rejections/{rejection}/replay", {"contact_id": str(contact.id)})
+        for _ in range(12)
+    ))  # fmt: skip
+
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200] * 11 + [201]
+    assert len({r.json()["event_id"] for r in responses}) == 1
+    assert count(api.url, "events") == 1
+
+
+async def test_rejections_page_newest_first(api: Api) -> None:
+    ids = [await reject(api, uuid.uuid4(), str(n)) for n in range(3)]
+
+    first = (await api.client.get("/v1/rejections", params={"limit": 2})).json()
+    rest = (await api.client.get("/v1/rejections", params={"cursor": first["next_cursor"]})).json()
+
+    assert [r["id"] for r in first["data"] + rest["data"]] == ids[::-1]
+    assert first["data"][0]["reason"] == "contact_not_found"
+
+
+async def test_another_accounts_rejection_is_404(api: Api) -> None:
+    rejection = await reject(api, None)
+    other = api.ledger.create_account("Outra Loja")
+    their_key = await api.key_for("ingest", "read", account=other)
+
+    replay = await api.client.post(f"/v1/rejections/{rejection}/replay",
+                                   headers=api.auth(their_key))  # fmt: skip
+    listing = await api.client.get("/v1/rejections", headers=api.auth(their_key))
+    malformed = await api.client.post("/v1/rejections/nope/replay")
+
+    assert (replay.status_code, malformed.status_code) == (404, 404)
+    assert listing.json()["data"] == []
+
+
+async def test_replay_body_is_checked(api: Api) -> None:
+    rejection = await reject(api, None)
+    response = await api.post(f"/v1/rejections/{rejection}/replay", {"contact_id": "x"})
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["field"] == "contact_id"

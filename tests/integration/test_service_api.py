@@ -1,0 +1,140 @@
+"""Keys and scopes, health, readiness, Prometheus metrics, the account, the schema."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sinal.ledger import Ledger
+from tests.helpers import sql
+from tests.integration.conftest import Api, running_api
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "Bearer",
+        "Basic dXNlcjpwYXNz",
+        "Bearer snl_nope",
+        "Bearer snl_0123456789abcdef0123456789abcdef_" + "A" * 43,
+    ],
+)
+async def test_missing_malformed_or_unknown_keys_are_401(api: Api, header: str | None) -> None:
+    headers = {} if header is None else {"Authorization": header}
+    api.client.headers.pop("Authorization")
+    response = await api.client.get("/v1/events", headers=headers)
+
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.headers["content-type"] == "application/problem+json"
+
+
+async def test_a_revoked_key_is_401_at_once_without_cache(api: Api) -> None:
+    key_text, key = api.ledger.create_api_key(api.account.id, ["read"])
+    before = await api.client.get("/v1/events", headers=api.auth(key_text))
+    api.ledger.revoke_api_key(key.id)
+    after = await api.client.get("/v1/events", headers=api.auth(key_text))
+    assert (before.status_code, after.status_code) == (200, 401)
+
+
+async def test_another_accounts_key_text_with_this_account_id_is_401(api: Api) -> None:
+    other = api.ledger.create_account("Outra Loja")
+    theirs = await api.key_for("read", account=other)
+    forged = f"snl_{api.account.id.hex}_{theirs.rsplit('_', 1)[1]}"
+    response = await api.client.get("/v1/events", headers=api.auth(forged))
+    assert response.status_code == 401
+
+
+async def test_missing_scope_is_403(api: Api) -> None:
+    reader = await api.key_for("read")
+    writer = await api.key_for("ingest")
+
+    write = await api.post("/v1/events", {"metric": "x"}, headers=api.auth(reader))
+    read = await api.client.get("/v1/events", headers=api.auth(writer))
+    admin = await api.client.patch("/v1/account", json={"name": "X"}, headers=api.auth(writer))
+    own = await api.client.get("/v1/account", headers=api.auth(writer))
+
+    assert (write.status_code, read.status_code, admin.status_code) == (403, 403, 403)
+    assert write.json()["type"] == "/problems/forbidden"
+    assert own.json()["name"] == "Loja Exemplo"
+
+
+async def test_health_readiness_and_metrics(api: Api) -> None:
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    await api.post("/v1/events", {"metric": "Order Paid", "contact_id": str(contact.id),
+                                  "source": "shopify", "source_id": "1"})  # fmt: skip
+    await api.post("/v1/events", {"metric": "Order Paid", "contact_id": str(contact.id),
+                                  "source": "shopify", "source_id": "1"})  # fmt: skip
+
+    health = await api.client.get("/healthz")
+    ready = await api.client.get("/readyz")
+    metrics = (await api.client.get("/metrics")).text
+
+    assert health.json() == {"status": "ok"}
+    assert ready.json()["status"] == "ready"
+    assert 'sinal_events_total{source="shopify",status="created"} 1.0' in metrics
+    assert 'sinal_events_total{source="shopify",status="duplicate"} 1.0' in metrics
+    assert 'route="/v1/events",status="201"' in metrics
+    assert 'sinal_http_request_duration_seconds_bucket{le="0.05",method="POST"' in metrics
+
+
+async def test_readiness_is_503_when_migrations_are_behind(api: Api) -> None:
+    [(latest,)] = sql(api.url, "SELECT max(version) FROM schema_migrations")
+    sql(api.url, "DELETE FROM schema_migrations WHERE version = ?", latest)
+    response = await api.client.get("/readyz")
+    assert response.status_code == 503
+    assert "sinal migrate" in response.json()["detail"]
+
+
+async def test_account_patch_checks_the_timezone(api: Api) -> None:
+    response = await api.client.patch("/v1/account", json={"timezone": "Nowhere/City"})
+    assert response.status_code == 422
+    assert response.json()["errors"][0] == {
+        "field": "timezone",
+        "code": "invalid_timezone",
+        "message": "'Nowhere/City' is not an IANA time zone",
+    }
+
+
+async def test_unknown_routes_and_methods_are_problems(api: Api) -> None:
+    missing = await api.client.get("/v1/nothing")
+    method = await api.client.put("/v1/events")
+    assert (missing.status_code, method.status_code) == (404, 405)
+    assert missing.headers["content-type"] == method.headers["content-type"]
+    assert method.json()["type"] == "/problems/method-not-allowed"
+
+
+async def test_openapi_documents_bodies_problems_and_security(api: Api) -> None:
+    doc = (await api.client.get("/openapi.json")).json()
+    post = doc["paths"]["/v1/events"]["post"]
+
+    assert post["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/EventIn"
+    }
+    assert "application/problem+json" in post["responses"]["422"]["content"]
+    assert post["security"] == [{"apiKey": []}]
+    assert {"EventIn", "BatchIn", "ProblemBody", "ContactIdentities"} <= set(
+        doc["components"]["schemas"]
+    )
+    assert (await api.client.get("/docs")).status_code == 200
+
+
+@pytest.fixture
+async def cached_api(database_url: str, ledger_at: Ledger) -> AsyncIterator[Api]:
+    async for running in running_api(database_url, ledger_at, auth_cache_ttl=0.3):
+        yield running
+
+
+async def test_revocation_takes_effect_within_the_cache_ttl(cached_api: Api) -> None:
+    import asyncio
+
+    api = cached_api
+    key_text, key = api.ledger.create_api_key(api.account.id, ["read"])
+    assert (await api.client.get("/v1/events", headers=api.auth(key_text))).status_code == 200
+    api.ledger.revoke_api_key(key.id)
+    await asyncio.sleep(0.35)
+    assert (await api.client.get("/v1/events", headers=api.auth(key_text))).status_code == 401

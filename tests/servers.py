@@ -1,0 +1,123 @@
+"""Local HTTP servers that speak the protocols sinal talks to: WhatsApp Cloud API,
+OpenAI-compatible chat completions, and a plain webhook receiver. Real sockets, real HTTP;
+they stand in for Meta and an AI vendor, never for sinal's own code."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Behaviour:
+    """How the server answers the next requests."""
+
+    status: int = 200
+    delay: float = 0.0  # seconds before answering (past the client's timeout: a timeout)
+    fail_times: int = 0  # answer 503 this many times first
+
+
+@dataclass
+class Recorder:
+    """What a server received."""
+
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def bodies(self, path_suffix: str = "") -> list[dict[str, Any]]:
+        """JSON bodies received at paths ending with `path_suffix`."""
+        with self.lock:
+            return [r["body"] for r in self.requests if r["path"].endswith(path_suffix)]
+
+
+def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            body = json.loads(raw) if raw else None
+            with recorder.lock:
+                recorder.requests.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": body}
+                )
+                behaviour = recorder.behaviour
+                failing = behaviour.fail_times > 0
+                if failing:
+                    behaviour.fail_times -= 1
+                n = next(recorder.counter)
+            if behaviour.delay:
+                time.sleep(behaviour.delay)
+            status = 503 if failing else behaviour.status
+            payload = json.dumps(
+                answer(body, n)
+                if status < 400
+                else {"error": {"message": "unavailable" if failing else "refused", "code": status}}
+            ).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            with suppress(OSError):  # the client gave up (a timeout): fine
+                self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def _serve(answer: Any) -> Iterator[tuple[str, Recorder]]:
+    recorder = Recorder()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(recorder, answer))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", recorder
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _whatsapp_answer(body: Any, n: int) -> dict[str, Any]:
+    return {
+        "messaging_product": "whatsapp",
+        "contacts": [{"input": body.get("to"), "wa_id": body.get("to")}],
+        "messages": [{"id": f"wamid.LOCAL{n:08d}"}],
+    }
+
+
+def _ai_answer(body: Any, n: int) -> dict[str, Any]:
+    question = body["messages"][-1]["content"]
+    return {
+        "id": f"chatcmpl-{n}",
+        "object": "chat.completion",
+        "model": body.get("model"),
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": f"Resposta: {question}"}}],
+    }  # fmt: skip
+
+
+def whatsapp_server() -> Any:
+    """A WhatsApp Cloud API: POST /{phone_number_id}/messages → {"messages": [{"id": wamid}]}."""
+    return _serve(_whatsapp_answer)
+
+
+def ai_server() -> Any:
+    """An OpenAI-compatible /chat/completions endpoint."""
+    return _serve(_ai_answer)
+
+
+def webhook_receiver() -> Any:
+    """A receiver that accepts anything with {"ok": true}."""
+    return _serve(lambda body, n: {"ok": True})
