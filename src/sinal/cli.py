@@ -308,6 +308,48 @@ def _print_demo(ledger: Ledger, settings: Settings) -> None:
 
 
 @app.command()
+def worker(database_url: DatabaseOption = None) -> None:
+    """Run an automation worker: fans out the outbox and runs executions (run as many as
+    you like on PostgreSQL; one on SQLite). Stops cleanly on SIGTERM / Ctrl-C."""
+    import logging
+
+    from sinal.worker import run_worker
+
+    settings = Settings.from_env().with_overrides(database_url=database_url)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(message)s")
+    with connect(settings.database_url) as ledger:
+        run_worker(ledger, settings)
+
+
+executions_app = typer.Typer(help="Automation executions.", no_args_is_help=True)
+app.add_typer(executions_app, name="executions")
+
+
+@executions_app.command("retry")
+def executions_retry(
+    execution: Annotated[
+        str | None,
+        typer.Argument(
+            help="One execution (dead or unknown) to run again; default: every dead one."
+        ),
+    ] = None,
+    account: Annotated[str | None, typer.Option(help="Only this account's executions.")] = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Revive dead executions (or one named execution, also when its outcome is unknown:
+    check with the provider first that the message did not go out)."""
+    from sinal.store.automations import AutomationStore
+
+    with open_ledger(database_url) as ledger:
+        store: AutomationStore = ledger.store  # type: ignore[assignment]
+        revived = store.retry_dead(
+            None if account is None else _parse_id(account, "--account"),
+            None if execution is None else _parse_id(execution, "EXECUTION"),
+        )
+    console.print(f"revived {revived} execution(s)")
+
+
+@app.command()
 def version() -> None:
     """Print sinal's version."""
     from sinal import __version__

@@ -40,6 +40,21 @@ class Settings:
         0.002, "seconds a single event waits for others to share its transaction"
     )
     log_level: str = _setting("info", "uvicorn log level: critical, error, warning, info, debug")
+    serve_worker: bool = _setting(
+        True, "run an automation worker inside `sinal serve` (false: run `sinal worker` apart)"
+    )
+    worker_lease: float = _setting(
+        300.0, "seconds a worker holds an execution without progress before another takes it"
+    )
+    worker_poll_interval: float = _setting(
+        1.0, "seconds between polls when no NOTIFY arrives (PostgreSQL) or always (SQLite)"
+    )
+    max_attempts: int = _setting(8, "attempts of a failing execution before it is dead")
+    retry_base: float = _setting(1.0, "seconds of the first retry's backoff (doubles, jittered)")
+    http_timeout: float = _setting(30.0, "seconds a step waits for WhatsApp, AI or a webhook")
+    allow_private_webhooks: bool = _setting(
+        False, "let webhook steps call private and loopback addresses"
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -68,6 +83,12 @@ def describe() -> list[tuple[str, str, str]]:
 
 
 def _convert(name: str, kind: object, raw: str) -> Any:
+    if kind in (bool, "bool"):
+        if raw.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.strip().lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigurationError(f"{env_name(name)}={raw!r} is not true or false")
     try:
         if kind in (int, "int"):
             value: Any = int(raw)

@@ -38,6 +38,7 @@ from sinal.automations.steps import (
 )
 from sinal.errors import RetryLater, StoreError
 from sinal.events import EmitEvent, prepare
+from sinal.failpoints import failpoint
 from sinal.ledger import Ledger
 from sinal.store.automations import Advance, AutomationRow, AutomationStore, Claim
 from sinal.store.base import StoredEvent
@@ -111,6 +112,8 @@ class Dispatcher:
         claims = self.store.claim_executions(
             self.settings.worker_id, self.settings.claim_batch, self.settings.lease
         )
+        if claims:
+            failpoint("after_claim")
         for claim in claims:
             self.run_claim(claim)
         return fanned.events + len(claims)
@@ -198,6 +201,7 @@ class Dispatcher:
             return None
         event_id = self._emit(outcome.emit)
         self.store.finish_step(claim, index, "completed", result=outcome.result, event_id=event_id)
+        failpoint("after_step")
         return outcome
 
     def _emit(self, event: EmitEvent | None) -> UUID | None:
