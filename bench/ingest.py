@@ -3,7 +3,7 @@
 Run from the project root:
 
     .venv/bin/python bench/ingest.py [--quick] [--json] [--backend postgresql|sqlite|both]
-                                     [--events N] [--per-event N]
+                                     [--events N] [--per-event N] [--repeat R]
 
 For each backend, in one run, on the same generated events:
 
@@ -11,7 +11,8 @@ For each backend, in one run, on the same generated events:
   and one big COPY) or SQLite `executemany` (one transaction per 500 rows);
 - `Ledger.emit_many` in batches of 500;
 - `Ledger.emit_event`, one event per call;
-- the seed's flow: per event five statements, each in its own transaction.
+- the seed's flow: per event five statements, each in its own transaction;
+- one INSERT per event in its own transaction: the ceiling for per-event commits.
 
 Every method starts from empty events, summary, outbox and rejection tables and is checked
 afterwards (events stored, and for the ledger also outcomes, outbox and summaries); a
@@ -493,6 +494,12 @@ def pg_row(account_id: UUID, row: Row, metric: UUID) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+PG_INSERT = (
+    f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join(['%s'] * 18)}) "
+    "ON CONFLICT (account_id, unique_event_id) DO NOTHING"
+)
+
+
 class PostgresBench(Bench):
     """A fresh database `sinal_bench_<pid>_<random>`, dropped on close."""
 
@@ -510,12 +517,19 @@ class PostgresBench(Bench):
     def open(self) -> None:
         """CREATE DATABASE (dropped on close), migrate it, connect."""
         self.admin("CREATE DATABASE {}")
-        self.cleanup.callback(self.admin, "DROP DATABASE IF EXISTS {} WITH (FORCE)")
+        self.cleanup.callback(self.drop_database)
         self.ledger = connect(self.url)
         self.cleanup.callback(self.ledger.close)
         self.ledger.migrate()
         self.conn = psycopg.connect(self.url, autocommit=True)  # the raw methods' connection
         self.cleanup.callback(self.conn.close)
+
+    def drop_database(self) -> None:
+        """DROP the bench database; say so when that fails (the server went away)."""
+        try:
+            self.admin("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+        except psycopg.OperationalError as exc:
+            console.print(f"[red]could not drop database {self.database}[/red] ({exc})")
 
     def admin(self, statement: str) -> None:
         """Run `statement` about the bench database from the server's `postgres` database."""
@@ -530,6 +544,7 @@ class PostgresBench(Bench):
             Method("copy_single", "COPY, one tx", self.copy_single, per_event=False),
             *self.ledger_methods(),
             Method("seed_flow", "seed flow", self.seed_flow, per_event=True),
+            Method("insert_each", "INSERT ×1/tx", self.insert_each, per_event=True),
         ]
 
     def reset(self) -> None:
@@ -572,6 +587,14 @@ class PostgresBench(Bench):
         self._copy(inputs, set())
         return None
 
+    def insert_each(self, inputs: Sequence[Input]) -> Results:
+        """One INSERT ... ON CONFLICT DO NOTHING per event, each its own transaction: the
+        ceiling for anything that commits every event (one round trip, one WAL flush)."""
+        account_id = self.workload.account_id
+        for item in inputs:
+            self.conn.execute(PG_INSERT, pg_row(account_id, item.row, item.row.metric_id))
+        return None
+
     def seed_flow(self, inputs: Sequence[Input]) -> Results:
         """The seed's emitEvent: five statements per event, each its own transaction."""
         conn, account_id = self.conn, self.workload.account_id
@@ -600,11 +623,7 @@ class PostgresBench(Bench):
             ).fetchone()
             if existing is not None:
                 continue  # the seed answers the earlier event's id
-            conn.execute(
-                f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join(['%s'] * 18)}) "
-                "ON CONFLICT (account_id, unique_event_id) DO NOTHING",
-                pg_row(account_id, row, metric[0]),
-            )
+            conn.execute(PG_INSERT, pg_row(account_id, row, metric[0]))
         return None
 
 
@@ -628,6 +647,7 @@ def sqlite_row(account: str, row: Row, metric: str) -> tuple[Any, ...]:
 
 
 SQLITE_INSERT = f"INSERT INTO events ({EVENT_COLUMNS}, created_at) VALUES ({', '.join('?' * 19)})"
+SQLITE_UPSERT = SQLITE_INSERT + " ON CONFLICT (account_id, unique_event_id) DO NOTHING"
 
 
 class SQLiteBench(Bench):
@@ -654,6 +674,7 @@ class SQLiteBench(Bench):
             Method("executemany", f"executemany ×{BATCH}/tx", self.executemany, per_event=False),
             *self.ledger_methods(),
             Method("seed_flow", "seed flow", self.seed_flow, per_event=True),
+            Method("insert_each", "INSERT ×1/tx", self.insert_each, per_event=True),
         ]
 
     def reset(self) -> None:
@@ -680,6 +701,14 @@ class SQLiteBench(Bench):
             self.conn.execute("BEGIN IMMEDIATE")
             self.conn.executemany(SQLITE_INSERT, rows)
             self.conn.execute("COMMIT")
+        return None
+
+    def insert_each(self, inputs: Sequence[Input]) -> Results:
+        """One INSERT ... ON CONFLICT DO NOTHING per event, each its own transaction: the
+        ceiling for anything that commits every event."""
+        for item in inputs:
+            row = item.row
+            self.conn.execute(SQLITE_UPSERT, sqlite_row(self.account, row, str(row.metric_id)))
         return None
 
     def seed_flow(self, inputs: Sequence[Input]) -> Results:
@@ -709,10 +738,7 @@ class SQLiteBench(Bench):
             ).fetchone()
             if existing is not None:
                 continue  # the seed answers the earlier event's id
-            conn.execute(
-                SQLITE_INSERT + " ON CONFLICT (account_id, unique_event_id) DO NOTHING",
-                sqlite_row(account, row, metric[0]),
-            )
+            conn.execute(SQLITE_UPSERT, sqlite_row(account, row, metric[0]))
         return None
 
 
@@ -726,6 +752,7 @@ class Report:
     backend: Backend
     baseline: str
     rows: list[Measurement]
+    load: tuple[float, float]  # 1-minute load average before and after
 
     def rate(self, key: str) -> float:
         """Events/s of the method `key`."""
@@ -735,6 +762,7 @@ class Report:
 def run_backend(bench: Bench, args: argparse.Namespace) -> Report:
     """Warm every method up, then time them in rounds (so a slow spell of the machine hits
     all methods alike) and keep each method's median."""
+    load_before = os.getloadavg()[0]
     methods = bench.methods()
     sizes = {m.key: args.event_n if m.per_event else args.batch_n for m in methods}
     for method in methods:
@@ -759,12 +787,17 @@ def run_backend(bench: Bench, args: argparse.Namespace) -> Report:
         )
         for m in methods
     ]
-    return Report(bench.name, bench.baseline, rows)
+    return Report(bench.name, bench.baseline, rows, (load_before, os.getloadavg()[0]))
 
 
 def table(report: Report) -> Table:
     """The report as a Rich table."""
-    out = Table(title=f"{report.backend}: ingest throughput", title_justify="left")
+    out = Table(
+        title=f"{report.backend}: ingest throughput",
+        title_justify="left",
+        caption=f"{os.cpu_count()} cores, load average {report.load[0]:.2f} → {report.load[1]:.2f}",
+        caption_justify="left",
+    )
     for header in ("method", "events", "stored", "seconds", "events/s"):
         out.add_column(header, justify="left" if header == "method" else "right")
     out.add_column(f"× {report.baseline}", justify="right")
@@ -829,11 +862,19 @@ def as_json(reports: list[Report]) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="2,000 / 500 events (< 1 minute)")
-    parser.add_argument("--json", action="store_true", help="print only events/s as JSON")
+    parser.add_argument(
+        "--quick", action="store_true", help="2,000 / 500 events, one round (< 1 minute)"
+    )
+    parser.add_argument("--json", action="store_true", help="print only events/s, as JSON")
     parser.add_argument("--backend", choices=("postgresql", "sqlite", "both"), default="both")
-    parser.add_argument("--events", type=int, help="events for the batch methods")
-    parser.add_argument("--per-event", type=int, help="events for emit_event and the seed flow")
+    parser.add_argument(
+        "--events", type=int, help="events for the batch methods (default 20,000; quick 2,000)"
+    )
+    parser.add_argument(
+        "--per-event",
+        type=int,
+        help="events for the one-at-a-time methods (default 3,000; quick 500; at most --events)",
+    )
     parser.add_argument(
         "--repeat", type=int, help="timed rounds; each method's median is kept (default 3, quick 1)"
     )
@@ -855,8 +896,8 @@ def open_bench(backend: Backend, workload: Workload) -> Bench:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; 1 when a method stored the wrong number of events, 2 when
-    PostgreSQL cannot be reached."""
+    """Run the benchmark; 1 when a method stored the wrong number of events, 2 when the
+    PostgreSQL connection fails."""
     args = parse_args(argv)
     backends: list[Backend] = ["postgresql", "sqlite"] if args.backend == "both" else [args.backend]
     workload = generate(args.batch_n)
@@ -875,7 +916,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[bold red]MISMATCH[/bold red] {exc}")
         return 1
     except psycopg.OperationalError as exc:
-        console.print(f"[bold red]PostgreSQL unreachable[/bold red] (set SINAL_BENCH_PG): {exc}")
+        console.print(f"[bold red]PostgreSQL failed[/bold red] (see SINAL_BENCH_PG): {exc}")
         return 2
     if args.json:
         sys.stdout.write(as_json(reports) + "\n")

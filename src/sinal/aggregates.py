@@ -23,6 +23,7 @@ INTERVALS: tuple[Interval, ...] = get_args(Interval)
 MEASUREMENTS: tuple[Measurement, ...] = get_args(Measurement)
 MAX_SPAN = timedelta(days=366)
 MAX_GROUPS = 100  # with `by`: the largest groups, by their total over the range
+MAX_ROWS = 100_000  # with `by`, fewer groups are kept when buckets x groups would pass it
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +133,9 @@ def densify(
         return Aggregate(timezone, rows)
     # Largest groups first; ties by name (None, "no such property", last).
     ranked = sorted(totals, key=lambda g: (-totals[g], g is None, g or ""))
-    groups = ranked[:MAX_GROUPS]
+    keep = max(1, min(MAX_GROUPS, MAX_ROWS // max(1, len(starts))))
+    groups = ranked[:keep]
     rows = [
         AggregateRow(s, values.get((i, g), zero), g) for i, s in enumerate(starts) for g in groups
     ]
-    return Aggregate(timezone, rows, groups_truncated=len(ranked) > MAX_GROUPS)
+    return Aggregate(timezone, rows, groups_truncated=len(ranked) > keep)

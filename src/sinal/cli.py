@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import tempfile
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -246,8 +247,6 @@ def serve(
     database_url: DatabaseOption = None,
 ) -> None:
     """Run the HTTP service (FastAPI on uvicorn). /docs shows the API."""
-    import uvicorn
-
     from sinal.config import env_name
 
     settings = Settings.from_env().with_overrides(
@@ -261,8 +260,21 @@ def serve(
     # The app is built by each worker from the environment: pass the settings on.
     for name in ("database_url", "host", "port", "workers"):
         os.environ[env_name(name)] = str(getattr(settings, name))
+    metrics_dir = None
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="sinal-metrics-")
+        # Workers share their counters through files, so /metrics adds them all up.
+        metrics_dir = tempfile.mkdtemp(prefix="sinal-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        _run_uvicorn(settings, access_log=access_log)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _run_uvicorn(settings: Settings, *, access_log: bool) -> None:
+    import uvicorn
+
     uvicorn.run(
         "sinal.api.app:create_app_from_env",
         factory=True,
@@ -347,6 +359,49 @@ def executions_retry(
             None if execution is None else _parse_id(execution, "EXECUTION"),
         )
     console.print(f"revived {revived} execution(s)")
+
+
+webhooks_app = typer.Typer(help="Webhook deliveries kept raw.", no_args_is_help=True)
+app.add_typer(webhooks_app, name="webhooks")
+_REPLAYABLE = ("unmappable", "failed", "received")
+
+
+@webhooks_app.command("replay")
+def webhooks_replay(
+    status: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated states to process again: unmappable, failed, received "
+            "(kept but never finished, e.g. the process died)."
+        ),
+    ] = ",".join(_REPLAYABLE),
+    account: Annotated[str | None, typer.Option(help="Only this account's deliveries.")] = None,
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Process kept deliveries again (after a mapping fix, or once a missing order came);
+    a delivery processed before records duplicates, never second events."""
+    from sinal.store.webhooks import DeliveryStatus
+    from sinal.webhooks import replay
+
+    wanted = tuple(s.strip() for s in status.split(",") if s.strip())
+    unknown = [s for s in wanted if s not in _REPLAYABLE]
+    if unknown or not wanted:
+        raise typer.BadParameter(f"--status takes {', '.join(_REPLAYABLE)}; got {status!r}")
+    account_id = None if account is None else _parse_id(account, "--account")
+    with open_ledger(database_url) as ledger, _progress() as progress:
+        task = progress.add_task("replaying deliveries", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        states = cast("tuple[DeliveryStatus, ...]", wanted)
+        outcome = replay(ledger, states, account_id, advance)
+    if as_json:
+        _echo_json({"replayed": sum(outcome.values()), "outcome": outcome})
+        return
+    summary = ", ".join(f"{n} {state}" for state, n in sorted(outcome.items())) or "nothing to do"
+    console.print(f"replayed {sum(outcome.values())} deliveries: {summary}")
 
 
 @app.command()

@@ -29,6 +29,9 @@ class Settings:
     )
     host: str = _setting("127.0.0.1", "address `sinal serve` listens on")
     port: int = _setting(8000, "port `sinal serve` listens on")
+    public_url: str = _setting(
+        "", "base of tracked links' short URLs (https://sin.al); default: the request's own"
+    )
     workers: int = _setting(1, "server processes (`sinal serve`); each runs its own group commit")
     auth_cache_ttl: float = _setting(
         2.0, "seconds an API key lookup is cached per process (0: none); bounds revocation delay"
@@ -45,6 +48,9 @@ class Settings:
     )
     worker_lease: float = _setting(
         300.0, "seconds a worker holds an execution without progress before another takes it"
+    )
+    worker_concurrency: int = _setting(
+        32, "executions a worker runs at once (threads; their step records share commits)"
     )
     worker_poll_interval: float = _setting(
         1.0, "seconds between polls when no NOTIFY arrives (PostgreSQL) or always (SQLite)"

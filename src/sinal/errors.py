@@ -7,9 +7,11 @@ SinalError
 ├── InvalidAccount        # .errors: bad name or timezone
 ├── InvalidIntegration    # .errors: bad connection settings
 ├── InvalidQuery          # .errors: bad query parameters (aggregates, filters)
+├── InvalidLink           # .errors: a tracked link's bad fields
 ├── ContactNotFound
 ├── AccountNotFound
 ├── IdentityConflict      # .field: the identity already names another contact
+├── ConversationClosed    # a closed conversation cannot be assigned
 ├── ConfigurationError    # a malformed setting
 ├── StoreError            # the driver's error is __cause__
 │   ├── DuplicateKey      # .constraint
@@ -84,6 +86,10 @@ class InvalidQuery(_FieldErrors):
     """A query's parameters are malformed."""
 
 
+class InvalidLink(_FieldErrors):
+    """A tracked link's fields are malformed; nothing was written."""
+
+
 class ContactNotFound(SinalError, LookupError):
     """No such contact in this account (another account's id looks exactly the same)."""
 
@@ -98,6 +104,10 @@ class IdentityConflict(SinalError):
     def __init__(self, field: str) -> None:
         self.field = field
         super().__init__(f"this {field.replace('_', ' ')} already belongs to another contact")
+
+
+class ConversationClosed(SinalError):
+    """The conversation is closed: it cannot be assigned (a new message opens a new one)."""
 
 
 class ConfigurationError(SinalError, ValueError):

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import math
 import re
-import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 from uuid import UUID
@@ -43,6 +42,7 @@ _JSON_INT_MAX = 2**64 - 1
 # source and entity_type become parts of "{source}:{entity_type}:{source_id}", so they may
 # not contain ':' — otherwise two different triples could build the same unique id.
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-/]+")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 
 Status = Literal["created", "duplicate", "rejected"]
 
@@ -237,7 +237,7 @@ def _opt_str(value: object | None) -> str | None:
 
 
 def _has_control(text: str) -> bool:
-    return any(unicodedata.category(ch) == "Cc" for ch in text)
+    return _CONTROL.search(text) is not None
 
 
 def _has_lone_surrogate(text: str) -> bool:
@@ -337,6 +337,9 @@ class _Validator:
                 "properties", "not_object", f"properties must be a JSON object, got {_kind(raw)}"
             )
             return {}, "{}"
+        fast = _fast_properties(raw)
+        if fast is not None:
+            return fast
         before = len(self.errors)
         clean = self._json_value("properties", raw, 1)
         if len(self.errors) > before:
@@ -374,8 +377,10 @@ class _Validator:
                 return str(value)
             self.fail(path, "not_finite", f"{path} is {value}; JSON numbers must be finite")
             return None
-        if isinstance(value, datetime):
+        if isinstance(value, datetime | date):
             return value.isoformat()
+        if isinstance(value, UUID):
+            return str(value)
         if depth > MAX_DEPTH:
             self.fail(path, "too_deep", f"properties nest deeper than {MAX_DEPTH} levels")
             return None
@@ -456,6 +461,55 @@ class _Validator:
             else:
                 return when
         return None
+
+
+def _fast_properties(raw: Mapping[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The common case in a few microseconds: orjson refuses non-string keys, surrogates,
+    huge integers and unknown types; a walk over containers only checks depth and numbers.
+    None when anything looks off: the careful walk then names each problem."""
+    try:
+        data = orjson.dumps(raw, default=_finite_default, option=_PASSTHROUGH)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    if len(data) > MAX_PROPERTIES_BYTES or b"\\u0000" in data or not _numbers_ok(raw, 1):
+        return None
+    clean = orjson.loads(data)
+    return (clean, data.decode()) if isinstance(clean, dict) else None
+
+
+_PASSTHROUGH = (
+    orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
+def _finite_default(obj: object) -> object:
+    """What the careful walk accepts beyond plain JSON, written the same way."""
+    if isinstance(obj, Decimal) and obj.is_finite():
+        return str(obj)
+    if isinstance(obj, datetime | date):
+        return obj.isoformat()
+    raise TypeError(type(obj).__name__)
+
+
+def _numbers_ok(value: Any, depth: int) -> bool:
+    """Nesting within MAX_DEPTH and every float finite (orjson would write NaN as null)."""
+    if depth > MAX_DEPTH:
+        return False
+    children = value.values() if isinstance(value, Mapping) else value
+    for item in children:
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if kind is float:
+            if not math.isfinite(item):
+                return False
+        elif (
+            kind is dict or kind is list or kind is tuple or isinstance(item, Mapping)
+        ) and not _numbers_ok(item, depth + 1):
+            return False
+    return True
 
 
 def _to_decimal(raw: object) -> Decimal | None:

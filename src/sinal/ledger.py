@@ -267,9 +267,14 @@ class Ledger:
     ) -> Account:
         """Rename an account and/or change its timezone (None: unchanged)."""
         errors: list[FieldError] = []
-        clean = None if name is None else normalize_name(name)
-        if name is not None and not clean:
-            errors.append(FieldError("name", "required", "an account needs a name"))
+        clean = None
+        try:
+            clean = None if name is None else normalize_name(name)
+        except InvalidIdentity as exc:
+            errors.append(_field_error(exc))
+        else:
+            if name is not None and not clean:
+                errors.append(FieldError("name", "required", "an account needs a name"))
         if timezone is not None:
             try:
                 parse_zone(timezone)

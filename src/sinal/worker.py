@@ -14,11 +14,17 @@ from sinal.ledger import Ledger
 
 log = logging.getLogger("sinal.worker")
 
+# Connections a worker adds to its process's pool: one for its loop (fan-out, claims) and
+# one for each batch writer of step records. Steps that touch the database themselves
+# (tags, conversations) share the rest of the pool.
+WORKER_CONNECTIONS = 3
+
 
 def dispatch_settings(settings: Settings) -> DispatchSettings:
     """The dispatcher's settings from sinal's."""
     return DispatchSettings(
         lease=settings.worker_lease,
+        concurrency=max(1, settings.worker_concurrency),
         poll_interval=settings.worker_poll_interval,
         retry=RetryPolicy(max_attempts=settings.max_attempts, base=settings.retry_base),
         http_timeout=settings.http_timeout,
@@ -26,12 +32,23 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
     )
 
 
+def make_dispatcher(ledger: Ledger, settings: Settings) -> Dispatcher:
+    """A dispatcher for this process, with room for its threads in the connection pool."""
+    dispatcher = Dispatcher(ledger, dispatch_settings(settings))
+    reserve = getattr(ledger.store, "reserve_connections", None)
+    if reserve is not None:  # PostgreSQL: the loop and the two writers of step records
+        reserve(WORKER_CONNECTIONS)
+    # one INFO line per HTTP request drowns the worker's own log (and costs time)
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    return dispatcher
+
+
 def start_worker_thread(
     ledger: Ledger, settings: Settings
 ) -> tuple[threading.Thread, threading.Event]:
     """A worker inside another process (`sinal serve`); set the event to stop it."""
     stop = threading.Event()
-    dispatcher = Dispatcher(ledger, dispatch_settings(settings))
+    dispatcher = make_dispatcher(ledger, settings)
 
     def work() -> None:
         try:
@@ -49,12 +66,12 @@ def run_worker(ledger: Ledger, settings: Settings) -> None:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %s: finishing the current execution, then stopping", signum)
+        log.info("signal %s: finishing the executions in hand, then stopping", signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    dispatcher = Dispatcher(ledger, dispatch_settings(settings))
+    dispatcher = make_dispatcher(ledger, settings)
     try:
         dispatcher.run(stop)
     finally:

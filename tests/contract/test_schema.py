@@ -16,6 +16,8 @@ EXPECTED_KEYS = {
     "contact_metrics_summary": ["account_id", "contact_id", "metric_name"],
     "outbox": ["account_id", "event_id"],
     "rejections": ["account_id", "id"],
+    "orders": ["account_id", "id"],
+    "checkouts": ["account_id", "integration_id", "token"],
 }
 EVENT_COLUMNS = {
     "id", "account_id", "contact_id", "metric_id", "metric_name", "properties", "value",

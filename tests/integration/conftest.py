@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 import sinal
 from sinal.api import create_app
@@ -25,6 +26,7 @@ class Api:
     """A running app, a client with an all-scopes key, and the ledger underneath."""
 
     client: httpx.AsyncClient
+    app: FastAPI
     ledger: Ledger
     url: str
     account: sinal.Account
@@ -55,14 +57,15 @@ async def running_api(database_url: str, ledger: Ledger, **settings: Any) -> Asy
     """An app on `database_url` with its lifespan running."""
     account = ledger.create_account("Loja Exemplo")
     key, _ = ledger.create_api_key(account.id, ["ingest", "read", "admin"])
-    app = create_app(Settings(**{"database_url": database_url, "auth_cache_ttl": 0, **settings}))
+    base = {"database_url": database_url, "auth_cache_ttl": 0, "serve_worker": False}
+    app = create_app(Settings(**{**base, **settings}))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         headers = {"Authorization": f"Bearer {key}"}
         async with httpx.AsyncClient(
             transport=transport, base_url="http://sinal.test", headers=headers
         ) as client:
-            yield Api(client, ledger, database_url, account, key)
+            yield Api(client, app, ledger, database_url, account, key)
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ def fuzzed(database_url: str, ledger_at: Ledger) -> Iterator[tuple[Any, dict[str
     key, _ = ledger_at.create_api_key(account.id, ["ingest", "read", "admin"])
     ledger_at.emit_event(account_id=account.id, contact_id=contact.id, metric_name="Order Paid",
                          source="shopify", source_id="1", value="10")  # fmt: skip
-    app = create_app(Settings(database_url=database_url))
+    app = create_app(Settings(database_url=database_url, serve_worker=False))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     try:
         yield schema, {"Authorization": f"Bearer {key}"}

@@ -120,3 +120,42 @@ def test_serve_demo_prints_a_key_and_a_curl_line_that_works(tmp_path: Path) -> N
 
     assert re.fullmatch(r"\s*snl_[0-9a-f]{32}_[0-9A-Za-z]{43}\s*", lines[1])
     assert json.loads(done.stdout)["status"] == "created", done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_serve_runs_automations_in_its_own_worker(env: dict[str, str], tmp_path: Path) -> None:
+    from tests.servers import whatsapp_server
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**env, "SINAL_WORKER_POLL_INTERVAL": "0.2"}
+    account = cli(env, "accounts", "create", "--name", "Loja")
+    key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "ingest,read,admin")
+    headers = {"Authorization": f"Bearer {key['key']}"}
+    proc = subprocess.Popen(
+        [SINAL, "serve", "--port", str(port)], env=env, cwd=tmp_path, text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_ready(base, proc)
+        with whatsapp_server() as (wa_url, wa):
+            made = httpx.post(f"{base}/v1/integrations", headers=headers, json={
+                "kind": "whatsapp", "secret": "s", "phone_number_id": "77",
+                "access_token": "t", "api_base_url": wa_url})  # fmt: skip
+            assert made.status_code == 201, made.text
+            step = {"type": "send_message", "text": "Obrigado, {{ contact.name }}!"}
+            automation = httpx.post(f"{base}/v1/automations", headers=headers, json={
+                "name": "oi", "trigger_metric": "Order Paid", "steps": [step]})  # fmt: skip
+            assert automation.status_code == 201, automation.text
+            sent = httpx.post(f"{base}/v1/events", headers=headers, json={
+                "metric": "Order Paid", "source": "shopify", "source_id": "9",
+                "contact": {"phone": "+55 11 98765-4321", "name": "Ana"}})  # fmt: skip
+            assert sent.status_code == 201, sent.text
+            deadline = time.monotonic() + 30
+            while not wa.requests and time.monotonic() < deadline:
+                time.sleep(0.1)
+            [message] = wa.bodies("/77/messages")
+            assert message["text"]["body"] == "Obrigado, Ana!"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

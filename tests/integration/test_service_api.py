@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from sinal.errors import StoreError
 from sinal.ledger import Ledger
 from tests.helpers import sql
 from tests.integration.conftest import Api, running_api
@@ -138,3 +139,24 @@ async def test_revocation_takes_effect_within_the_cache_ttl(cached_api: Api) -> 
     api.ledger.revoke_api_key(key.id)
     await asyncio.sleep(0.35)
     assert (await api.client.get("/v1/events", headers=api.auth(key_text))).status_code == 401
+
+
+async def test_a_database_failure_is_503_without_the_drivers_message(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc = api.app.state.service
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise StoreError("connection to server at 10.0.0.7 failed: secret detail")
+
+    monkeypatch.setattr(svc.ledger, "record_prepared", down)
+    monkeypatch.setattr(svc.ledger, "list_events", down)
+    write = await api.post("/v1/events", {"metric": "Order Paid", "contact_id": str(contact.id)})
+    read = await api.client.get("/v1/events")
+
+    for response in (write, read):
+        assert response.status_code == 503
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["type"] == "/problems/store-unavailable"
+        assert "10.0.0.7" not in response.text

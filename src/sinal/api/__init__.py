@@ -3,7 +3,9 @@
 ```
 api/
   app.py        create_app: lifespan (ledger, group commit), middleware, error handlers
-  routes/       events, contacts, analytics (metrics, aggregates), rejections, system
+  routes/       events, contacts, analytics (metrics, aggregates), rejections, system,
+                automations
+  fast_path.py  POST /v1/events without the framework's per-request machinery
   body.py       strict JSON bodies: size caps, media type, duplicate keys, NaN, surrogates
   errors.py     the one table from exceptions to problem+json answers
   models.py     request and answer shapes (the OpenAPI schema)

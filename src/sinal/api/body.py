@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -44,8 +43,11 @@ class _NonFinite:
         self.text = text
 
 
-IsDecimalPath = Callable[[str], bool]
 _VALUE_PATH = re.compile(r"(events\[\d+\]\.)?value")
+# NUL or any UTF-16 surrogate escape: the careful walk decides (pairs are fine, lone
+# surrogates are not). Raw control characters and invalid UTF-8 never parse at all.
+_SUSPECT = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+_SLOW = object()
 
 
 def is_value_path(path: str) -> bool:
@@ -53,16 +55,19 @@ def is_value_path(path: str) -> bool:
     return _VALUE_PATH.fullmatch(path) is not None
 
 
-async def read_json(
-    request: Request, limit: int, *, decimal_path: IsDecimalPath = is_value_path
-) -> Any:
+async def read_json(request: Request, limit: int) -> Any:
     """The request's JSON body as plain Python data, or the API error that explains why not."""
     _check_media_type(request.headers.get("content-type"))
     raw = await _read_capped(request, limit)
-    return parse_json(raw, decimal_path)
+    return parse_json(raw)
 
 
-def parse_json(raw: bytes, decimal_path: IsDecimalPath = is_value_path) -> Any:
+async def read_raw(request: Request, limit: int) -> bytes:
+    """The body's bytes exactly as sent (webhook signatures cover them), size-capped."""
+    return await _read_capped(request, limit)
+
+
+def parse_json(raw: bytes) -> Any:
     """Parse and check `raw` (see the module docstring)."""
     if not raw.strip():
         raise MalformedBody("the body is empty; send a JSON object")
@@ -70,10 +75,58 @@ def parse_json(raw: bytes, decimal_path: IsDecimalPath = is_value_path) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise MalformedBody(f"the body is not valid UTF-8 (byte {exc.start})") from None
+    if _SUSPECT.search(text) is None:
+        data = _parse_fast(text)
+        if data is not _SLOW:
+            return data
+    return _parse_checked(text)
+
+
+def _parse_fast(text: str) -> Any:
+    """The common case, at C speed: plain dicts (duplicates only noticed), floats only
+    converted where there are any. `_SLOW` when the careful walk must name a problem."""
+    seen = {"odd": False, "floats": False}
+
+    def obj(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen["odd"] = True
+        return out
+
+    def constant(_: str) -> None:
+        seen["odd"] = True
+
+    def number(literal: str) -> Decimal:
+        seen["floats"] = True
+        return Decimal(literal)
+
+    tree = _loads(text, obj, constant, number)
+    if seen["odd"]:
+        return _SLOW
+    if not seen["floats"]:
+        return tree
     try:
-        tree = json.loads(
-            text, object_pairs_hook=_Pairs, parse_constant=_NonFinite, parse_float=Decimal
-        )
+        return _with_floats(tree)
+    except _NeedsWalk:
+        return _SLOW
+
+
+def _parse_checked(text: str) -> Any:
+    """Parse keeping every key and constant, then name each bad spot by its path."""
+    tree = _loads(text, _Pairs, _NonFinite, Decimal)
+    walker = _Walker()
+    data = walker.walk(tree, "", 0)
+    if walker.errors:
+        errors = walker.errors[:MAX_ERRORS]
+        raise InvalidInput("; ".join(f"{e.field or 'body'}: {e.message}" for e in errors[:5]),
+                           errors)  # fmt: skip
+    return data
+
+
+def _loads(text: str, obj: Any, constant: Any, number: Any) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=obj, parse_constant=constant,
+                          parse_float=number)  # fmt: skip
     except json.JSONDecodeError as exc:
         raise MalformedBody(f"the body is not valid JSON: {exc.msg} at line {exc.lineno}, "
                             f"column {exc.colno}") from None  # fmt: skip
@@ -81,13 +134,41 @@ def parse_json(raw: bytes, decimal_path: IsDecimalPath = is_value_path) -> Any:
         raise _too_deep("body") from None
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits
         raise MalformedBody(f"the body is not valid JSON: {exc}") from None
-    walker = _Walker(decimal_path)
-    data = walker.walk(tree, "", 0)
-    if walker.errors:
-        errors = walker.errors[:MAX_ERRORS]
-        raise InvalidInput("; ".join(f"{e.field or 'body'}: {e.message}" for e in errors[:5]),
-                           errors)  # fmt: skip
-    return data
+
+
+class _NeedsWalk(Exception):
+    """The fast path met something only the careful walk can report."""
+
+
+def _with_floats(tree: Any) -> Any:
+    """Numbers with a fraction as floats, except `value` (top level or a batch item's)."""
+    if not isinstance(tree, dict):
+        return _floats(tree, 0)
+    out = {k: v if k == "value" else _floats(v, 1) for k, v in tree.items()}
+    events = out.get("events")
+    if isinstance(events, list):
+        out["events"] = [
+            {k: v if k == "value" else _floats(v, 3) for k, v in item.items()}
+            if isinstance(item, dict)
+            else _floats(item, 2)
+            for item in events
+        ]
+    return out
+
+
+def _floats(node: Any, depth: int) -> Any:
+    if isinstance(node, Decimal):
+        number = float(node)
+        if math.isinf(number):
+            raise _NeedsWalk
+        return number
+    if depth >= MAX_NESTING and isinstance(node, dict | list):
+        raise _NeedsWalk
+    if isinstance(node, dict):
+        return {k: _floats(v, depth + 1) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_floats(v, depth + 1) for v in node]
+    return node
 
 
 def _check_media_type(header: str | None) -> None:
@@ -135,8 +216,7 @@ def _too_deep(path: str) -> InvalidInput:
 class _Walker:
     """Turns the parsed tree into plain data, collecting one error per bad spot."""
 
-    def __init__(self, decimal_path: IsDecimalPath) -> None:
-        self.decimal_path = decimal_path
+    def __init__(self) -> None:
         self.errors: list[FieldError] = []
 
     def fail(self, path: str, code: str, message: str) -> None:
@@ -182,7 +262,7 @@ class _Walker:
             self.fail(path, "lone_surrogate", f"{what} contains a lone UTF-16 surrogate")
 
     def number(self, number: Decimal, path: str) -> Decimal | float | None:
-        if self.decimal_path(path):
+        if is_value_path(path):
             return number
         as_float = float(number)
         if math.isinf(as_float):

@@ -26,16 +26,22 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from sinal.automations.model import InvalidAutomation
+from sinal.contacts import InvalidIdentities, InvalidIdentity
 from sinal.errors import (
     AccountNotFound,
     ContactNotFound,
+    ConversationClosed,
     FieldError,
     IdentityConflict,
     InvalidAccount,
     InvalidContact,
     InvalidEvent,
+    InvalidIntegration,
+    InvalidLink,
     InvalidQuery,
     SchemaOutOfDate,
+    SignatureMismatch,
     StoreError,
 )
 
@@ -94,6 +100,10 @@ class Conflict(ApiError):
     """The request conflicts with the current state."""
 
 
+class VerificationFailed(ApiError):
+    """A webhook subscription handshake with the wrong verify token (or none)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One row of the table: the answer's status, `type` slug and title."""
@@ -107,19 +117,27 @@ class Problem:
 PROBLEMS: dict[type[BaseException], Problem] = {
     MalformedBody: Problem(400, "malformed-json", "The body is not valid JSON"),
     Unauthorized: Problem(401, "unauthorized", "A valid API key is required"),
+    SignatureMismatch: Problem(401, "invalid-signature", "The webhook signature does not match"),
     AccountNotFound: Problem(401, "unauthorized", "A valid API key is required"),
     Forbidden: Problem(403, "forbidden", "The API key lacks the scope this route needs"),
+    VerificationFailed: Problem(403, "verification-failed", "The verify token does not match"),
     NotFound: Problem(404, "not-found", "No such resource"),
     ContactNotFound: Problem(404, "not-found", "No such resource"),
     Conflict: Problem(409, "conflict", "The request conflicts with the current state"),
+    ConversationClosed: Problem(409, "conversation-closed", "The conversation is closed"),
     IdentityConflict: Problem(409, "identity-conflict", "The identity names another contact"),
     PayloadTooLarge: Problem(413, "payload-too-large", "The body is too large"),
     UnsupportedMediaType: Problem(415, "unsupported-media-type", "The body must be JSON"),
     InvalidInput: Problem(422, "invalid-input", "The body breaks the request's rules"),
     InvalidEvent: Problem(422, "invalid-event", "The event is invalid"),
     InvalidContact: Problem(422, "invalid-contact", "The contact is invalid"),
+    InvalidIdentity: Problem(422, "invalid-contact", "The contact is invalid"),
+    InvalidIdentities: Problem(422, "invalid-contact", "The contact is invalid"),
     InvalidAccount: Problem(422, "invalid-account", "The account settings are invalid"),
+    InvalidAutomation: Problem(422, "invalid-automation", "The automation is invalid"),
+    InvalidIntegration: Problem(422, "invalid-integration", "The integration is invalid"),
     InvalidQuery: Problem(422, "invalid-query", "The query parameters are invalid"),
+    InvalidLink: Problem(422, "invalid-link", "The link is invalid"),
     RequestValidationError: Problem(422, "invalid-query", "The query parameters are invalid"),
     Rejected: Problem(422, "event-rejected", "The event was not recorded"),
     SchemaOutOfDate: Problem(503, "schema-out-of-date", "The database needs `sinal migrate`"),
@@ -187,6 +205,10 @@ def _errors_of(exc: BaseException) -> tuple[FieldError, ...]:
         return tuple(pydantic_errors(exc.errors(), query=True))
     if isinstance(exc, IdentityConflict):
         return (FieldError(exc.field, "identity_taken", str(exc)),)
+    if isinstance(exc, InvalidIdentity):
+        return (FieldError(exc.field, exc.code, exc.message),)
+    if isinstance(exc, InvalidIdentities):
+        return tuple(FieldError(e.field, e.code, e.message) for e in exc.errors)
     errors: tuple[FieldError, ...] = getattr(exc, "errors", ())
     return errors if isinstance(errors, tuple) else ()
 

@@ -52,16 +52,36 @@ class Metrics:
             registry=self.registry,
         )
         self._sources: set[str] = set()
+        # Labelled children, looked up once: `labels()` takes a lock and builds a tuple.
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        """Count one answered request and its duration."""
+        key = ("r", method, route, str(status))
+        pair = self._children.get(key)
+        if pair is None:
+            pair = (
+                self.requests.labels(method, route, str(status)),
+                self.latency.labels(method, route),
+            )
+            self._children[key] = pair
+        pair[0].inc()
+        pair[1].observe(seconds)
 
     def count_events(self, source: str, results: list[EmitResult]) -> None:
         """Count outcomes (created, duplicate, rejected) for one source."""
-        label = self._source_label(source)
         for result in results:
-            self.events.labels(label, result.status).inc()
+            self.count_event(source, result.status)
 
     def count_event(self, source: str, status: str) -> None:
         """Count one outcome."""
-        self.events.labels(self._source_label(source), status).inc()
+        label = self._source_label(source)
+        key = ("e", label, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self.events.labels(label, status)
+            self._children[key] = child
+        child.inc()
 
     def _source_label(self, source: str) -> str:
         if source in self._sources:
@@ -104,8 +124,5 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "")
-            self.metrics.requests.labels(method, template, str(status)).inc()
-            self.metrics.latency.labels(method, template).observe(time.perf_counter() - start)
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.observe(scope["method"], route, status, time.perf_counter() - start)

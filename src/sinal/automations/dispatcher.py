@@ -14,12 +14,14 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 from uuid import UUID
 
 import httpx
@@ -40,10 +42,25 @@ from sinal.errors import RetryLater, StoreError
 from sinal.events import EmitEvent, prepare
 from sinal.failpoints import failpoint
 from sinal.ledger import Ledger
-from sinal.store.automations import Advance, AutomationRow, AutomationStore, Claim
+from sinal.store.automations import (
+    Advance,
+    AutomationRow,
+    AutomationStore,
+    Claim,
+    Integration,
+    StepFinish,
+    StepStart,
+    StepStatus,
+)
 from sinal.store.base import StoredEvent
 
 log = logging.getLogger("sinal.dispatcher")
+
+ItemT = TypeVar("ItemT")
+AnswerT = TypeVar("AnswerT")
+
+# Seconds a worker trusts the integrations it read (a changed connection is seen this late).
+INTEGRATION_TTL = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +70,11 @@ class DispatchSettings:
     worker_id: str = ""
     lease: float = 300.0  # seconds an execution stays claimed without progress
     fan_out_batch: int = 200
-    claim_batch: int = 20
+    claim_batch: int = 64
+    # Executions run at once, each on a thread. Threads mostly wait (on HTTP, or on the
+    # shared transaction of their step records), and the more wait together, the more
+    # records share a commit: this is what a worker's throughput grows with.
+    concurrency: int = 32
     poll_interval: float = 1.0  # the fallback when no NOTIFY arrives
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     http_timeout: float = 30.0
@@ -89,7 +110,7 @@ def choose(event: StoredEvent, candidates: Sequence[AutomationRow]) -> list[UUID
 
 
 class Dispatcher:
-    """One worker: fans out the outbox and runs claimed executions."""
+    """One worker: fans out the outbox and runs claimed executions, `concurrency` at a time."""
 
     def __init__(
         self,
@@ -101,50 +122,115 @@ class Dispatcher:
         self.ledger = ledger
         self.store = cast(AutomationStore, ledger.store)
         self.settings = (settings or DispatchSettings()).with_worker_id()
-        self.http = http or httpx.Client(timeout=self.settings.http_timeout)
+        self.http = http or httpx.Client(
+            timeout=self.settings.http_timeout,
+            limits=httpx.Limits(max_connections=max(self.settings.concurrency, 10)),
+        )
         self._wake = threading.Event()
+        self._outbox_due = threading.Event()  # set: the outbox may hold rows to fan out
+        self._outbox_due.set()
+        self._listening = False  # True once NOTIFY says when the outbox fills
+        self._pool: ThreadPoolExecutor | None = None
+        self._integrations = _IntegrationCache(self.store, INTEGRATION_TTL)
+        # the threads' step records share transactions (each still commits before it goes on)
+        self._starts = _Combiner(self.store.start_steps)
+        self._finishes = _Combiner(self.store.finish_steps)
 
     # -- the loop ------------------------------------------------------------------------
 
     def run_once(self) -> int:
-        """Fan out what the outbox holds and run what is due; how much work was done."""
+        """Fan out what the outbox holds and run what is due, waiting for it to finish; how
+        much work was done."""
         fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
         claims = self.store.claim_executions(
             self.settings.worker_id, self.settings.claim_batch, self.settings.lease
         )
         if claims:
             failpoint("after_claim")
-        for claim in claims:
-            self.run_claim(claim)
+        if len(claims) > 1 and self.settings.concurrency > 1:
+            for future in [self._threads().submit(self.run_claim, c) for c in claims]:
+                future.result()
+        else:
+            for claim in claims:
+                self.run_claim(claim)
         return fanned.events + len(claims)
 
     def run(self, stop: threading.Event) -> None:
-        """Work until `stop` is set; sleep on NOTIFY (PostgreSQL) or the poll interval."""
+        """Work until `stop` is set; sleep on NOTIFY (PostgreSQL) or the poll interval.
+
+        Claims are handed to `concurrency` threads as they free up (a slow webhook holds
+        one thread, not the worker); on stop, the executions in hand are finished."""
         listener = self._start_listener(stop)
         log.info("worker %s started", self.settings.worker_id)
+        running: set[Future[None]] = set()
         while not stop.is_set():
             try:
-                busy = self.run_once()
+                busy = self._feed(running)
             except StoreError as exc:  # database restarting: wait, then try again
                 log.warning("worker %s: %s", self.settings.worker_id, exc)
-                busy = 0
+                busy = False
                 stop.wait(self.settings.poll_interval)
             if not busy:
                 self._wake.wait(self.settings.poll_interval)
                 self._wake.clear()
+        wait(running)
         if listener is not None:
             listener.join(timeout=2)
         log.info("worker %s stopped", self.settings.worker_id)
+
+    def _feed(self, running: set[Future[None]]) -> bool:
+        """One turn of the loop: fan out (when the outbox was notified, or on every turn
+        without LISTEN), then top the threads up; whether more work is likely waiting."""
+        running.difference_update([f for f in running if f.done()])
+        more = False
+        if self._outbox_due.is_set() or not self._listening:
+            self._outbox_due.clear()  # before: a NOTIFY from now on sets it again
+            fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
+            if fanned.events >= self.settings.fan_out_batch:  # a full batch: more may wait
+                self._outbox_due.set()
+                more = True
+        # Keep up to one claim queued per thread and claim in batches (not one per freed
+        # thread): the threads never starve and the claim query is amortized.
+        concurrency = self.settings.concurrency
+        room = min(2 * concurrency - len(running), self.settings.claim_batch)
+        if len(running) > concurrency or room <= 0:
+            return more
+        claims = self.store.claim_executions(self.settings.worker_id, room, self.settings.lease)
+        if claims:
+            failpoint("after_claim")
+        for claim in claims:
+            future = self._threads().submit(self._run_claim_logged, claim)
+            future.add_done_callback(lambda _: self._wake.set())  # a thread freed up
+            running.add(future)
+        return more or len(claims) == room  # fewer than asked: none due until woken
+
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(
+                self.settings.concurrency, thread_name_prefix="sinal-step"
+            )
+        return self._pool
+
+    def _run_claim_logged(self, claim: Claim) -> None:
+        try:
+            self.run_claim(claim)
+        except StoreError as exc:  # the lease runs out and another worker resumes it
+            log.warning("execution %s: %s", claim.execution.id, exc)
+        except Exception:  # a bug must not take the worker down; the lease runs out, too
+            log.exception("execution %s failed unexpectedly", claim.execution.id)
 
     def _start_listener(self, stop: threading.Event) -> threading.Thread | None:
         listen = getattr(self.store, "listen", None)
         if listen is None:
             return None
+        self._listening = True
 
         def loop() -> None:
-            for _ in listen(["sinal_outbox", "sinal_executions"]):
+            for channels in listen(["sinal_outbox", "sinal_executions"]):
                 if stop.is_set():
                     return
+                if "sinal_outbox" in channels or not channels:  # notified, or the poll
+                    self._outbox_due.set()
                 self._wake.set()
 
         thread = threading.Thread(target=loop, name="sinal-listen", daemon=True)
@@ -163,21 +249,17 @@ class Dispatcher:
             if record is not None and record.status == "completed":
                 index += 1
                 continue
-            verdict = self._run_step(claim, index, spec)
-            if verdict is None:
-                return  # the claim was lost, or the execution was settled
-            if verdict.control == "wait":
-                self._advance(claim, "waiting", index + 1, run_at=verdict.resume_at)
-                return
-            if verdict.control == "stop":
-                self._advance(claim, "stopped", index + 1, last_error=verdict.reason)
-                return
+            if self._run_step(claim, index, spec) is None:
+                return  # the execution was settled (or the claim lost) with the step
             index += 1
-        self._advance(claim, "completed", index)
+        # every step had completed before (a resume): settle the execution
+        self._advance(claim, Advance("completed", index))
 
     def _run_step(self, claim: Claim, index: int, spec: AutomationSpec) -> StepOutcome | None:
+        """Run one step; its outcome when the execution goes on to the next step, None when
+        the step settled it (waiting, stopped, completed, failed, unknown) or lost it."""
         step = spec.steps[index]
-        started = self.store.start_step(claim, index, step.type)
+        started = self._starts.call(StepStart(claim, index, step.type))
         if started is None:
             return None
         record, fresh = started
@@ -186,55 +268,50 @@ class Dispatcher:
         if not fresh and step.type in EXTERNAL_SENDS:
             # a worker stopped inside this send: it may have gone out; never resend blindly
             message = "the step was interrupted mid-send; it may or may not have been sent"
-            self.store.finish_step(claim, index, "unknown", error=message)
-            self._advance(claim, "unknown", index, last_error=message)
+            self._finish(claim, index, "unknown", error=message,
+                         then=Advance("unknown", index, last_error=message))  # fmt: skip
             return None
         try:
             outcome = run_step(step, self._context(claim, index))
         except OutcomeUnknown as exc:
-            self.store.finish_step(claim, index, "unknown", error=str(exc))
-            self._advance(claim, "unknown", index, last_error=str(exc))
+            self._finish(claim, index, "unknown", error=str(exc),
+                         then=Advance("unknown", index, last_error=str(exc)))  # fmt: skip
             return None
         except (StepFailed, RetryLater) as exc:
-            self.store.finish_step(claim, index, "failed", error=str(exc))
-            self._retry(claim, index, exc)
+            retry = self._retry(claim, index, exc)
+            self._finish(claim, index, "failed", error=str(exc), then=retry)
             return None
-        event_id = self._emit(outcome.emit)
-        self.store.finish_step(claim, index, "completed", result=outcome.result, event_id=event_id)
+        # the record, the step's event and (after the last step) the execution: one commit
+        then = _settles(outcome, index, len(spec.steps))
+        emit = None if outcome.emit is None else prepare(outcome.emit, self.ledger.clock())
+        self._finish(claim, index, "completed", result=outcome.result, emit=emit, then=then)
         failpoint("after_step")
-        return outcome
+        return outcome if then is None else None
 
-    def _emit(self, event: EmitEvent | None) -> UUID | None:
-        if event is None:
-            return None
-        return self.ledger.emit(event).event_id
+    def _finish(self, claim: Claim, index: int, status: StepStatus, **kw: Any) -> None:
+        if not self._finishes.call(StepFinish(claim, index, status, **kw)):
+            log.warning("lost the claim on execution %s", claim.execution.id)
 
-    def _retry(self, claim: Claim, index: int, exc: Exception) -> None:
+    def _retry(self, claim: Claim, index: int, exc: Exception) -> Advance:
         attempts = claim.execution.attempts + 1
         policy = self.settings.retry
         retryable = isinstance(exc, RetryLater) or (isinstance(exc, StepFailed) and exc.retry)
         if not retryable or is_exhausted(attempts, policy.max_attempts):
-            self._advance(claim, "dead", index, attempts=attempts, last_error=str(exc))
-            return
+            return Advance("dead", index, attempts=attempts, last_error=str(exc))
         delay = (
             exc.delay
             if isinstance(exc, RetryLater) and exc.delay
             else next_delay(attempts, base=policy.base, factor=policy.factor, cap=policy.cap)
         )
         run_at = self.ledger.clock() + timedelta(seconds=delay)
-        self._advance(claim, "pending", index, run_at=run_at, attempts=attempts,
-                      last_error=str(exc))  # fmt: skip
+        return Advance("pending", index, run_at=run_at, attempts=attempts, last_error=str(exc))
 
-    def _advance(self, claim: Claim, status: Any, next_step: int, **kw: Any) -> None:
-        if not self.store.advance(claim, Advance(status, next_step, **kw)):
+    def _advance(self, claim: Claim, advance: Advance) -> None:
+        if not self.store.advance(claim, advance):
             log.warning("lost the claim on execution %s", claim.execution.id)
 
     def _context(self, claim: Claim, index: int) -> StepContext:
         account, contact = claim.execution.account_id, claim.execution.contact_id
-
-        def integration(kind: str) -> Any:
-            found = self.store.list_integrations(account, kind)  # type: ignore[arg-type]
-            return found[0] if found else None
 
         def change_tag(tag: str, add: bool, event: EmitEvent) -> None:
             prepared = prepare(event, self.ledger.clock())
@@ -246,12 +323,110 @@ class Dispatcher:
             index=index,
             now=self.ledger.clock(),
             http=self.http,
-            integrations=integration,
+            integrations=lambda kind: self._integrations.first(account, kind),
             change_tag=change_tag,
             close_conversation=lambda: self.store.close_open_conversation(account, contact),
             allow_private_webhooks=self.settings.allow_private_webhooks,
         )
 
     def close(self) -> None:
-        """Release the HTTP client."""
+        """Release the threads and the HTTP client."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self.http.close()
+
+
+def _settles(outcome: StepOutcome, index: int, steps: int) -> Advance | None:
+    """How a step that completed leaves the execution; None when the next step follows."""
+    if outcome.control == "wait":
+        return Advance("waiting", index + 1, run_at=outcome.resume_at)
+    if outcome.control == "stop":
+        return Advance("stopped", index + 1, last_error=outcome.reason)
+    if index + 1 == steps:
+        return Advance("completed", index + 1)
+    return None
+
+
+class _IntegrationCache:
+    """The account's first live integration of a kind, kept for a few seconds: a step per
+    execution would otherwise read it every time. A changed or deleted connection is seen
+    within `ttl` seconds."""
+
+    def __init__(self, store: AutomationStore, ttl: float) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._found: dict[tuple[UUID, str], tuple[float, Integration | None]] = {}
+
+    def first(self, account_id: UUID, kind: str) -> Integration | None:
+        """The oldest live integration of `kind`, or None."""
+        key = (account_id, kind)
+        now = time.monotonic()
+        cached = self._found.get(key)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        found = self._store.list_integrations(account_id, kind)  # type: ignore[arg-type]
+        first = found[0] if found else None
+        self._found[key] = (now + self._ttl, first)  # a race only reads twice: harmless
+        return first
+
+
+class _Combiner(Generic[ItemT, AnswerT]):
+    """Concurrent calls share one batched call, like a group commit without a timer.
+
+    A caller that finds no batch in flight sends its own at once, with whatever else is
+    waiting; callers that arrive meanwhile wait for it and go together in the next one. So
+    a lone thread pays no delay, and busy threads share round trips and commits. Each
+    caller returns only once the batch holding its item is done (committed)."""
+
+    def __init__(
+        self, run: Callable[[list[ItemT]], Sequence[AnswerT]], max_batch: int = 256
+    ) -> None:
+        self._run = run
+        self._max = max_batch
+        self._ready = threading.Condition()
+        self._waiting: list[_Slot[ItemT, AnswerT]] = []
+        self._busy = False
+
+    def call(self, item: ItemT) -> AnswerT:
+        """Run `item` in a batch; its own answer (or the batch's exception)."""
+        slot: _Slot[ItemT, AnswerT] = _Slot(item)
+        with self._ready:
+            self._waiting.append(slot)
+        while True:
+            with self._ready:
+                while self._busy and not slot.done:
+                    self._ready.wait()
+                if slot.done:
+                    return slot.answer()
+                self._busy = True
+                batch, self._waiting = self._waiting[: self._max], self._waiting[self._max :]
+            try:
+                for waiting, answer in zip(batch, self._run([s.item for s in batch]), strict=True):
+                    waiting.result = answer
+            except BaseException as exc:  # every caller in the batch hears of it
+                for waiting in batch:
+                    waiting.error = exc
+            finally:
+                with self._ready:
+                    for waiting in batch:
+                        waiting.done = True
+                    self._busy = False
+                    self._ready.notify_all()
+
+
+class _Slot(Generic[ItemT, AnswerT]):
+    """One caller's item and, once its batch is done, its answer."""
+
+    __slots__ = ("done", "error", "item", "result")
+
+    def __init__(self, item: ItemT) -> None:
+        self.item = item
+        self.done = False
+        self.result: AnswerT | None = None
+        self.error: BaseException | None = None
+
+    def answer(self) -> AnswerT:
+        if self.error is not None:
+            raise self.error
+        return cast(AnswerT, self.result)

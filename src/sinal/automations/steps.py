@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -297,9 +298,13 @@ def _post_json(ctx: StepContext, url: str, body: dict[str, Any], token: Any) -> 
 
 def _post(ctx: StepContext, url: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
     """POST, sorting every failure by whether the request may have been delivered."""
+    gate = _NewConnectionGate(url, ctx.http.timeout.connect)
     try:
         response = ctx.http.post(
-            url, content=content, headers={"Content-Type": "application/json", **headers}
+            url,
+            content=content,
+            headers={"Content-Type": "application/json", **headers},
+            extensions={"trace": gate.trace},
         )
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise StepFailed(f"could not connect to {_host(url)}: {exc}", retry=True) from exc
@@ -307,6 +312,8 @@ def _post(ctx: StepContext, url: str, content: bytes, headers: dict[str, str]) -
         raise OutcomeUnknown(f"{_host(url)} did not answer in time ({exc})") from exc
     except httpx.HTTPError as exc:
         raise OutcomeUnknown(f"the request to {_host(url)} broke off: {exc}") from exc
+    finally:
+        gate.release()
     if response.status_code == 429 or response.status_code >= 500:
         raise StepFailed(f"{_host(url)} answered {response.status_code}", retry=True)
     if response.status_code >= 400:
@@ -315,6 +322,44 @@ def _post(ctx: StepContext, url: str, content: bytes, headers: dict[str, str]) -
             retry=False,
         )
     return response
+
+
+class _NewConnectionGate:
+    """A process opens new connections to one host one at a time.
+
+    The worker runs many steps at once. Requests on kept-alive connections go out in
+    parallel, but a request that opens a connection holds its host's turn until the answer
+    begins (the server has accepted it). A server that closes every connection (HTTP/1.0,
+    small servers with a listen backlog of 5) is then never flooded with parallel connects:
+    past its backlog those stall a second on SYN retries and, now and then, come back as
+    resets after the request left — which a send has to count as "may have been sent".
+    """
+
+    _turns: ClassVar[dict[str, threading.Lock]] = {}
+    _turns_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, url: str, timeout: float | None) -> None:
+        parts = urlsplit(url)
+        self._key = f"{parts.scheme}://{parts.netloc}"
+        self._timeout = -1 if timeout is None else timeout
+        self._held: threading.Lock | None = None
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        """httpcore's trace hook: take the turn at connect, give it back at the answer."""
+        if event == "connection.connect_tcp.started":
+            with self._turns_lock:
+                turn = self._turns.setdefault(self._key, threading.Lock())
+            # past the connect timeout, go anyway: the gate is politeness, not a guarantee
+            if turn.acquire(timeout=self._timeout):
+                self._held = turn
+        elif event.startswith("http11.receive_response_headers."):
+            self.release()
+
+    def release(self) -> None:
+        """Give the turn back (idempotent)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.release()
 
 
 def refuse_private_target(url: str) -> None:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
+from sinal.events import PreparedEvent
 from sinal.store.base import Contact, StoredEvent
 
 IntegrationKind = Literal["whatsapp", "ai", "shopify", "yampi"]
@@ -105,6 +106,31 @@ class Advance:
     last_error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StepStart:
+    """A step about to run (see `AutomationStore.start_steps`)."""
+
+    claim: Claim
+    step_index: int
+    step_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepFinish:
+    """A step's outcome to record (see `AutomationStore.finish_steps`): the event it emits
+    goes in the same transaction (its id on the record), and so does `then`, the execution's
+    advance, when the step settles it."""
+
+    claim: Claim
+    step_index: int
+    status: StepStatus
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    event_id: UUID | None = None
+    emit: PreparedEvent | None = None
+    then: Advance | None = None
+
+
 @dataclass(slots=True)
 class FanOut:
     """What one fan-out pass did."""
@@ -167,7 +193,7 @@ class AutomationStore(Protocol):
 
     def claim_executions(self, worker: str, limit: int, lease: float) -> list[Claim]:
         """Claim due executions (pending/waiting with run_at passed, not held by a live
-        claim) for `lease` seconds."""
+        claim) for `lease` seconds, loading what they need in a few set-based queries."""
         ...
 
     def start_step(
@@ -180,6 +206,16 @@ class AutomationStore(Protocol):
         when the claim was lost."""
         ...
 
+    def start_steps(self, starts: Sequence[StepStart]) -> list[tuple[StepRecord, bool] | None]:
+        """`start_step` for steps of many executions at once: one transaction (concurrent
+        workers' threads share it; each one's record is still committed before its step
+        runs). One answer per start, in order."""
+        ...
+
+    def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
+        """`finish_step` for many at once: one transaction; whether each claim held."""
+        ...
+
     def finish_step(
         self,
         claim: Claim,
@@ -189,8 +225,12 @@ class AutomationStore(Protocol):
         result: dict[str, Any] | None = None,
         error: str | None = None,
         event_id: UUID | None = None,
+        emit: PreparedEvent | None = None,
+        then: Advance | None = None,
     ) -> bool:
-        """Record a step's outcome; False when the claim was lost."""
+        """Record a step's outcome — with the event it `emit`s (its id goes on the record)
+        and, when `then` is given, the execution's advance — in one transaction; False when
+        the claim was lost (the emitted event is recorded even so: the step did happen)."""
         ...
 
     def advance(self, claim: Claim, advance: Advance) -> bool:
@@ -243,5 +283,7 @@ __all__ = [
     "Execution",
     "FanOut",
     "Integration",
+    "StepFinish",
     "StepRecord",
+    "StepStart",
 ]

@@ -159,6 +159,8 @@ class EventQuery:
     # Keyset cursor: events strictly older than (occurred_at, id).
     before: tuple[datetime, UUID] | None = None
     limit: int = 100
+    # The events an automation execution emitted.
+    automation_execution_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

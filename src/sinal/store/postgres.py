@@ -51,6 +51,9 @@ from sinal.store.base import (
     rejection_message,
 )
 from sinal.store.postgres_automations import PostgresAutomations
+from sinal.store.postgres_commerce import PostgresCommerce
+from sinal.store.postgres_messaging import PostgresMessaging
+from sinal.store.postgres_webhooks import PostgresWebhooks
 
 # Any two sessions' lock ids would do; this one spells "sinal" in ASCII.
 _MIGRATION_LOCK = 0x73696E616C
@@ -189,7 +192,7 @@ def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     set_json_dumps(dumps_json, conn)
 
 
-class PostgresStore(PostgresAutomations):
+class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, PostgresCommerce):
     """sinal's tables in a PostgreSQL database."""
 
     backend = "postgresql"
@@ -392,6 +395,9 @@ class PostgresStore(PostgresAutomations):
         if query.metric_name is not None:
             where.append("metric_name = %s")
             args.append(query.metric_name)
+        if query.automation_execution_id is not None:
+            where.append("automation_execution_id = %s")
+            args.append(query.automation_execution_id)
         if query.since is not None:
             where.append("occurred_at >= %s")
             args.append(query.since)

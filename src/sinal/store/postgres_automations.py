@@ -9,16 +9,19 @@ a dead worker's successor waits out. Every write of a claimed execution is fence
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any
+from functools import cache
+from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
+from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.store.automations import (
     Advance,
@@ -29,7 +32,9 @@ from sinal.store.automations import (
     FanOut,
     Integration,
     IntegrationKind,
+    StepFinish,
     StepRecord,
+    StepStart,
     StepStatus,
 )
 from sinal.store.base import Contact, StoredEvent
@@ -43,10 +48,99 @@ _STEP_COLUMNS = (
 )
 _AUTOMATION_COLUMNS = "account_id, id, name, status, trigger_metric, spec, created_at, updated_at"
 _INTEGRATION_COLUMNS = "account_id, id, kind, name, settings, secrets, created_at"
+
+
+def _qualified(columns: str, alias: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
+
+
 # Fencing: only the worker holding a live claim may write the execution.
-_HELD = "account_id = %s AND id = %s AND claimed_by = %s AND claimed_until > now()"
+_HELD = (
+    "account_id = %(account)s AND id = %(id)s AND claimed_by = %(worker)s AND claimed_until > now()"
+)
+_ADVANCE_SET = (
+    "status = %(status_to)s, next_step = %(next_step)s, run_at = coalesce(%(run_at)s, run_at), "
+    "attempts = coalesce(%(attempts)s, attempts), last_error = %(last_error)s, "
+    "claimed_by = NULL, claimed_until = NULL, updated_at = now()"
+)
+
+# The requests travel as one JSON array (`json_to_recordset`): one parameter is far cheaper
+# to send from Python than a dozen typed arrays, whatever the batch size.
+#
+# Many executions' steps start in one statement (one round trip, one commit): each is
+# fenced, its lease extended and its 'started' record written. Per request (by `ord`):
+# (true, record) when this started the step (fresh, or again after a definite failure),
+# (false, earlier record) when it had been started or done before, no row when the claim
+# was lost. The second branch reads the statement's snapshot: the record as it was.
+_START_STEPS_SQL = f"""
+WITH req AS (
+    SELECT * FROM json_to_recordset(%(req)s::json) AS r(ord int, account_id uuid, id uuid,
+        worker text, lease float8, step_index int, step_type text)
+), held AS (
+    UPDATE executions e SET claimed_until = now() + r.lease * interval '1 second'
+    FROM req r
+    WHERE e.account_id = r.account_id AND e.id = r.id AND e.claimed_by = r.worker
+      AND e.claimed_until > now()
+    RETURNING r.ord, r.account_id, r.id, r.step_index, r.step_type
+), started AS (
+    INSERT INTO execution_steps (account_id, execution_id, step_index, step_type, status)
+    SELECT account_id, id, step_index, step_type, 'started' FROM held ORDER BY account_id, id
+    ON CONFLICT (account_id, execution_id, step_index) DO UPDATE SET
+        status = 'started', attempts = execution_steps.attempts + 1, error = NULL,
+        started_at = now(), finished_at = NULL
+    WHERE execution_steps.status = 'failed'
+    RETURNING account_id, execution_id, {_STEP_COLUMNS}
+)
+SELECT h.ord, true, {_qualified(_STEP_COLUMNS, "s")} FROM held h
+JOIN started s ON s.account_id = h.account_id AND s.execution_id = h.id
+    AND s.step_index = h.step_index
+UNION ALL
+SELECT h.ord, false, {_qualified(_STEP_COLUMNS, "x")} FROM held h
+JOIN execution_steps x ON x.account_id = h.account_id AND x.execution_id = h.id
+    AND x.step_index = h.step_index
+WHERE NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
+                  AND s.execution_id = h.id AND s.step_index = h.step_index)
+"""
+
+# Many steps' outcomes, fenced: an execution that moves on is updated and released by the
+# fencing statement itself; one that stays is locked, so no successor claims it between
+# the check and the write. Returns the `ord` of every request whose claim held.
+_FINISH_STEPS_SQL = """
+WITH req AS (
+    SELECT * FROM json_to_recordset(%(req)s::json) AS r(ord int, account_id uuid, id uuid,
+        worker text, step_index int, status text, result jsonb, error text, event_id uuid,
+        advance bool, status_to text, next_step int, run_at timestamptz, attempts int,
+        last_error text)
+), moved AS (
+    UPDATE executions e SET status = r.status_to, next_step = r.next_step,
+        run_at = coalesce(r.run_at, e.run_at), attempts = coalesce(r.attempts, e.attempts),
+        last_error = r.last_error, claimed_by = NULL, claimed_until = NULL, updated_at = now()
+    FROM req r
+    WHERE r.advance AND e.account_id = r.account_id AND e.id = r.id
+      AND e.claimed_by = r.worker AND e.claimed_until > now()
+    RETURNING r.*
+), kept AS (
+    SELECT r.* FROM req r
+    JOIN executions e ON e.account_id = r.account_id AND e.id = r.id
+        AND e.claimed_by = r.worker AND e.claimed_until > now()
+    WHERE NOT r.advance ORDER BY e.account_id, e.id FOR UPDATE OF e
+), held AS (
+    SELECT * FROM moved UNION ALL SELECT * FROM kept
+), step AS (
+    UPDATE execution_steps s SET status = h.status, result = h.result,
+        error = h.error, event_id = h.event_id, finished_at = now()
+    FROM held h WHERE s.account_id = h.account_id AND s.execution_id = h.id
+        AND s.step_index = h.step_index
+)
+SELECT ord FROM held
+"""
+_SET_STEP_EVENT = (
+    "UPDATE execution_steps SET event_id = %s "
+    "WHERE account_id = %s AND execution_id = %s AND step_index = %s"
+)
 
 Conn = psycopg.Connection[TupleRow]
+T = TypeVar("T")
 
 
 class PostgresAutomations:
@@ -56,6 +150,9 @@ class PostgresAutomations:
         raise NotImplementedError
 
     def _tx(self) -> AbstractContextManager[Conn]:
+        raise NotImplementedError
+
+    def _retrying(self, work: Callable[[Conn], T]) -> T:
         raise NotImplementedError
 
     # -- integrations --------------------------------------------------------------------
@@ -208,53 +305,69 @@ class PostgresAutomations:
         return report
 
     def claim_executions(self, worker: str, limit: int, lease: float) -> list[Claim]:
-        """Claim due executions for `lease` seconds."""
-        with self._tx() as conn:
+        """Claim due executions for `lease` seconds: one statement claims them and joins what
+        they need (automation, event, contact, tags), a second reads their step records."""
+        with self._conn() as conn:
             rows = conn.execute(
-                f"UPDATE executions e SET claimed_by = %s, "
-                "claimed_until = now() + %s * interval '1 second', updated_at = now() "
-                "FROM (SELECT account_id, id FROM executions "
-                "      WHERE status IN ('pending', 'waiting') AND run_at <= now() "
-                "        AND (claimed_until IS NULL OR claimed_until < now()) "
-                "      ORDER BY run_at LIMIT %s FOR UPDATE SKIP LOCKED) d "
-                "WHERE e.account_id = d.account_id AND e.id = d.id "
-                f"RETURNING {_qualified(_EXECUTION_COLUMNS, 'e')}",
-                (worker, lease, limit),
+                _claim_layout()[0], {"worker": worker, "lease": lease, "limit": limit}
             ).fetchall()
-            return [_claim(conn, Execution(*r), worker, lease) for r in rows]
+            if not rows:
+                return []
+            # read after the claim committed: only the holder writes a held execution's steps
+            steps = _steps_of(conn, [(r[0], r[1]) for r in rows])
+        return [_claim(r, steps.get(r[1], ()), worker, lease) for r in rows]
+
+    def start_steps(self, starts: Sequence[StepStart]) -> list[tuple[StepRecord, bool] | None]:
+        """Record that steps start, extending their leases: one statement (see above)."""
+        if not starts:
+            return []
+        params = {"req": dumps_json([
+            {"ord": i, "account_id": s.claim.execution.account_id, "id": s.claim.execution.id,
+             "worker": s.claim.worker, "lease": s.claim.lease, "step_index": s.step_index,
+             "step_type": s.step_type}
+            for i, s in enumerate(starts)
+        ])}  # fmt: skip
+        with self._conn() as conn:  # one statement: its own transaction
+            rows = conn.execute(_START_STEPS_SQL, params).fetchall()
+        found: list[tuple[StepRecord, bool] | None] = [None] * len(starts)
+        for row in rows:
+            found[row[0]] = (StepRecord(*row[2:]), row[1])
+        return found
 
     def start_step(
         self, claim: Claim, step_index: int, step_type: str
     ) -> tuple[StepRecord, bool] | None:
         """Record that a step starts; extend the lease. (record, started_now) or None."""
-        e = claim.execution
-        with self._tx() as conn:
-            held = conn.execute(
-                f"UPDATE executions SET claimed_until = now() + %s * interval '1 second' "
-                f"WHERE {_HELD}",
-                (claim.lease, e.account_id, e.id, claim.worker),
-            )
-            if held.rowcount != 1:
-                return None
-            row = conn.execute(
-                "INSERT INTO execution_steps (account_id, execution_id, step_index, step_type, "
-                "status) VALUES (%s, %s, %s, %s, 'started') "
-                "ON CONFLICT (account_id, execution_id, step_index) DO UPDATE SET "
-                "status = 'started', attempts = execution_steps.attempts + 1, error = NULL, "
-                "started_at = now(), finished_at = NULL "
-                "WHERE execution_steps.status = 'failed' "
-                f"RETURNING {_STEP_COLUMNS}",
-                (e.account_id, e.id, step_index, step_type),
-            ).fetchone()
-            if row is not None:
-                return StepRecord(*row), True
-            existing = conn.execute(
-                f"SELECT {_STEP_COLUMNS} FROM execution_steps "
-                "WHERE account_id = %s AND execution_id = %s AND step_index = %s",
-                (e.account_id, e.id, step_index),
-            ).fetchone()
-            assert existing is not None
-            return StepRecord(*existing), False
+        return self.start_steps([StepStart(claim, step_index, step_type)])[0]
+
+    def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
+        """Record steps' outcomes, their events and advances: one transaction (see above)."""
+        from sinal.store.postgres import _record_in
+
+        if not finishes:
+            return []
+        params = _finish_params(finishes)
+        emits = [(i, f.emit) for i, f in enumerate(finishes) if f.emit is not None]
+
+        def work(conn: Conn) -> list[bool]:
+            held = [False] * len(finishes)
+            for (ord_,) in conn.execute(_FINISH_STEPS_SQL, params):
+                held[ord_] = True
+            if emits:
+                # recorded even where a claim was lost: the steps did happen. Last, so the
+                # contacts' summary rows stay locked only until the commit right after.
+                outcomes = _record_in(conn, [e for _, e in emits])
+                for (i, emit), outcome in zip(emits, outcomes, strict=True):
+                    if held[i] and outcome.event_id != emit.id:  # recorded before, rejected
+                        e = finishes[i].claim.execution
+                        conn.execute(_SET_STEP_EVENT, (outcome.event_id, e.account_id, e.id,
+                                                       finishes[i].step_index))  # fmt: skip
+            return held
+
+        if not emits:  # one statement: its own transaction
+            with self._conn() as conn:
+                return work(conn)
+        return self._retrying(work)
 
     def finish_step(
         self,
@@ -265,36 +378,21 @@ class PostgresAutomations:
         result: dict[str, Any] | None = None,
         error: str | None = None,
         event_id: UUID | None = None,
+        emit: PreparedEvent | None = None,
+        then: Advance | None = None,
     ) -> bool:
-        """Record a step's outcome (fenced)."""
-        e = claim.execution
-        with self._tx() as conn:
-            held = conn.execute(
-                f"SELECT 1 FROM executions WHERE {_HELD} FOR UPDATE",
-                (e.account_id, e.id, claim.worker),
-            ).fetchone()
-            if held is None:
-                return False
-            conn.execute(
-                "UPDATE execution_steps SET status = %s, result = %s, error = %s, "
-                "event_id = %s, finished_at = now() "
-                "WHERE account_id = %s AND execution_id = %s AND step_index = %s",
-                (status, None if result is None else Jsonb(result), error, event_id,
-                 e.account_id, e.id, step_index),
-            )  # fmt: skip
-            return True
+        """Record a step's outcome, its event and (with `then`) the advance, fenced."""
+        finish = StepFinish(claim, step_index, status, result, error, event_id, emit, then)
+        return self.finish_steps([finish])[0]
 
     def advance(self, claim: Claim, advance: Advance) -> bool:
         """Move the execution on and release the claim (fenced)."""
         e = claim.execution
         with self._conn() as conn:
             cur = conn.execute(
-                "UPDATE executions SET status = %s, next_step = %s, "
-                "run_at = coalesce(%s, run_at), attempts = coalesce(%s, attempts), "
-                "last_error = %s, claimed_by = NULL, claimed_until = NULL, updated_at = now() "
-                f"WHERE {_HELD}",
-                (advance.status, advance.next_step, advance.run_at, advance.attempts,
-                 advance.last_error, e.account_id, e.id, claim.worker),
+                f"UPDATE executions SET {_ADVANCE_SET} WHERE {_HELD}",
+                {"account": e.account_id, "id": e.id, "worker": claim.worker,
+                 **_advance_params(advance)},
             )  # fmt: skip
             return cur.rowcount == 1
 
@@ -368,8 +466,15 @@ class PostgresAutomations:
             row = conn.execute("SELECT count(*) FROM outbox").fetchone()
         return int(row[0]) if row else 0
 
-    def listen(self, channels: Sequence[str]) -> Iterator[None]:
-        """Yield each time a NOTIFY arrives on `channels` (or every second, as a fallback).
+    def reserve_connections(self, n: int) -> None:
+        """Let the connection pool grow by `n` connections, for a worker beside whatever
+        else shares this store (`sinal serve`'s API)."""
+        pool = getattr(self, "_pool")  # noqa: B009 - set by PostgresStore
+        pool.resize(pool.min_size, pool.max_size + n)
+
+    def listen(self, channels: Sequence[str]) -> Iterator[set[str]]:
+        """Yield the channels notified each time a NOTIFY arrives on `channels`, or an empty
+        set every second without one (the caller polls then, as a fallback).
 
         Uses its own connection (a LISTEN must stay on one session); reconnects on errors.
         """
@@ -380,15 +485,9 @@ class PostgresAutomations:
                     for channel in channels:
                         conn.execute(f"LISTEN {channel}")  # channel names are ours, not input
                     while True:
-                        for _ in conn.notifies(timeout=1.0, stop_after=1):
-                            pass
-                        yield None
+                        yield {n.channel for n in conn.notifies(timeout=1.0, stop_after=1)}
             except psycopg.OperationalError:
-                yield None  # the server went away: the caller polls; we reconnect
-
-
-def _qualified(columns: str, alias: str) -> str:
-    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
+                yield set()  # the server went away: the caller polls; we reconnect
 
 
 def _listening(
@@ -410,41 +509,88 @@ def _listening(
     return found
 
 
-def _claim(conn: Conn, execution: Execution, worker: str, lease: float) -> Claim:
+def _steps_of(
+    conn: Conn, executions: list[tuple[UUID, UUID]]
+) -> dict[UUID, tuple[StepRecord, ...]]:
+    """The step records of many executions, by execution id."""
+    rows = conn.execute(
+        f"SELECT s.execution_id, {_qualified(_STEP_COLUMNS, 's')} FROM execution_steps s "
+        "JOIN unnest(%s::uuid[], %s::uuid[]) AS k(a, i) "
+        "ON s.account_id = k.a AND s.execution_id = k.i ORDER BY s.execution_id, s.step_index",
+        ([a for a, _ in executions], [i for _, i in executions]),
+    ).fetchall()
+    found: dict[UUID, list[StepRecord]] = {}
+    for r in rows:
+        found.setdefault(r[0], []).append(StepRecord(*r[1:]))
+    return {k: tuple(v) for k, v in found.items()}
+
+
+@cache
+def _claim_layout() -> tuple[str, tuple[int, int, int, int]]:
+    """The claim statement and where each row splits into execution, automation, event,
+    contact and tags (the event and contact columns live in postgres.py, which imports us)."""
     from sinal.store.postgres import _CONTACT_COLUMNS, _EVENT_COLUMNS
 
-    e = execution
-    automation = conn.execute(
-        f"SELECT {_AUTOMATION_COLUMNS} FROM automations WHERE account_id = %s AND id = %s",
-        (e.account_id, e.automation_id),
-    ).fetchone()
-    event = conn.execute(
-        f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = %s AND id = %s",
-        (e.account_id, e.event_id),
-    ).fetchone()
-    contact = conn.execute(
-        f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s",
-        (e.account_id, e.contact_id),
-    ).fetchone()
-    tags = conn.execute(
-        "SELECT tag FROM contact_tags WHERE account_id = %s AND contact_id = %s ORDER BY tag",
-        (e.account_id, e.contact_id),
-    ).fetchall()
-    steps = conn.execute(
-        f"SELECT {_STEP_COLUMNS} FROM execution_steps "
-        "WHERE account_id = %s AND execution_id = %s ORDER BY step_index",
-        (e.account_id, e.id),
-    ).fetchall()
-    assert automation is not None
-    assert event is not None
-    assert contact is not None
-    full = replace(e, steps=tuple(StepRecord(*s) for s in steps))
+    parts = (_EXECUTION_COLUMNS, _AUTOMATION_COLUMNS, _EVENT_COLUMNS, _CONTACT_COLUMNS)
+    a, b, c, d = itertools.accumulate(len(p.split(",")) for p in parts)
+    statement = f"""
+WITH claimed AS (
+    UPDATE executions e SET claimed_by = %(worker)s,
+        claimed_until = now() + %(lease)s * interval '1 second', updated_at = now()
+    FROM (SELECT account_id, id FROM executions
+          WHERE status IN ('pending', 'waiting') AND run_at <= now()
+            AND (claimed_until IS NULL OR claimed_until < now())
+          ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) d
+    WHERE e.account_id = d.account_id AND e.id = d.id
+    RETURNING {_qualified(_EXECUTION_COLUMNS, "e")}
+)
+SELECT {_qualified(_EXECUTION_COLUMNS, "x")}, {_qualified(_AUTOMATION_COLUMNS, "a")},
+       {_qualified(_EVENT_COLUMNS, "ev")}, {_qualified(_CONTACT_COLUMNS, "c")},
+       array(SELECT t.tag FROM contact_tags t
+             WHERE t.account_id = x.account_id AND t.contact_id = x.contact_id ORDER BY t.tag)
+FROM claimed x
+JOIN automations a ON a.account_id = x.account_id AND a.id = x.automation_id
+JOIN events ev ON ev.account_id = x.account_id AND ev.id = x.event_id
+JOIN contacts c ON c.account_id = x.account_id AND c.id = x.contact_id
+ORDER BY x.run_at
+"""
+    return statement, (a, b, c, d)
+
+
+def _claim(row: Sequence[Any], steps: tuple[StepRecord, ...], worker: str, lease: float) -> Claim:
+    a, b, c, d = _claim_layout()[1]
     return Claim(
-        execution=full,
-        automation=AutomationRow(*automation),
-        event=StoredEvent(*event),
-        contact=Contact(*contact),
-        tags=tuple(t[0] for t in tags),
+        execution=replace(Execution(*row[:a]), steps=steps),
+        automation=AutomationRow(*row[a:b]),
+        event=StoredEvent(*row[b:c]),
+        contact=Contact(*row[c:d]),
+        tags=tuple(row[d]),
         worker=worker,
         lease=lease,
     )
+
+
+def _finish_params(finishes: Sequence[StepFinish]) -> dict[str, str]:
+    """The requests of `_FINISH_STEPS_SQL`, as one JSON array."""
+    rows = []
+    for i, f in enumerate(finishes):
+        e, then = f.claim.execution, f.then
+        rows.append({
+            "ord": i, "account_id": e.account_id, "id": e.id, "worker": f.claim.worker,
+            "step_index": f.step_index, "status": f.status, "result": f.result,
+            "error": f.error, "event_id": f.emit.id if f.emit is not None else f.event_id,
+            "advance": then is not None,
+            **({} if then is None else {
+                "status_to": then.status, "next_step": then.next_step, "run_at": then.run_at,
+                "attempts": then.attempts, "last_error": then.last_error}),
+        })  # fmt: skip
+    return {"req": dumps_json(rows)}
+
+
+def _advance_params(advance: Advance | None) -> dict[str, Any]:
+    if advance is None:
+        return {}
+    return {
+        "status_to": advance.status, "next_step": advance.next_step, "run_at": advance.run_at,
+        "attempts": advance.attempts, "last_error": advance.last_error,
+    }  # fmt: skip

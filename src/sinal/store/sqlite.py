@@ -50,6 +50,9 @@ from sinal.store.base import (
     rejection_message,
 )
 from sinal.store.sqlite_automations import SQLiteAutomations
+from sinal.store.sqlite_commerce import SQLiteCommerce
+from sinal.store.sqlite_messaging import SQLiteMessaging
+from sinal.store.sqlite_webhooks import SQLiteWebhooks
 
 _EVENT_COLUMNS = (
     "account_id, id, contact_id, metric_name, properties, value, currency, source, source_id, "
@@ -110,7 +113,7 @@ def translated_errors() -> Iterator[None]:
         raise StoreError(str(exc)) from exc
 
 
-class SQLiteStore(SQLiteAutomations):
+class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteCommerce):
     """sinal's tables in one SQLite file."""
 
     backend = "sqlite"
@@ -318,6 +321,9 @@ class SQLiteStore(SQLiteAutomations):
         if query.metric_name is not None:
             where.append("metric_name = ?")
             args.append(query.metric_name)
+        if query.automation_execution_id is not None:
+            where.append("automation_execution_id = ?")
+            args.append(str(query.automation_execution_id))
         if query.since is not None:
             where.append("occurred_at >= ?")
             args.append(ts(query.since))

@@ -12,7 +12,7 @@ from uuid import UUID
 
 import orjson
 
-from sinal.events import dumps_json
+from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.store.automations import (
     Advance,
@@ -23,7 +23,9 @@ from sinal.store.automations import (
     FanOut,
     Integration,
     IntegrationKind,
+    StepFinish,
     StepRecord,
+    StepStart,
     StepStatus,
 )
 
@@ -230,38 +232,34 @@ class SQLiteAutomations:
                 claims.append(_claim(conn, _execution(row), worker, lease))
             return claims
 
+    def start_steps(self, starts: Sequence[StepStart]) -> list[tuple[StepRecord, bool] | None]:
+        """Record that steps start; extend their leases (one transaction)."""
+        if not starts:
+            return []
+        with self._write() as conn:
+            return [_start(conn, start, _now()) for start in starts]
+
     def start_step(
         self, claim: Claim, step_index: int, step_type: str
     ) -> tuple[StepRecord, bool] | None:
         """Record that a step starts; extend the lease. (record, started_now) or None."""
-        e = claim.execution
-        now = _now()
+        return self.start_steps([StepStart(claim, step_index, step_type)])[0]
+
+    def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
+        """Record steps' outcomes, their events and advances (one transaction)."""
+        from sinal.store.sqlite import _record_in
+
+        if not finishes:
+            return []
+        now = _ts(_now())
         with self._write() as conn:
-            held = conn.execute(
-                f"UPDATE executions SET claimed_until = ? WHERE {_HELD}",
-                (_ts(now + timedelta(seconds=claim.lease)), str(e.account_id), str(e.id),
-                 claim.worker, _ts(now)),
-            )  # fmt: skip
-            if held.rowcount != 1:
-                return None
-            key = (str(e.account_id), str(e.id), step_index)
-            row = conn.execute(
-                "INSERT INTO execution_steps (account_id, execution_id, step_index, step_type, "
-                "status, started_at) VALUES (?, ?, ?, ?, 'started', ?) "
-                "ON CONFLICT (account_id, execution_id, step_index) DO UPDATE SET "
-                "status = 'started', attempts = attempts + 1, error = NULL, "
-                "started_at = excluded.started_at, finished_at = NULL "
-                f"WHERE status = 'failed' RETURNING {_STEP_COLUMNS}",
-                (*key, step_type, _ts(now)),
-            ).fetchone()
-            if row is not None:
-                return _step(row), True
-            existing = conn.execute(
-                f"SELECT {_STEP_COLUMNS} FROM execution_steps "
-                "WHERE account_id = ? AND execution_id = ? AND step_index = ?",
-                key,
-            ).fetchone()
-            return _step(existing), False
+            held = []
+            for f in finishes:
+                event_id = f.event_id
+                if f.emit is not None:  # recorded even if the claim was lost: it happened
+                    event_id = _record_in(conn, [f.emit])[0].event_id
+                held.append(_finish(conn, replace(f, event_id=event_id), now))
+            return held
 
     def finish_step(
         self,
@@ -272,40 +270,17 @@ class SQLiteAutomations:
         result: dict[str, Any] | None = None,
         error: str | None = None,
         event_id: UUID | None = None,
+        emit: PreparedEvent | None = None,
+        then: Advance | None = None,
     ) -> bool:
-        """Record a step's outcome (fenced)."""
-        e = claim.execution
-        now = _ts(_now())
-        with self._write() as conn:
-            held = conn.execute(
-                f"SELECT 1 FROM executions WHERE {_HELD}",
-                (str(e.account_id), str(e.id), claim.worker, now),
-            ).fetchone()
-            if held is None:
-                return False
-            conn.execute(
-                "UPDATE execution_steps SET status = ?, result = ?, error = ?, event_id = ?, "
-                "finished_at = ? WHERE account_id = ? AND execution_id = ? AND step_index = ?",
-                (status, None if result is None else dumps_json(result), error,
-                 None if event_id is None else str(event_id), now, str(e.account_id), str(e.id),
-                 step_index),
-            )  # fmt: skip
-            return True
+        """Record a step's outcome, its event and (with `then`) the advance, fenced."""
+        finish = StepFinish(claim, step_index, status, result, error, event_id, emit, then)
+        return self.finish_steps([finish])[0]
 
     def advance(self, claim: Claim, advance: Advance) -> bool:
         """Move the execution on and release the claim (fenced)."""
-        e = claim.execution
-        now = _ts(_now())
         with self._write() as conn:
-            cur = conn.execute(
-                "UPDATE executions SET status = ?, next_step = ?, run_at = coalesce(?, run_at), "
-                "attempts = coalesce(?, attempts), last_error = ?, claimed_by = NULL, "
-                f"claimed_until = NULL, updated_at = ? WHERE {_HELD}",
-                (advance.status, advance.next_step,
-                 None if advance.run_at is None else _ts(advance.run_at), advance.attempts,
-                 advance.last_error, now, str(e.account_id), str(e.id), claim.worker, now),
-            )  # fmt: skip
-            return cur.rowcount == 1
+            return _advance(conn, claim, advance, _ts(_now()))
 
     def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:
         """One execution with its step records."""
@@ -374,6 +349,70 @@ class SQLiteAutomations:
         """Outbox rows waiting."""
         with self._read() as conn:
             return int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
+
+
+def _start(
+    conn: sqlite3.Connection, start: StepStart, now: datetime
+) -> tuple[StepRecord, bool] | None:
+    claim, e = start.claim, start.claim.execution
+    held = conn.execute(
+        f"UPDATE executions SET claimed_until = ? WHERE {_HELD}",
+        (_ts(now + timedelta(seconds=claim.lease)), str(e.account_id), str(e.id),
+         claim.worker, _ts(now)),
+    )  # fmt: skip
+    if held.rowcount != 1:
+        return None
+    key = (str(e.account_id), str(e.id), start.step_index)
+    row = conn.execute(
+        "INSERT INTO execution_steps (account_id, execution_id, step_index, step_type, "
+        "status, started_at) VALUES (?, ?, ?, ?, 'started', ?) "
+        "ON CONFLICT (account_id, execution_id, step_index) DO UPDATE SET "
+        "status = 'started', attempts = attempts + 1, error = NULL, "
+        "started_at = excluded.started_at, finished_at = NULL "
+        f"WHERE status = 'failed' RETURNING {_STEP_COLUMNS}",
+        (*key, start.step_type, _ts(now)),
+    ).fetchone()
+    if row is not None:
+        return _step(row), True
+    existing = conn.execute(
+        f"SELECT {_STEP_COLUMNS} FROM execution_steps "
+        "WHERE account_id = ? AND execution_id = ? AND step_index = ?",
+        key,
+    ).fetchone()
+    return _step(existing), False
+
+
+def _finish(conn: sqlite3.Connection, f: StepFinish, now: str) -> bool:
+    e = f.claim.execution
+    held = conn.execute(
+        f"SELECT 1 FROM executions WHERE {_HELD}",
+        (str(e.account_id), str(e.id), f.claim.worker, now),
+    ).fetchone()
+    if held is None:
+        return False
+    conn.execute(
+        "UPDATE execution_steps SET status = ?, result = ?, error = ?, event_id = ?, "
+        "finished_at = ? WHERE account_id = ? AND execution_id = ? AND step_index = ?",
+        (f.status, None if f.result is None else dumps_json(f.result), f.error,
+         None if f.event_id is None else str(f.event_id), now, str(e.account_id), str(e.id),
+         f.step_index),
+    )  # fmt: skip
+    if f.then is not None:
+        _advance(conn, f.claim, f.then, now)
+    return True
+
+
+def _advance(conn: sqlite3.Connection, claim: Claim, advance: Advance, now: str) -> bool:
+    e = claim.execution
+    cur = conn.execute(
+        "UPDATE executions SET status = ?, next_step = ?, run_at = coalesce(?, run_at), "
+        "attempts = coalesce(?, attempts), last_error = ?, claimed_by = NULL, "
+        f"claimed_until = NULL, updated_at = ? WHERE {_HELD}",
+        (advance.status, advance.next_step,
+         None if advance.run_at is None else _ts(advance.run_at), advance.attempts,
+         advance.last_error, now, str(e.account_id), str(e.id), claim.worker, now),
+    )  # fmt: skip
+    return cur.rowcount == 1
 
 
 def _integration(r: Sequence[Any]) -> Integration:

@@ -51,8 +51,7 @@ async def post_event(request: Request) -> Response:
     key = await svc.authorize(request, "ingest")
     item = validate(EventIn, await read_json(request, svc.settings.max_event_bytes))
     event = to_emit(item, key.account_id)
-    if item.contact is not None or item.contact_id is not None:
-        check_contact_choice(item)
+    check_contact_choice(item)
     if item.contact is not None:
         check_event(event, svc)  # before a contact is created for an event we would refuse
         [contact_id] = await svc.run(_resolve_contacts, svc, key.account_id, [item.contact])
@@ -97,15 +96,13 @@ async def post_batch(request: Request) -> Response:
                 check_event(event, svc, f"events[{i}].")
         except (InvalidInput, InvalidEvent, InvalidContact) as exc:
             results[i] = invalid_item(exc.errors)
+            svc.metrics.count_event("unknown", "rejected")  # its source may be the problem
             continue
         pending.append((i, item, event))
     outcomes = await svc.run(_record_batch, svc, key.account_id, pending)
     for (i, _, event), result in zip(pending, outcomes, strict=True):
         results[i] = batch_item(result, f"events[{i}].")
         svc.metrics.count_event(event.source, result.status)
-    for item_result in results:
-        if item_result is not None and item_result.get("reason") == "invalid":
-            svc.metrics.count_event("invalid", "rejected")
     counts = {s: sum(1 for r in results if r and r["status"] == s) for s in _STATUSES}
     return json_response({"results": results, **counts})
 

@@ -1,0 +1,300 @@
+"""Automations, their executions and the event trace; the account's integrations."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import Response
+
+from sinal.api.body import read_json
+from sinal.api.errors import NotFound, problem_responses
+from sinal.api.openapi import body_of
+from sinal.api.service import service
+from sinal.api.views import json_response, parse_path_id
+from sinal.automations.service import (
+    Automations,
+    automation_view,
+    execution_summary,
+    execution_view,
+    integration_view,
+)
+from sinal.store.base import EventQuery
+
+router = APIRouter(tags=["automations"])
+MAX_BODY = 256 * 1024
+
+
+class ConditionIn(BaseModel):
+    """One condition: `field` (value, currency, source, properties.<path>), `op`, `value`."""
+
+    field: str
+    op: Literal["eq", "neq", "gt", "gte", "lt", "lte", "contains", "in", "exists"]
+    value: Any = None
+
+
+class AutomationIn(BaseModel):
+    """An automation: exactly one of `trigger_metric` / `trigger_type`, 1 to 50 steps.
+
+    Steps: `send_message` {text}, `send_template` {name, language, parameters | components},
+    `add_tag` / `remove_tag` {tag}, `close_conversation`, `ai_respond` {system_prompt,
+    prompt, max_tokens}, `webhook` {url, headers}, `wait` {seconds | until}, `filter`
+    {conditions}. Texts are templates: `{{ event.properties.order_number }}`,
+    `{{ contact.name | first_name }}`, `{{ event.value | money }}`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    status: Literal["active", "paused"] = "active"
+    trigger_metric: str | None = None
+    trigger_type: str | None = None
+    filters: list[ConditionIn] = Field(default_factory=list)
+    steps: list[dict[str, Any]]
+
+
+class AutomationPatch(BaseModel):
+    """Any fields of an automation; `null` removes an optional one."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class IntegrationIn(BaseModel):
+    """A connection. whatsapp: secret (app secret), verify_token, phone_number_id,
+    access_token, api_base_url. ai: base_url, model, api_key. shopify / yampi: secret
+    (and abandon_after_minutes for shopify). Secrets are never returned."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: Literal["whatsapp", "ai", "shopify", "yampi"]
+
+
+MODELS: tuple[type[BaseModel], ...] = (AutomationIn, AutomationPatch, IntegrationIn)
+
+
+def _automations(request: Request) -> Automations:
+    return Automations(service(request).ledger)
+
+
+# -- integrations ------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/integrations",
+    summary="Connect a provider (WhatsApp Cloud API, AI endpoint, Shopify, Yampi)",
+    status_code=201,
+    openapi_extra=body_of(IntegrationIn),
+    responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
+)
+async def create_integration(request: Request) -> Response:
+    """The answer has the integration's webhook URL (for WhatsApp, Shopify, Yampi)."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    data = await read_json(request, MAX_BODY)
+    made = await svc.run(_automations(request).create_integration, key.account_id, data)
+    return json_response(integration_view(made, _base(request)), 201)
+
+
+@router.get(
+    "/v1/integrations",
+    summary="The account's integrations (no secrets)",
+    responses=problem_responses(401, 403, 503),
+)
+async def list_integrations(request: Request) -> Response:
+    """Oldest first."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    found = await svc.run(_automations(request).store.list_integrations, key.account_id)
+    return json_response({"data": [integration_view(i, _base(request)) for i in found]})
+
+
+@router.get(
+    "/v1/integrations/{integration_id}",
+    summary="One integration (no secrets)",
+    responses=problem_responses(401, 403, 404, 503),
+)
+async def get_integration(request: Request, integration_id: str) -> Response:
+    """404 for an id of another account, as for one that does not exist."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    ident = parse_path_id(integration_id)
+    found = None
+    if ident is not None:
+        found = await svc.run(_automations(request).store.get_integration, key.account_id, ident)
+    if found is None:
+        raise NotFound(f"no integration {integration_id}")
+    return json_response(integration_view(found, _base(request)))
+
+
+@router.delete(
+    "/v1/integrations/{integration_id}",
+    summary="Disconnect a provider",
+    status_code=204,
+    responses=problem_responses(401, 403, 404, 503),
+)
+async def delete_integration(request: Request, integration_id: str) -> Response:
+    """Its webhooks answer 404 from then on."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    ident = parse_path_id(integration_id)
+    store = _automations(request).store
+    if ident is None or not await svc.run(store.delete_integration, key.account_id, ident):
+        raise NotFound(f"no integration {integration_id}")
+    return Response(status_code=204)
+
+
+# -- automations -------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/automations",
+    summary="Create an automation",
+    status_code=201,
+    openapi_extra=body_of(AutomationIn),
+    responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
+)
+async def create_automation(request: Request) -> Response:
+    """422 names every bad field (`steps[2].text`, `filters[0].op`)."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    data = await read_json(request, MAX_BODY)
+    row = await svc.run(_automations(request).create, key.account_id, data)
+    return json_response(automation_view(row), 201)
+
+
+@router.get(
+    "/v1/automations",
+    summary="The account's automations",
+    responses=problem_responses(401, 403, 503),
+)
+async def list_automations(request: Request) -> Response:
+    """Oldest first."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    rows = await svc.run(_automations(request).store.list_automations, key.account_id)
+    return json_response({"data": [automation_view(r) for r in rows]})
+
+
+@router.get(
+    "/v1/automations/{automation_id}",
+    summary="One automation",
+    responses=problem_responses(401, 403, 404, 503),
+)
+async def get_automation(request: Request, automation_id: str) -> Response:
+    """404 for another account's id."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    row = await _find(request, key.account_id, automation_id)
+    return json_response(automation_view(row))
+
+
+@router.patch(
+    "/v1/automations/{automation_id}",
+    summary="Change an automation (e.g. pause it)",
+    openapi_extra=body_of(AutomationPatch),
+    responses=problem_responses(400, 401, 403, 404, 413, 415, 422, 503),
+)
+async def patch_automation(request: Request, automation_id: str) -> Response:
+    """The result is validated whole."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    found = await _find(request, key.account_id, automation_id)
+    patch = await read_json(request, MAX_BODY)
+    row = await svc.run(_automations(request).update, key.account_id, found.id, patch)
+    if row is None:
+        raise NotFound(f"no automation {automation_id}")
+    return json_response(automation_view(row))
+
+
+@router.delete(
+    "/v1/automations/{automation_id}",
+    summary="Delete an automation (its executions stay visible)",
+    status_code=204,
+    responses=problem_responses(401, 403, 404, 503),
+)
+async def delete_automation(request: Request, automation_id: str) -> Response:
+    """It stops triggering at once."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    ident = parse_path_id(automation_id)
+    store = _automations(request).store
+    if ident is None or not await svc.run(store.delete_automation, key.account_id, ident):
+        raise NotFound(f"no automation {automation_id}")
+    return Response(status_code=204)
+
+
+@router.get(
+    "/v1/automations/{automation_id}/executions",
+    summary="An automation's executions, newest first",
+    responses=problem_responses(401, 403, 404, 422, 503),
+)
+async def list_executions(
+    request: Request,
+    automation_id: str,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Response:
+    """Status, attempts and last error of each."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    row = await _find(request, key.account_id, automation_id)
+    store = _automations(request).store
+    rows = await svc.run(
+        lambda: store.list_executions(key.account_id, automation_id=row.id, limit=limit)
+    )
+    return json_response({"data": [execution_summary(x) for x in rows]})
+
+
+@router.get(
+    "/v1/executions/{execution_id}",
+    summary="One execution: steps, attempts, errors, emitted events",
+    responses=problem_responses(401, 403, 404, 503),
+)
+async def get_execution(request: Request, execution_id: str) -> Response:
+    """Each step's record ('started', 'completed', 'failed', 'unknown')."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    ident = parse_path_id(execution_id)
+    store = _automations(request).store
+    found = None
+    if ident is not None:
+        found = await svc.run(store.get_execution, key.account_id, ident)
+    if found is None:
+        raise NotFound(f"no execution {execution_id}")
+    query = EventQuery(key.account_id, automation_execution_id=found.id, limit=1000)
+    emitted = await svc.run(svc.ledger.list_events, query)
+    return json_response(execution_view(found, list(reversed(emitted))))
+
+
+@router.get(
+    "/v1/events/{event_id}/trace",
+    summary="For every automation: triggered (with its execution) or why not",
+    responses=problem_responses(401, 403, 404, 503),
+)
+async def trace(request: Request, event_id: str) -> Response:
+    """Reasons: other_metric, paused, filter_false (which filter), from_automation,
+    created_after_event."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    ident = parse_path_id(event_id)
+    event = None
+    if ident is not None:
+        event = await svc.run(svc.ledger.get_event, key.account_id, ident)
+    if event is None:
+        raise NotFound(f"no event {event_id}")
+    answer = await svc.run(_automations(request).trace, event)
+    return json_response({"event_id": str(event.id), "automations": answer})
+
+
+async def _find(request: Request, account_id: Any, automation_id: str) -> Any:
+    svc = service(request)
+    ident = parse_path_id(automation_id)
+    row = None
+    if ident is not None:
+        row = await svc.run(_automations(request).store.get_automation, account_id, ident)
+    if row is None:
+        raise NotFound(f"no automation {automation_id}")
+    return row
+
+
+def _base(request: Request) -> str:
+    return str(request.base_url).rstrip("/")

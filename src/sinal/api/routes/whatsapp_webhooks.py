@@ -1,0 +1,110 @@
+"""WhatsApp Cloud API webhooks: Meta's subscription handshake and signed deliveries.
+
+A delivery is verified over the raw bytes as received (Meta escapes non-ASCII text as
+``\\uXXXX``; re-serialized JSON would never match), kept raw once per delivery, processed
+(`sinal.messaging.process_whatsapp`) and answered 200 — also when a part of it cannot be
+mapped (it is kept, with its reason, for `sinal webhooks replay`): Meta retries anything
+else for days. A bad signature is answered 401 and nothing is stored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+from starlette.responses import PlainTextResponse, Response
+
+from sinal import webhooks
+from sinal.api.body import read_raw
+from sinal.api.errors import NotFound, VerificationFailed, problem_responses
+from sinal.api.service import Service, service
+from sinal.api.views import json_response, parse_path_id
+from sinal.integrations.signatures import WHATSAPP_SIGNATURE_HEADER, verify_whatsapp
+from sinal.integrations.whatsapp import verify_challenge, whatsapp_delivery
+from sinal.store.automations import Integration
+
+router = APIRouter(tags=["webhooks"])
+# Meta batches at most a few hundred small changes per delivery.
+MAX_BODY = 1024 * 1024
+
+
+class WebhookAck(BaseModel):
+    """A delivery kept and processed, as the commerce webhooks answer."""
+
+    status: str = Field(
+        description="processed, duplicate (a redelivery of a processed one), "
+        "unmappable or failed (both kept with their reason, for replay)"
+    )
+    delivery_id: str
+    reason: str | None
+
+
+@router.get(
+    "/webhooks/whatsapp/{integration_id}",
+    summary="Meta's webhook subscription handshake",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"description": "The challenge, echoed", "content": {"text/plain": {}}},
+        **problem_responses(403, 404, 503),
+    },
+)
+async def verify_subscription(
+    request: Request,
+    integration_id: str,
+    mode: Annotated[str | None, Query(alias="hub.mode")] = None,
+    verify_token: Annotated[str | None, Query(alias="hub.verify_token")] = None,
+    challenge: Annotated[str | None, Query(alias="hub.challenge")] = None,
+) -> Response:
+    """`hub.mode=subscribe` with the integration's verify token: 200 with `hub.challenge`
+    as plain text; any other answer is 403."""
+    svc = service(request)
+    integration = await _integration(svc, integration_id)
+    params = {"hub.mode": mode or "", "hub.verify_token": verify_token or "",
+              "hub.challenge": challenge or ""}  # fmt: skip
+    expected = str(integration.secrets.get("verify_token") or "")
+    echoed = verify_challenge(params, expected)
+    if echoed is None:
+        raise VerificationFailed("hub.mode must be subscribe and hub.verify_token must match")
+    return PlainTextResponse(echoed, headers={"X-Content-Type-Options": "nosniff"})
+
+
+@router.post(
+    "/webhooks/whatsapp/{integration_id}",
+    summary="A WhatsApp Cloud API webhook delivery (messages and statuses)",
+    response_model=WebhookAck,
+    responses=problem_responses(401, 404, 413, 503),
+)
+async def receive_delivery(request: Request, integration_id: str) -> Response:
+    """Signed by Meta (`X-Hub-Signature-256: sha256=<hex>` of the raw body with the app
+    secret). Redeliveries are recognised and recorded once."""
+    svc = service(request)
+    integration = await _integration(svc, integration_id)
+    body = await read_raw(request, MAX_BODY)
+    secret = str(integration.secrets.get("secret") or "")
+    verify_whatsapp(secret, body, request.headers.get(WHATSAPP_SIGNATURE_HEADER))
+    headers = dict(request.headers)
+    delivery = whatsapp_delivery(headers, body)
+    received = await svc.run(
+        webhooks.receive, svc.ledger, integration, topic=delivery.topic,
+        delivery_id=delivery.delivery_id, headers=headers, body=body,
+    )  # fmt: skip
+    was_done = not received.is_new and received.delivery.status == "processed"
+    answer = {
+        "status": "duplicate" if was_done else received.status,
+        "delivery_id": str(received.delivery.id),
+        "reason": received.reason,
+    }
+    return json_response(answer)
+
+
+async def _integration(svc: Service, raw: str) -> Integration:
+    """The live WhatsApp integration the URL names; 404 for anything else."""
+    ident: UUID | None = parse_path_id(raw)
+    found = None
+    if ident is not None:
+        found = await svc.run(webhooks.store_of(svc.ledger).find_integration, ident)
+    if found is None or found.kind != "whatsapp" or not found.secrets.get("secret"):
+        raise NotFound(f"no WhatsApp integration {raw}")
+    return found

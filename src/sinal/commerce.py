@@ -1,0 +1,290 @@
+"""Shopify and Yampi deliveries into events, order rows and checkouts; abandoned carts.
+
+`process_shopify` / `process_yampi` are the processors `sinal.webhooks` runs on a kept raw
+delivery. For each: normalize the verified body (pure, `sinal.integrations`), find or
+create the contact, then write the events together with the row they change:
+
+| payload                         | one transaction                                       |
+|---------------------------------|-------------------------------------------------------|
+| orders/*, order.*               | events + order row (+ Checkout Recovered, see below)  |
+| refunds/create, fulfillments/*  | events + the order's status / refunded amount         |
+| checkouts/*, cart.reminder      | events + checkout row                                 |
+| customers/create, ...           | events                                                |
+
+Everything is idempotent: events dedup on their unique ids, and a row only changes as
+`sinal.store.commerce.merge_order` / `merge_checkout` say (status never moves back). A
+payload that verified but cannot be mapped raises `UnmappablePayload`; it is kept and
+`sinal webhooks replay` processes it again (e.g. a refund that came before its order).
+
+Abandoned carts: Shopify sends none, so `derive_abandoned(ledger, now)` — called
+periodically by the worker — records Checkout Abandoned for every checkout with no order
+`abandon_after_minutes` (per integration, default 60) after its last update. Yampi's
+`cart.reminder` is the abandonment itself. An order carrying an abandoned checkout's
+token records Checkout Recovered, with the order's value, once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, Final, cast
+from uuid import UUID
+
+from sinal.errors import InvalidContact, InvalidEvent
+from sinal.events import PreparedEvent, prepare
+from sinal.integrations import _read as r
+from sinal.integrations.base import (
+    CheckoutRef,
+    ContactRef,
+    Mapped,
+    Normalized,
+    Provider,
+    UnmappablePayload,
+)
+from sinal.integrations.checkouts import (
+    DEFAULT_ABANDON_DELAY,
+    abandoned_checkout,
+    recovered_checkout,
+)
+from sinal.integrations.shopify import normalize_shopify
+from sinal.integrations.yampi import normalize_yampi
+from sinal.ledger import Ledger
+from sinal.store.automations import Integration
+from sinal.store.commerce import Checkout, CheckoutUpdate, CommerceStore, Order, OrderUpdate
+from sinal.store.webhooks import StoredDelivery
+
+__all__ = ["derive_abandoned", "process_shopify", "process_yampi"]
+
+log = logging.getLogger("sinal.commerce")
+
+# `Normalized.ignored` codes that mean "not yet mappable": kept as unmappable for replay
+# once the mapping knows them (a new Yampi status alias), instead of processed-as-nothing.
+_REPLAYABLE: Final = frozenset({"unknown_status_alias"})
+# Order status an event implies beyond its order snapshot (shipments carry none).
+_IMPLIED_STATUS: Final = {"shipment_delivered": "delivered"}
+
+
+def commerce_store(ledger: Ledger) -> CommerceStore:
+    """The ledger's store, as a `CommerceStore`."""
+    return cast(CommerceStore, ledger.store)
+
+
+def process_shopify(ledger: Ledger, integration: Integration, delivery: StoredDelivery) -> None:
+    """Turn a kept Shopify delivery (topic from X-Shopify-Topic) into events and rows."""
+    if not delivery.topic:
+        raise UnmappablePayload("missing_topic", "the delivery has no X-Shopify-Topic header")
+    normalized = normalize_shopify(delivery.topic, r.parse_body(delivery.body))
+    _apply(ledger, integration, normalized)
+
+
+def process_yampi(ledger: Ledger, integration: Integration, delivery: StoredDelivery) -> None:
+    """Turn a kept Yampi delivery (event name in the body) into events and rows."""
+    _apply(ledger, integration, normalize_yampi(r.parse_body(delivery.body)))
+
+
+def _apply(ledger: Ledger, integration: Integration, normalized: Normalized) -> None:
+    if normalized.ignored in _REPLAYABLE:
+        raise UnmappablePayload(normalized.ignored, "the payload is not mapped yet (replay later)")
+    if normalized.checkout is not None:
+        _save_checkout(ledger, integration, normalized.checkout, normalized.events)
+        return
+    order_id = normalized.order.external_id if normalized.order else None
+    order_id = order_id or next((e.order_id for e in normalized.events if e.order_id), None)
+    if order_id is not None:
+        _save_order(ledger, integration, order_id, normalized)
+        return
+    for event in normalized.events:
+        contact_id = _contact_id(ledger, integration, event.contact)
+        if contact_id is None:
+            raise UnmappablePayload("no_contact", "the payload has no phone, email or customer id")
+        ledger.record_prepared([_prepare(ledger, event, integration, contact_id)])
+
+
+# -- orders ------------------------------------------------------------------------------
+
+
+def _save_order(
+    ledger: Ledger, integration: Integration, order_id: str, normalized: Normalized
+) -> None:
+    store = commerce_store(ledger)
+    existing = store.find_order(integration.account_id, integration.id, order_id)
+    events: list[PreparedEvent] = []
+    recoveries: dict[str, PreparedEvent] = {}
+    contact_id = existing.contact_id if existing else None
+    if normalized.events:  # a status change with no event only moves the row
+        contact_id = _order_contact(ledger, integration, normalized, existing, order_id)
+        events = [_prepare(ledger, e, integration, contact_id) for e in normalized.events]
+        order_events = [e for e in normalized.events if e.order is not None]
+        if normalized.order is not None and order_events:
+            for token in normalized.order.checkout_tokens:
+                won = recovered_checkout(order_events[0], token)
+                recoveries[token] = _prepare(ledger, won, integration, contact_id)
+    implied = [_IMPLIED_STATUS[e.entity_type] for e in normalized.events
+               if e.entity_type in _IMPLIED_STATUS]  # fmt: skip
+    refunds = [e.value for e in normalized.events if e.entity_type == "refund" and e.value]
+    update = OrderUpdate(
+        account_id=integration.account_id,
+        integration_id=integration.id,
+        provider=integration.kind,
+        external_id=order_id,
+        contact_id=contact_id,
+        snapshot=normalized.order,
+        status=implied[0] if implied else None,
+        refund=sum(refunds, Decimal(0)) if refunds else None,
+    )
+    store.save_order(update, events, recoveries)
+
+
+def _order_contact(
+    ledger: Ledger,
+    integration: Integration,
+    normalized: Normalized,
+    existing: Order | None,
+    order_id: str,
+) -> UUID:
+    """Order events: the customer in the payload. Refunds and shipments: the order's buyer
+    (a shipment's recipient may be someone else), else whoever the payload names."""
+    about_order = normalized.order is not None
+    if not about_order and existing is not None and existing.contact_id is not None:
+        return existing.contact_id
+    for event in normalized.events:
+        contact_id = _contact_id(ledger, integration, event.contact)
+        if contact_id is not None:
+            return contact_id
+    if existing is not None and existing.contact_id is not None:
+        return existing.contact_id
+    raise UnmappablePayload(
+        "unknown_order",
+        f"order {order_id} is not known yet and the payload names no customer; "
+        "replay once the order's webhook has arrived",
+    )
+
+
+# -- checkouts ---------------------------------------------------------------------------
+
+
+def _save_checkout(
+    ledger: Ledger, integration: Integration, checkout: CheckoutRef, events: Sequence[Mapped]
+) -> None:
+    contact_id = _contact_id(ledger, integration, checkout.contact)
+    prepared: list[PreparedEvent] = []
+    if events:
+        if contact_id is None:
+            raise UnmappablePayload("no_contact", "the checkout has no phone, email or id")
+        prepared = [_prepare(ledger, e, integration, contact_id) for e in events]
+    is_reminder = checkout.provider == "yampi"  # cart.reminder: the abandonment itself
+    update = CheckoutUpdate(
+        account_id=integration.account_id,
+        integration_id=integration.id,
+        provider=checkout.provider,
+        token=checkout.token,
+        contact_id=contact_id,
+        recovery_url=checkout.recovery_url,
+        total=checkout.total,
+        currency=checkout.currency,
+        details=_checkout_details(checkout),
+        updated_at=checkout.updated_at,
+        abandon_after=None if is_reminder else abandon_delay(integration),
+        completed_at=checkout.completed_at,
+        abandoned=is_reminder,
+    )
+    commerce_store(ledger).save_checkout(update, prepared)
+
+
+def abandon_delay(integration: Integration) -> timedelta:
+    """How long a checkout of this integration waits for its order before it is abandoned."""
+    minutes = integration.settings.get("abandon_after_minutes")
+    if isinstance(minutes, int) and not isinstance(minutes, bool) and minutes > 0:
+        return timedelta(minutes=minutes)
+    return DEFAULT_ABANDON_DELAY
+
+
+def _checkout_details(checkout: CheckoutRef) -> dict[str, Any]:
+    """What the Checkout Abandoned event needs later, beside the row's columns."""
+    return {
+        "contact": {k: v for k, v in checkout.contact.identities().items() if v},
+        "checkout_id": checkout.external_id,
+        "items": [dict(item) for item in checkout.items],
+        "discount_codes": list(checkout.discount_codes),
+    }
+
+
+def derive_abandoned(ledger: Ledger, now: datetime | None = None, *, limit: int = 500) -> int:
+    """Record Checkout Abandoned for up to `limit` checkouts due at `now` (default: the
+    ledger's clock) that no order completed; how many were recorded. Call it periodically."""
+    now = now or ledger.clock()
+    store = commerce_store(ledger)
+
+    def build(checkout: Checkout) -> PreparedEvent:
+        return _abandonment(ledger, checkout)
+
+    recorded = 0
+    for due in store.due_checkouts(now, limit):
+        try:
+            outcome = store.abandon_checkout(
+                due.account_id, due.integration_id, due.token, now, build
+            )
+        except (InvalidEvent, UnmappablePayload):
+            # one bad row must not hold back the others; it stays due and is logged each pass
+            log.exception("checkout %s of account %s: no abandonment", due.token, due.account_id)
+            continue
+        if outcome is not None and outcome.kind == "created":
+            recorded += 1
+    return recorded
+
+
+def _abandonment(ledger: Ledger, checkout: Checkout) -> PreparedEvent:
+    # both set: `abandon_checkout` only builds for a due checkout with a contact
+    assert checkout.contact_id is not None
+    assert checkout.due_at is not None
+    details = checkout.details
+    contact = ContactRef(**details.get("contact", {}))
+    if contact.is_empty:  # a later anonymous snapshot: the row's contact still says who
+        contact = ContactRef(external_id=f"sinal:contact:{checkout.contact_id}")
+    ref = CheckoutRef(
+        provider=cast(Provider, checkout.provider),
+        token=checkout.token,
+        contact=contact,
+        recovery_url=checkout.recovery_url,
+        total=checkout.total,
+        currency=checkout.currency,
+        updated_at=checkout.updated_at,
+        external_id=details.get("checkout_id"),
+        items=tuple(details.get("items", ())),
+        discount_codes=tuple(details.get("discount_codes", ())),
+    )
+    event = abandoned_checkout(ref, occurred_at=checkout.due_at)
+    emit = event.to_emit(
+        account_id=checkout.account_id,
+        contact_id=checkout.contact_id,
+        integration_id=checkout.integration_id,
+    )
+    return prepare(emit, ledger.clock())
+
+
+# -- shared ------------------------------------------------------------------------------
+
+
+def _contact_id(ledger: Ledger, integration: Integration, contact: ContactRef) -> UUID | None:
+    """Find or create the contact a payload names (phone, email, store customer id)."""
+    if contact.is_empty:
+        return None
+    try:
+        found, _ = ledger.upsert_contact(integration.account_id, **contact.identities())
+    except InvalidContact as exc:
+        raise UnmappablePayload("invalid_contact", str(exc)) from exc
+    return found.id
+
+
+def _prepare(
+    ledger: Ledger, event: Mapped, integration: Integration, contact_id: UUID
+) -> PreparedEvent:
+    emit = event.to_emit(
+        account_id=integration.account_id, contact_id=contact_id, integration_id=integration.id
+    )
+    try:
+        return prepare(emit, ledger.clock())
+    except InvalidEvent as exc:
+        raise UnmappablePayload("invalid_event", str(exc)) from exc

@@ -1,0 +1,128 @@
+"""Tracked links (the seed's "Link rastreado clicado"): tokens, targets, clicks. Pure.
+
+A link's short URL ends in ``/l/{token}``; the token is random (96 bits), so a short URL
+cannot be guessed from another. A click is redirected to the URL stored with the link —
+never to one taken from the request — and recorded as Link Clicked (source ``tracking``).
+
+Link-preview fetchers (WhatsApp's ``WhatsApp/…``, Facebook's ``facebookexternalhit`` and
+``Facebot``, and the other chat apps' bots) fetch a link as soon as it is sent: they are
+redirected like anyone, but they are not clicks. Two clicks are two events, except that
+one link's clicks within the same second are taken as one request fired twice (the
+event's unique id carries the second).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from datetime import datetime
+from typing import Final
+from urllib.parse import urlsplit
+from uuid import UUID
+
+from sinal.catalog import METRIC_LINK_CLICKED
+from sinal.events import EmitEvent
+
+__all__ = [
+    "MAX_URL_LENGTH",
+    "SOURCE",
+    "TOKEN_LENGTH",
+    "click_event",
+    "is_preview_fetcher",
+    "is_token",
+    "new_token",
+    "target_url_problem",
+]
+
+SOURCE: Final = "tracking"
+TOKEN_BYTES: Final = 12  # 96 random bits
+TOKEN_LENGTH: Final = 16  # base64url of 12 bytes, no padding
+MAX_URL_LENGTH: Final = 2048  # what every browser and WhatsApp still open
+MAX_USER_AGENT: Final = 512
+
+_TOKEN = re.compile(rf"[A-Za-z0-9_-]{{{TOKEN_LENGTH}}}")
+# Matched case-insensitively anywhere in the User-Agent, except WhatsApp's, which is a
+# prefix: WhatsApp's in-app browser mentions "WhatsApp/" later in a real browser's UA.
+_PREVIEW_PREFIXES: Final = ("whatsapp/",)
+_PREVIEW_MARKERS: Final = (
+    "facebookexternalhit",
+    "facebot",
+    "telegrambot",
+    "slackbot",
+    "twitterbot",
+    "discordbot",
+    "linkedinbot",
+    "skypeuripreview",
+)
+
+
+def new_token() -> str:
+    """A fresh, unguessable link token (16 URL-safe characters)."""
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def is_token(text: str) -> bool:
+    """Whether `text` has a token's shape (anything else is answered 404 unread)."""
+    return _TOKEN.fullmatch(text) is not None
+
+
+def target_url_problem(url: str) -> str | None:
+    """Why `url` cannot be a link's target (absolute http(s), with a host), or None."""
+    if len(url) > MAX_URL_LENGTH:
+        return f"the URL is longer than {MAX_URL_LENGTH} characters"
+    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        return "the URL contains spaces or control characters; percent-encode them"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return "the URL cannot be parsed"
+    if parts.scheme.lower() not in ("http", "https"):
+        return "the URL must be absolute and start with http:// or https://"
+    if not host:
+        return "the URL has no host"
+    if parts.username is not None or parts.password is not None:
+        return "the URL must not carry a user name or password"
+    return None
+
+
+def is_preview_fetcher(user_agent: str | None) -> bool:
+    """Whether the request comes from a chat app's link-preview fetcher, not a person."""
+    agent = (user_agent or "").strip().lower()
+    return agent.startswith(_PREVIEW_PREFIXES) or any(m in agent for m in _PREVIEW_MARKERS)
+
+
+def click_event(
+    *,
+    account_id: UUID,
+    contact_id: UUID,
+    link_id: UUID,
+    url: str,
+    campaign: str | None,
+    automation_execution_id: UUID | None,
+    user_agent: str | None,
+    now: datetime,
+) -> EmitEvent:
+    """Link Clicked for one click at `now`: once per link and second (a double-fired
+    request is one click; two clicks a second apart are two)."""
+    properties = {
+        "url": url,
+        "link_id": str(link_id),
+        "campaign": campaign,
+        "user_agent": None if user_agent is None else user_agent[:MAX_USER_AGENT],
+    }
+    if automation_execution_id is not None:
+        properties["automation_execution_id"] = str(automation_execution_id)
+    return EmitEvent(
+        account_id=account_id,
+        contact_id=contact_id,
+        metric_name=METRIC_LINK_CLICKED,
+        source=SOURCE,
+        source_id=f"{link_id}:{int(now.timestamp())}",
+        entity_type="link",
+        entity_id=str(link_id),
+        occurred_at=now,
+        # The step that made the link is a property, not the event's execution: a click is
+        # the person's act, and it must be able to trigger automations.
+        properties=properties,
+    )

@@ -1,0 +1,278 @@
+"""WhatsApp messaging: webhook deliveries into events, message statuses, conversations.
+
+`process_whatsapp` is the processor `sinal.webhooks` runs on each kept WhatsApp delivery:
+
+- an inbound message: its contact is found or created (Meta's business-scoped user id
+  first, then the phone — Brazilian numbers with and without the ninth digit are one
+  person — a new contact also getting Contact Created, source ``whatsapp``); Message
+  Received is recorded (``whatsapp:message:{wamid}``) and, when the contact has no open
+  conversation, one is opened with Conversation Opened: message, conversation and its
+  event commit together, so a redelivered message never opens a second one.
+- a status of a message sinal sent: the contact and whether it was a template come from
+  the send event (the automation step's Message Sent / Template Sent whose entity_id is
+  the wamid), else from the recipient. The message's status row only moves forward and
+  the status event (once per wamid and status, with its own time) commit together.
+  ``sent`` moves the row but records no event: the sending step recorded Message Sent.
+
+Everything is idempotent: a redelivery or a replay records duplicates, never second
+events. Parts that cannot be mapped do not stop the rest; the delivery is then kept as
+``unmappable`` with their reasons (and can be replayed: what was recorded stays once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from functools import partial
+from typing import Any, Final, cast
+from uuid import UUID
+
+from sinal.catalog import (
+    METRIC_CONVERSATION_ASSIGNED,
+    METRIC_CONVERSATION_CLOSED,
+    METRIC_CONVERSATION_OPENED,
+)
+from sinal.errors import ConversationClosed, InvalidContact, InvalidEvent
+from sinal.events import EmitEvent, PreparedEvent, prepare
+from sinal.integrations import parse_body
+from sinal.integrations.base import ContactRef, Mapped, UnmappablePayload
+from sinal.integrations.whatsapp import StatusUpdate, map_whatsapp, status_event
+from sinal.ledger import Ledger
+from sinal.store.automations import Integration
+from sinal.store.messaging import (
+    Conversation,
+    ConversationQuery,
+    MessageStatus,
+    MessagingStore,
+    SentMessage,
+)
+from sinal.store.webhooks import StoredDelivery
+
+__all__ = [
+    "assign_conversation",
+    "close_conversation",
+    "conversation_event",
+    "get_conversation",
+    "list_conversations",
+    "messaging_store",
+    "process_whatsapp",
+]
+
+SOURCE: Final = "whatsapp"
+# Skipped parts that are not losses: changes sinal does not map (template reviews, ...)
+# and WhatsApp's system notices.
+_IGNORED_SKIPS: Final = frozenset({"unsupported_field", "system_message"})
+_MAX_REASON = 2000
+
+
+def messaging_store(ledger: Ledger) -> MessagingStore:
+    """The ledger's store, as a `MessagingStore`."""
+    return cast(MessagingStore, ledger.store)
+
+
+# --- WhatsApp deliveries -----------------------------------------------------------------
+
+
+def process_whatsapp(ledger: Ledger, integration: Integration, delivery: StoredDelivery) -> None:
+    """Record one kept WhatsApp delivery (see the module docstring); raises
+    `UnmappablePayload` when the body, or any part of it, cannot be mapped."""
+    batch = map_whatsapp(parse_body(delivery.body))
+    inbox = _Inbox(ledger, integration)
+    problems = [f"{s.kind} {s.item_id}: {s.reason}" for s in batch.skipped
+                if s.reason not in _IGNORED_SKIPS]  # fmt: skip
+    for message in batch.messages:
+        number = message.properties.get("phone_number_id")
+        problems += inbox.attempt("message", message.source_id, number,
+                                  partial(inbox.receive, message))  # fmt: skip
+    for update in batch.statuses:
+        problems += inbox.attempt("status", update.wamid, update.phone_number_id,
+                                  partial(inbox.apply_status, update))  # fmt: skip
+    if problems:
+        detail = f"{len(problems)} part(s) not recorded: " + "; ".join(problems)
+        raise UnmappablePayload("partly_unmappable", detail[:_MAX_REASON])
+
+
+class _Skip(Exception):
+    """One part of a delivery that cannot be recorded; the rest goes on."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Inbox:
+    """One delivery's processing: the integration, and the contacts resolved so far."""
+
+    def __init__(self, ledger: Ledger, integration: Integration) -> None:
+        self.ledger = ledger
+        self.store = messaging_store(ledger)
+        self.integration = integration
+        self.account_id = integration.account_id
+        self.phone_number_id = str(integration.settings.get("phone_number_id") or "")
+        self.contacts: dict[tuple[str | None, str | None, str | None], UUID] = {}
+
+    def attempt(
+        self, kind: str, item_id: str, number: str | None, work: Callable[[], None]
+    ) -> list[str]:
+        """Run `work` for one part sent to phone `number`; the problems it left (none when
+        it was recorded)."""
+        if number and self.phone_number_id and number != self.phone_number_id:
+            # Another number's traffic (a shared app's webhook): never record it here.
+            return [f"{kind} {item_id}: phone_number_mismatch ({number})"]
+        try:
+            work()
+        except _Skip as exc:
+            return [f"{kind} {item_id}: {exc.reason}"]
+        except (InvalidEvent, InvalidContact) as exc:
+            return [f"{kind} {item_id}: {exc.reason} ({exc})"]
+        return []
+
+    def prepare(self, event: EmitEvent) -> PreparedEvent:
+        """Validate an event with the ledger's clock."""
+        return prepare(event, self.ledger.clock())
+
+    def contact_for(self, ref: ContactRef) -> UUID:
+        """The contact `ref` names: by Meta's user id, else found or created by phone (or
+        by the user id as external id, when the number is hidden)."""
+        key = (ref.phone, ref.external_id, ref.user_id)
+        if key in self.contacts:
+            return self.contacts[key]
+        found = None
+        if ref.user_id:
+            found = self.store.find_whatsapp_user(self.account_id, ref.user_id)
+        if found is None:
+            if ref.is_empty:
+                raise _Skip("no_contact")
+            contact, _ = self.ledger.resolve_contact(
+                self.account_id, phone=ref.phone, external_id=ref.external_id,
+                name=ref.name, source=SOURCE,
+            )  # fmt: skip
+            found = contact.id
+            if ref.user_id:
+                found = self.store.link_whatsapp_user(self.account_id, ref.user_id, found)
+        self.contacts[key] = found
+        return found
+
+    def receive(self, message: Mapped) -> None:
+        """Message Received, and a conversation when none is open."""
+        contact_id = self.contact_for(message.contact)
+        event = self.prepare(
+            message.to_emit(account_id=self.account_id, contact_id=contact_id,
+                            integration_id=self.integration.id)
+        )  # fmt: skip
+
+        def opened(conversation: Conversation) -> PreparedEvent:
+            properties = {"channel": SOURCE, "opened_by_message_id": message.source_id}
+            return self.prepare(
+                conversation_event(METRIC_CONVERSATION_OPENED, conversation, source=SOURCE,
+                                   key="opened", when=conversation.opened_at,
+                                   properties=properties)
+            )  # fmt: skip
+
+        self.store.record_inbound_message(event, opened)
+
+    def apply_status(self, update: StatusUpdate) -> None:
+        """Advance the message's status row and record its status event."""
+        if update.rank is None:
+            return  # a status sinal does not track (deleted, warning): nothing to record
+        sent = self.store.find_sent_message(self.account_id, update.wamid)
+        if sent is None:
+            # Not sent by sinal (or not recorded yet): the recipient is all we know.
+            sent = SentMessage(self.contact_for(update.recipient), is_template=False)
+        mapped = status_event(update, is_template=sent.is_template)
+        event = None
+        if mapped is not None:
+            event = self.prepare(
+                mapped.to_emit(account_id=self.account_id, contact_id=sent.contact_id,
+                               integration_id=self.integration.id)
+            )  # fmt: skip
+        error = update.error if update.status == "failed" else None
+        row = MessageStatus(
+            account_id=self.account_id, wamid=update.wamid, contact_id=sent.contact_id,
+            status=update.status, is_template=sent.is_template,
+            error_code=None if error is None else error.code,
+            error_title=None if error is None else error.title,
+            status_at=update.occurred_at, updated_at=self.ledger.clock(),
+        )  # fmt: skip
+        self.store.record_message_status(row, event)
+
+
+# --- conversations -----------------------------------------------------------------------
+
+
+def conversation_event(
+    metric: str,
+    conversation: Conversation,
+    *,
+    source: str,
+    when: datetime,
+    key: str | None = None,
+    properties: dict[str, Any] | None = None,
+) -> EmitEvent:
+    """A conversation's event (entity "conversation"); `key` makes it once per
+    conversation (opened, closed), None leaves it undeduplicated (each assignment)."""
+    return EmitEvent(
+        account_id=conversation.account_id,
+        contact_id=conversation.contact_id,
+        metric_name=metric,
+        source=source,
+        source_id=None if key is None else f"{conversation.id}:{key}",
+        entity_type="conversation",
+        entity_id=str(conversation.id),
+        occurred_at=when,
+        properties={"conversation_id": str(conversation.id), **(properties or {})},
+    )
+
+
+def get_conversation(
+    ledger: Ledger, account_id: UUID, conversation_id: UUID
+) -> Conversation | None:
+    """One conversation of the account, or None (another account's id included)."""
+    return messaging_store(ledger).get_conversation(account_id, conversation_id)
+
+
+def list_conversations(ledger: Ledger, query: ConversationQuery) -> list[Conversation]:
+    """Conversations matching the query, newest first."""
+    return messaging_store(ledger).list_conversations(query)
+
+
+def close_conversation(
+    ledger: Ledger, account_id: UUID, conversation_id: UUID, *, source: str = "api"
+) -> Conversation | None:
+    """Close a conversation, recording Conversation Closed in the same transaction; an
+    already closed one is returned unchanged (nothing recorded). None if there is none."""
+
+    def closed(before: Conversation, after: Conversation) -> PreparedEvent:
+        assert after.closed_at is not None
+        event = conversation_event(
+            METRIC_CONVERSATION_CLOSED, after, source=source, key="closed",
+            when=after.closed_at, properties={"assigned_to": after.assigned_to},
+        )  # fmt: skip
+        return prepare(event, ledger.clock())
+
+    return messaging_store(ledger).close_conversation(account_id, conversation_id, closed)
+
+
+def assign_conversation(
+    ledger: Ledger, account_id: UUID, conversation_id: UUID, agent: str, *, source: str = "api"
+) -> Conversation | None:
+    """Assign an open conversation to `agent` (a non-empty name or id), recording
+    Conversation Assigned when the agent changes; raises `ConversationClosed` for a
+    closed one. None if there is none."""
+    clean = " ".join(agent.split())
+    if not clean:
+        raise ValueError("agent must not be blank")
+
+    def assigned(before: Conversation, after: Conversation) -> PreparedEvent:
+        now = ledger.clock()
+        event = conversation_event(
+            METRIC_CONVERSATION_ASSIGNED, after, source=source, when=now,
+            properties={"agent": after.assigned_to, "previous_agent": before.assigned_to},
+        )  # fmt: skip
+        return prepare(event, now)
+
+    store = messaging_store(ledger)
+    after = store.assign_conversation(account_id, conversation_id, clean, assigned)
+    if after is not None and after.status == "closed":
+        raise ConversationClosed(f"conversation {conversation_id} is closed")
+    return after

@@ -1,0 +1,270 @@
+"""The storage interface of commerce rows beside the events: orders and checkouts.
+
+Implemented by the backends' mixins (`postgres_commerce.py`, `sqlite_commerce.py`), each
+method one transaction. How a webhook changes a row is decided here, once, by pure
+functions both backends call (`merge_order`, `merge_checkout`):
+
+- an order's status only moves forward (`merge_order_status`), so webhooks arriving out
+  of order end in the right state; the rest of the row follows the newest snapshot (by
+  the provider's `updated_at`);
+- a refund adds to the refunded amount only when its event was new (a redelivery adds
+  nothing);
+- a checkout is due for abandonment at `due_at` unless an order completed it first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, Protocol
+from uuid import UUID
+
+from sinal.events import PreparedEvent
+from sinal.integrations.base import OrderRef, merge_order_status
+from sinal.store.base import Outcome
+
+__all__ = [
+    "Checkout",
+    "CheckoutUpdate",
+    "CommerceStore",
+    "Order",
+    "OrderSaved",
+    "OrderUpdate",
+    "merge_checkout",
+    "merge_order",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Order:
+    """An order as stored: one row per (account, integration, provider's order id)."""
+
+    account_id: UUID
+    id: UUID
+    provider: str
+    integration_id: UUID
+    external_id: str
+    number: str | None
+    status: str
+    provider_status: str | None
+    total: Decimal | None
+    refunded: Decimal
+    currency: str | None
+    checkout_token: str | None
+    cart_token: str | None
+    contact_id: UUID | None
+    source_updated_at: datetime | None  # the provider's updated_at of the snapshot kept
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The checkout/cart tokens this order completed."""
+        return tuple(t for t in (self.checkout_token, self.cart_token) if t)
+
+
+@dataclass(frozen=True, slots=True)
+class OrderUpdate:
+    """What one webhook says about an order: a snapshot (order topics), a status it implies,
+    a refund. Without a snapshot, an unknown order gets no row (the events still count)."""
+
+    account_id: UUID
+    integration_id: UUID
+    provider: str
+    external_id: str
+    contact_id: UUID | None
+    snapshot: OrderRef | None = None
+    status: str | None = None
+    refund: Decimal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrderSaved:
+    """The order row after a webhook, and what became of its events."""
+
+    order: Order | None
+    outcomes: list[Outcome]
+    recovered: list[Outcome] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkout:
+    """A cart/checkout as stored, for abandonment and recovery."""
+
+    account_id: UUID
+    integration_id: UUID
+    token: str
+    provider: str
+    contact_id: UUID | None
+    recovery_url: str | None
+    total: Decimal | None
+    currency: str | None
+    details: dict[str, Any]  # contact identities, checkout id, items, discount codes
+    updated_at: datetime  # the provider's: abandonment counts from it
+    due_at: datetime | None  # when it counts as abandoned; None: never
+    completed_at: datetime | None
+    abandoned_at: datetime | None
+    recovered_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckoutUpdate:
+    """A checkout snapshot from a webhook; `abandoned` when the webhook is the abandonment
+    itself (Yampi's cart.reminder)."""
+
+    account_id: UUID
+    integration_id: UUID
+    provider: str
+    token: str
+    contact_id: UUID | None
+    recovery_url: str | None
+    total: Decimal | None
+    currency: str | None
+    details: dict[str, Any]
+    updated_at: datetime
+    abandon_after: timedelta | None  # None: never derived (the provider says it)
+    completed_at: datetime | None = None
+    abandoned: bool = False
+
+
+BuildCheckoutEvent = Callable[[Checkout], PreparedEvent]
+
+
+class CommerceStore(Protocol):
+    """What `sinal.commerce` needs: each method one transaction."""
+
+    def find_order(self, account_id: UUID, integration_id: UUID, external_id: str) -> Order | None:
+        """The integration's order with this provider id, or None."""
+        ...
+
+    def save_order(
+        self,
+        update: OrderUpdate,
+        events: Sequence[PreparedEvent],
+        recoveries: Mapping[str, PreparedEvent],
+    ) -> OrderSaved:
+        """Record `events` and upsert the order row (see `merge_order`) together; then, for
+        each checkout the order completes that had been abandoned, record its recovery
+        event from `recoveries` (keyed by token) once."""
+        ...
+
+    def save_checkout(
+        self, update: CheckoutUpdate, events: Sequence[PreparedEvent]
+    ) -> list[Outcome]:
+        """Upsert the checkout row (see `merge_checkout`) and record `events`, together."""
+        ...
+
+    def due_checkouts(self, now: datetime, limit: int = 500) -> list[Checkout]:
+        """Checkouts of every account due for abandonment at `now`, the oldest due first."""
+        ...
+
+    def abandon_checkout(
+        self,
+        account_id: UUID,
+        integration_id: UUID,
+        token: str,
+        now: datetime,
+        build: BuildCheckoutEvent,
+    ) -> Outcome | None:
+        """Record `build(checkout)` and mark it abandoned, if it still is due and no order
+        completed it (else mark it completed); None when nothing was recorded."""
+        ...
+
+    def get_checkout(self, account_id: UUID, integration_id: UUID, token: str) -> Checkout | None:
+        """One checkout, or None."""
+        ...
+
+
+def merge_order(
+    current: Order | None,
+    update: OrderUpdate,
+    *,
+    new_id: UUID,
+    now: datetime,
+    refund_is_new: bool,
+) -> Order | None:
+    """The order row after `update` (None: no row, and none to create)."""
+    snap = update.snapshot
+    if current is None:
+        if snap is None:
+            return None
+        current = Order(
+            account_id=update.account_id, id=new_id, provider=update.provider,
+            integration_id=update.integration_id, external_id=update.external_id,
+            number=None, status=snap.status, provider_status=None, total=None,
+            refunded=Decimal(0), currency=None, checkout_token=None, cart_token=None,
+            contact_id=update.contact_id, source_updated_at=None, created_at=now,
+            updated_at=now,
+        )  # fmt: skip
+    merged = _with_snapshot(current, snap) if snap is not None else current
+    status = merged.status
+    for implied in (snap.status if snap else None, update.status):
+        if implied is not None:
+            status = merge_order_status(status, implied) or status
+    refunded = merged.refunded
+    if update.refund is not None and refund_is_new:
+        refunded += update.refund
+        full = merged.total is not None and refunded >= merged.total
+        status = merge_order_status(status, "refunded" if full else "partially_refunded") or status
+    return replace(
+        merged,
+        status=status,
+        refunded=refunded,
+        contact_id=merged.contact_id or update.contact_id,
+        updated_at=now,
+    )
+
+
+def _with_snapshot(current: Order, snap: OrderRef) -> Order:
+    """The newest snapshot wins what it says; an older one only fills gaps."""
+    newer = (
+        snap.updated_at is None
+        or current.source_updated_at is None
+        or snap.updated_at >= current.source_updated_at
+    )
+
+    def pick(mine: Any, theirs: Any) -> Any:
+        if newer:
+            return theirs if theirs is not None else mine
+        return mine if mine is not None else theirs
+
+    return replace(
+        current,
+        number=pick(current.number, snap.number),
+        provider_status=pick(current.provider_status, snap.provider_status),
+        total=pick(current.total, snap.total),
+        currency=pick(current.currency, snap.currency),
+        checkout_token=pick(current.checkout_token, snap.checkout_token),
+        cart_token=pick(current.cart_token, snap.cart_token),
+        source_updated_at=pick(current.source_updated_at, snap.updated_at),
+    )
+
+
+def merge_checkout(
+    current: Checkout | None, update: CheckoutUpdate, *, now: datetime, has_order: bool
+) -> Checkout:
+    """The checkout row after `update`; `has_order`: an order already carries its token."""
+    if current is None or update.updated_at >= current.updated_at:
+        base = Checkout(
+            account_id=update.account_id, integration_id=update.integration_id,
+            token=update.token, provider=update.provider,
+            contact_id=update.contact_id or (current.contact_id if current else None),
+            recovery_url=update.recovery_url or (current.recovery_url if current else None),
+            total=update.total, currency=update.currency, details=update.details,
+            updated_at=update.updated_at, due_at=None,
+            completed_at=current.completed_at if current else None,
+            abandoned_at=current.abandoned_at if current else None,
+            recovered_at=current.recovered_at if current else None,
+        )  # fmt: skip
+    else:  # an older snapshot arriving late: it only fills what is missing
+        base = replace(current, contact_id=current.contact_id or update.contact_id)
+    completed_at = base.completed_at or update.completed_at or (now if has_order else None)
+    abandoned_at = base.abandoned_at or (now if update.abandoned else None)
+    due_at = base.due_at
+    if update.abandon_after is not None:
+        due_at = base.updated_at + update.abandon_after
+    if completed_at or abandoned_at or base.contact_id is None:
+        due_at = None
+    return replace(base, completed_at=completed_at, abandoned_at=abandoned_at, due_at=due_at)

@@ -1,0 +1,261 @@
+"""PostgreSQL side of `CommerceStore`.
+
+Each write locks its row first (`FOR UPDATE`; a first insert races on the unique key and
+the loser retries), records its events with the same statement as `record`, and writes
+the row as `merge_order` / `merge_checkout` decide — all in one transaction, so an order
+row never says more than its events, nor less.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
+
+from sinal.events import PreparedEvent
+from sinal.ids import new_id
+from sinal.store.base import Outcome
+from sinal.store.commerce import (
+    BuildCheckoutEvent,
+    Checkout,
+    CheckoutUpdate,
+    Order,
+    OrderSaved,
+    OrderUpdate,
+    merge_checkout,
+    merge_order,
+)
+
+Conn = psycopg.Connection[TupleRow]
+T = TypeVar("T")
+
+_ORDER_COLUMNS = (
+    "account_id, id, provider, integration_id, external_id, number, status, provider_status, "
+    "total, refunded, currency, checkout_token, cart_token, contact_id, source_updated_at, "
+    "created_at, updated_at"
+)
+_CHECKOUT_COLUMNS = (
+    "account_id, integration_id, token, provider, contact_id, recovery_url, total, currency, "
+    "details, updated_at, due_at, completed_at, abandoned_at, recovered_at"
+)
+_ORDER_KEY = "account_id = %s AND integration_id = %s AND external_id = %s"
+_CHECKOUT_KEY = "account_id = %s AND integration_id = %s AND token = %s"
+# Does an order of the integration carry this token (it completed the checkout)?
+_HAS_ORDER = (
+    "SELECT 1 FROM orders WHERE account_id = %s AND integration_id = %s "
+    "AND (checkout_token = %s OR cart_token = %s) LIMIT 1"
+)
+
+
+class PostgresCommerce:
+    """Mixin for `PostgresStore`: the `CommerceStore` methods."""
+
+    def _conn(self) -> AbstractContextManager[Conn]:
+        raise NotImplementedError
+
+    def _retrying(self, work: Callable[[Conn], T]) -> T:
+        raise NotImplementedError
+
+    # -- orders --------------------------------------------------------------------------
+
+    def find_order(self, account_id: UUID, integration_id: UUID, external_id: str) -> Order | None:
+        """The integration's order with this provider id, or None."""
+        with self._conn() as conn:
+            row = conn.execute(
+                f"SELECT {_ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY}",
+                (account_id, integration_id, external_id),
+            ).fetchone()
+        return None if row is None else Order(*row)
+
+    def save_order(
+        self,
+        update: OrderUpdate,
+        events: Sequence[PreparedEvent],
+        recoveries: Mapping[str, PreparedEvent],
+    ) -> OrderSaved:
+        """Events, order row and recoveries in one transaction (see `CommerceStore`)."""
+        from sinal.store.postgres import _record_in
+
+        key = (update.account_id, update.integration_id, update.external_id)
+
+        def work(conn: Conn) -> OrderSaved:
+            found = conn.execute(
+                f"SELECT {_ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY} FOR UPDATE", key
+            ).fetchone()
+            current = None if found is None else Order(*found)
+            outcomes = _record_in(conn, events) if events else []
+            fresh = any(o.kind == "created" for o in outcomes)
+            now = datetime.now(UTC)
+            order = merge_order(current, update, new_id=new_id(), now=now, refund_is_new=fresh)
+            if order is not None and order != current:
+                _write_order(conn, order, is_new=current is None)
+            recovered: list[Outcome] = []
+            if order is not None and recoveries:
+                recovered = _complete_checkouts(conn, order, recoveries, _record_in)
+            return OrderSaved(order, outcomes, recovered)
+
+        return self._retrying(work)
+
+    # -- checkouts -----------------------------------------------------------------------
+
+    def save_checkout(
+        self, update: CheckoutUpdate, events: Sequence[PreparedEvent]
+    ) -> list[Outcome]:
+        """Checkout row and its events in one transaction."""
+        from sinal.store.postgres import _record_in
+
+        u = update
+        key = (u.account_id, u.integration_id, u.token)
+
+        def work(conn: Conn) -> list[Outcome]:
+            found = conn.execute(
+                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
+            ).fetchone()
+            current = None if found is None else Checkout(*found)
+            has_order = conn.execute(_HAS_ORDER, (*key, u.token)).fetchone() is not None
+            checkout = merge_checkout(current, u, now=datetime.now(UTC), has_order=has_order)
+            if checkout != current:
+                _write_checkout(conn, checkout, is_new=current is None)
+            return _record_in(conn, events) if events else []
+
+        return self._retrying(work)
+
+    def get_checkout(self, account_id: UUID, integration_id: UUID, token: str) -> Checkout | None:
+        """One checkout, or None."""
+        with self._conn() as conn:
+            row = conn.execute(
+                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY}",
+                (account_id, integration_id, token),
+            ).fetchone()
+        return None if row is None else Checkout(*row)
+
+    def due_checkouts(self, now: datetime, limit: int = 500) -> list[Checkout]:
+        """Checkouts due for abandonment at `now`, oldest due first."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE due_at IS NOT NULL "
+                "AND abandoned_at IS NULL AND completed_at IS NULL AND due_at <= %s "
+                "ORDER BY due_at LIMIT %s",
+                (now, limit),
+            ).fetchall()
+        return [Checkout(*r) for r in rows]
+
+    def abandon_checkout(
+        self,
+        account_id: UUID,
+        integration_id: UUID,
+        token: str,
+        now: datetime,
+        build: BuildCheckoutEvent,
+    ) -> Outcome | None:
+        """Record the abandonment once, unless an order completed the checkout meanwhile."""
+        from sinal.store.postgres import _record_in
+
+        key = (account_id, integration_id, token)
+
+        def work(conn: Conn) -> Outcome | None:
+            found = conn.execute(
+                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
+            ).fetchone()
+            checkout = None if found is None else Checkout(*found)
+            if checkout is None or not _is_due(checkout, now):
+                return None
+            if conn.execute(_HAS_ORDER, (*key, token)).fetchone() is not None:
+                conn.execute(
+                    f"UPDATE checkouts SET completed_at = %s, due_at = NULL WHERE {_CHECKOUT_KEY}",
+                    (now, *key),
+                )
+                return None
+            [outcome] = _record_in(conn, [build(checkout)])
+            conn.execute(
+                f"UPDATE checkouts SET abandoned_at = %s WHERE {_CHECKOUT_KEY}", (now, *key)
+            )
+            return outcome
+
+        return self._retrying(work)
+
+
+def _is_due(checkout: Checkout, now: datetime) -> bool:
+    return (
+        checkout.due_at is not None
+        and checkout.due_at <= now
+        and checkout.abandoned_at is None
+        and checkout.completed_at is None
+        and checkout.contact_id is not None
+    )
+
+
+def _write_order(conn: Conn, order: Order, *, is_new: bool) -> None:
+    o = order
+    if is_new:
+        conn.execute(
+            f"INSERT INTO orders ({_ORDER_COLUMNS}) VALUES "
+            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (o.account_id, o.id, o.provider, o.integration_id, o.external_id, o.number,
+             o.status, o.provider_status, o.total, o.refunded, o.currency, o.checkout_token,
+             o.cart_token, o.contact_id, o.source_updated_at, o.created_at, o.updated_at),
+        )  # fmt: skip
+        return
+    conn.execute(
+        "UPDATE orders SET number = %s, status = %s, provider_status = %s, total = %s, "
+        "refunded = %s, currency = %s, checkout_token = %s, cart_token = %s, contact_id = %s, "
+        "source_updated_at = %s, updated_at = %s WHERE account_id = %s AND id = %s",
+        (o.number, o.status, o.provider_status, o.total, o.refunded, o.currency,
+         o.checkout_token, o.cart_token, o.contact_id, o.source_updated_at, o.updated_at,
+         o.account_id, o.id),
+    )  # fmt: skip
+
+
+def _write_checkout(conn: Conn, checkout: Checkout, *, is_new: bool) -> None:
+    c = checkout
+    values: tuple[Any, ...] = (
+        c.provider, c.contact_id, c.recovery_url, c.total, c.currency, Jsonb(c.details),
+        c.updated_at, c.due_at, c.completed_at, c.abandoned_at, c.recovered_at,
+    )  # fmt: skip
+    if is_new:
+        conn.execute(
+            f"INSERT INTO checkouts ({_CHECKOUT_COLUMNS}) VALUES "
+            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (c.account_id, c.integration_id, c.token, *values),
+        )
+        return
+    conn.execute(
+        "UPDATE checkouts SET provider = %s, contact_id = %s, recovery_url = %s, total = %s, "
+        "currency = %s, details = %s, updated_at = %s, due_at = %s, completed_at = %s, "
+        f"abandoned_at = %s, recovered_at = %s WHERE {_CHECKOUT_KEY}",
+        (*values, c.account_id, c.integration_id, c.token),
+    )
+
+
+def _complete_checkouts(
+    conn: Conn,
+    order: Order,
+    recoveries: Mapping[str, PreparedEvent],
+    record_in: Callable[[Conn, Sequence[PreparedEvent]], list[Outcome]],
+) -> list[Outcome]:
+    """Mark the checkouts the order carries completed; record the abandoned ones' recovery."""
+    tokens = sorted(set(order.tokens))  # one lock order for concurrent callers
+    if not tokens:
+        return []
+    rows = conn.execute(
+        "UPDATE checkouts SET completed_at = coalesce(completed_at, now()), due_at = NULL "
+        "WHERE account_id = %s AND integration_id = %s AND token = ANY(%s) "
+        "RETURNING token, abandoned_at IS NOT NULL AND recovered_at IS NULL",
+        (order.account_id, order.integration_id, tokens),
+    ).fetchall()
+    won_back = [recoveries[token] for token, pending in rows if pending and token in recoveries]
+    if not won_back:
+        return []
+    outcomes = record_in(conn, won_back)
+    conn.execute(
+        "UPDATE checkouts SET recovered_at = now() WHERE account_id = %s AND integration_id = %s "
+        "AND token = ANY(%s) AND abandoned_at IS NOT NULL AND recovered_at IS NULL",
+        (order.account_id, order.integration_id, tokens),
+    )
+    return outcomes

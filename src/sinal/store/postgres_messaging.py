@@ -1,0 +1,282 @@
+"""PostgreSQL side of `MessagingStore`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from sinal.events import PreparedEvent
+from sinal.ids import new_id
+from sinal.store.base import Outcome
+from sinal.store.messaging import (
+    SENT_METRICS,
+    TEMPLATE_METRICS,
+    BuildConversationEvent,
+    BuildOpenedEvent,
+    Conversation,
+    ConversationQuery,
+    Link,
+    MessageStatus,
+    SentMessage,
+)
+
+Conn = psycopg.Connection[TupleRow]
+T = TypeVar("T")
+
+_STATUS_COLUMNS = (
+    "account_id, wamid, contact_id, status, is_template, error_code, error_title, status_at, "
+    "updated_at"
+)
+_CONVERSATION_COLUMNS = "account_id, id, contact_id, status, assigned_to, opened_at, closed_at"
+_LINK_COLUMNS = (
+    "account_id, id, token, url, contact_id, campaign, automation_execution_id, created_at"
+)
+
+
+def _record(conn: Conn, events: Sequence[PreparedEvent]) -> list[Outcome]:
+    from sinal.store.postgres import _record_in
+
+    return _record_in(conn, events)
+
+
+class PostgresMessaging:
+    """Mixin for `PostgresStore`: the `MessagingStore` methods."""
+
+    def _conn(self) -> AbstractContextManager[Conn]:
+        raise NotImplementedError
+
+    def _tx(self) -> AbstractContextManager[Conn]:
+        raise NotImplementedError
+
+    def _retrying(self, work: Callable[[Conn], T]) -> T:
+        raise NotImplementedError
+
+    # -- WhatsApp users and inbound messages ---------------------------------------------
+
+    def find_whatsapp_user(self, account_id: UUID, user_id: str) -> UUID | None:
+        """The contact the user id was seen with."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT contact_id FROM whatsapp_users WHERE account_id = %s AND user_id = %s",
+                (account_id, user_id),
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:
+        """Remember the user id's contact; the first one stays."""
+        with self._tx() as conn:
+            row = conn.execute(
+                "INSERT INTO whatsapp_users (account_id, user_id, contact_id) "
+                "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING RETURNING contact_id",
+                (account_id, user_id, contact_id),
+            ).fetchone()
+            if row is None:
+                row = conn.execute(
+                    "SELECT contact_id FROM whatsapp_users WHERE account_id = %s AND user_id = %s",
+                    (account_id, user_id),
+                ).fetchone()
+        assert row is not None
+        found: UUID = row[0]
+        return found
+
+    def record_inbound_message(
+        self, message: PreparedEvent, on_open: BuildOpenedEvent
+    ) -> tuple[Outcome, Conversation | None]:
+        """Message Received and, for a new message with none open, a conversation."""
+
+        def work(conn: Conn) -> tuple[Outcome, Conversation | None]:
+            [outcome] = _record(conn, [message])
+            if outcome.kind != "created":
+                return outcome, None
+            # The partial unique index (one open per contact) decides a race: the loser
+            # waits for the winner's commit, then inserts nothing.
+            row = conn.execute(
+                f"INSERT INTO conversations ({_CONVERSATION_COLUMNS}) "
+                "VALUES (%s, %s, %s, 'open', NULL, %s, NULL) "
+                f"ON CONFLICT DO NOTHING RETURNING {_CONVERSATION_COLUMNS}",
+                (message.account_id, new_id(), message.contact_id, message.occurred_at),
+            ).fetchone()
+            if row is None:
+                return outcome, None
+            opened = Conversation(*row)
+            _record(conn, [on_open(opened)])
+            return outcome, opened
+
+        return self._retrying(work)
+
+    # -- statuses ------------------------------------------------------------------------
+
+    def find_sent_message(self, account_id: UUID, wamid: str) -> SentMessage | None:
+        """The send event with this wamid (a template's first), else the status row."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT contact_id, metric_name = ANY(%s) FROM events "
+                "WHERE account_id = %s AND entity_type = 'message' AND entity_id = %s "
+                "AND metric_name = ANY(%s) ORDER BY 2 DESC, occurred_at LIMIT 1",
+                (list(TEMPLATE_METRICS), account_id, wamid, list(SENT_METRICS)),
+            ).fetchone()
+            if row is None:
+                row = conn.execute(
+                    "SELECT contact_id, is_template FROM message_statuses "
+                    "WHERE account_id = %s AND wamid = %s",
+                    (account_id, wamid),
+                ).fetchone()
+        return None if row is None else SentMessage(row[0], bool(row[1]))
+
+    def record_message_status(
+        self, status: MessageStatus, event: PreparedEvent | None
+    ) -> MessageStatus:
+        """Insert the row, or advance it under its row lock; record the event."""
+        s = status
+
+        def work(conn: Conn) -> MessageStatus:
+            row = conn.execute(
+                f"INSERT INTO message_statuses ({_STATUS_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                f"ON CONFLICT DO NOTHING RETURNING {_STATUS_COLUMNS}",
+                (s.account_id, s.wamid, s.contact_id, s.status, s.is_template, s.error_code,
+                 s.error_title, s.status_at, s.updated_at),
+            ).fetchone()  # fmt: skip
+            # inserted: the first status of this message; else advance the existing row
+            current = MessageStatus(*row) if row is not None else self._advance_status(conn, s)
+            if event is not None:
+                _record(conn, [event])
+            return current
+
+        return self._retrying(work)
+
+    @staticmethod
+    def _advance_status(conn: Conn, status: MessageStatus) -> MessageStatus:
+        row = conn.execute(
+            f"SELECT {_STATUS_COLUMNS} FROM message_statuses "
+            "WHERE account_id = %s AND wamid = %s FOR UPDATE",
+            (status.account_id, status.wamid),
+        ).fetchone()
+        assert row is not None
+        before = MessageStatus(*row)
+        after = before.advanced_by(status)
+        if after != before:
+            conn.execute(
+                "UPDATE message_statuses SET status = %s, is_template = %s, error_code = %s, "
+                "error_title = %s, status_at = %s, updated_at = %s "
+                "WHERE account_id = %s AND wamid = %s",
+                (after.status, after.is_template, after.error_code, after.error_title,
+                 after.status_at, after.updated_at, after.account_id, after.wamid),
+            )  # fmt: skip
+        return after
+
+    def get_message_status(self, account_id: UUID, wamid: str) -> MessageStatus | None:
+        """A message's current status."""
+        with self._conn() as conn:
+            row = conn.execute(
+                f"SELECT {_STATUS_COLUMNS} FROM message_statuses "
+                "WHERE account_id = %s AND wamid = %s",
+                (account_id, wamid),
+            ).fetchone()
+        return None if row is None else MessageStatus(*row)
+
+    # -- conversations -------------------------------------------------------------------
+
+    def get_conversation(self, account_id: UUID, conversation_id: UUID) -> Conversation | None:
+        """One conversation of the account."""
+        with self._conn() as conn:
+            return _conversation(conn, account_id, conversation_id, lock=False)
+
+    def list_conversations(self, query: ConversationQuery) -> list[Conversation]:
+        """Conversations, newest first (ids are UUIDv7: id order is creation order)."""
+        q = query
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE account_id = %s "
+                "AND (%s::uuid IS NULL OR contact_id = %s) AND (%s::text IS NULL OR status = %s) "
+                "AND (%s::uuid IS NULL OR id < %s) ORDER BY id DESC LIMIT %s",
+                (q.account_id, q.contact_id, q.contact_id, q.status, q.status, q.before,
+                 q.before, q.limit),
+            ).fetchall()  # fmt: skip
+        return [Conversation(*r) for r in rows]
+
+    def close_conversation(
+        self, account_id: UUID, conversation_id: UUID, on_close: BuildConversationEvent
+    ) -> Conversation | None:
+        """Close under the row lock; the event commits with the change."""
+
+        def work(conn: Conn) -> Conversation | None:
+            before = _conversation(conn, account_id, conversation_id, lock=True)
+            if before is None or before.status == "closed":
+                return before
+            row = conn.execute(
+                "UPDATE conversations SET status = 'closed', closed_at = now() "
+                f"WHERE account_id = %s AND id = %s RETURNING {_CONVERSATION_COLUMNS}",
+                (account_id, conversation_id),
+            ).fetchone()
+            assert row is not None
+            after = Conversation(*row)
+            _record(conn, [on_close(before, after)])
+            return after
+
+        return self._retrying(work)
+
+    def assign_conversation(
+        self,
+        account_id: UUID,
+        conversation_id: UUID,
+        agent: str,
+        on_assign: BuildConversationEvent,
+    ) -> Conversation | None:
+        """Assign under the row lock; the event commits with the change."""
+
+        def work(conn: Conn) -> Conversation | None:
+            before = _conversation(conn, account_id, conversation_id, lock=True)
+            if before is None or before.status == "closed" or before.assigned_to == agent:
+                return before
+            row = conn.execute(
+                "UPDATE conversations SET assigned_to = %s "
+                f"WHERE account_id = %s AND id = %s RETURNING {_CONVERSATION_COLUMNS}",
+                (agent, account_id, conversation_id),
+            ).fetchone()
+            assert row is not None
+            after = Conversation(*row)
+            _record(conn, [on_assign(before, after)])
+            return after
+
+        return self._retrying(work)
+
+    # -- tracked links -------------------------------------------------------------------
+
+    def create_link(self, link: Link) -> bool:
+        """Insert, unless another link (of any account) has the token."""
+        k = link
+        with self._tx() as conn:
+            taken = conn.execute("SELECT 1 FROM links WHERE token = %s", (k.token,)).fetchone()
+            if taken is not None:
+                return False
+            conn.execute(
+                f"INSERT INTO links ({_LINK_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (k.account_id, k.id, k.token, k.url, k.contact_id, k.campaign,
+                 k.automation_execution_id, k.created_at),
+            )  # fmt: skip
+        return True
+
+    def find_link(self, token: str) -> Link | None:
+        """The one link with this token; None when none (or, never in practice, two)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {_LINK_COLUMNS} FROM links WHERE token = %s LIMIT 2", (token,)
+            ).fetchall()
+        return Link(*rows[0]) if len(rows) == 1 else None
+
+
+def _conversation(
+    conn: Conn, account_id: UUID, conversation_id: UUID, *, lock: bool
+) -> Conversation | None:
+    row: Any = conn.execute(
+        f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE account_id = %s AND id = %s"
+        + (" FOR UPDATE" if lock else ""),
+        (account_id, conversation_id),
+    ).fetchone()
+    return None if row is None else Conversation(*row)

@@ -1,0 +1,92 @@
+"""PostgreSQL side of `WebhookStore`."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
+
+from sinal.store.automations import Integration
+from sinal.store.webhooks import DeliveryStatus, StoredDelivery
+
+_COLUMNS = (
+    "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
+    "status, reason, attempts, processed_at"
+)
+
+
+class PostgresWebhooks:
+    """Mixin for `PostgresStore`: the `WebhookStore` methods."""
+
+    def _conn(self) -> AbstractContextManager[psycopg.Connection[TupleRow]]:
+        raise NotImplementedError
+
+    def find_integration(self, integration_id: UUID) -> Integration | None:
+        """A live integration by id alone."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT account_id, id, kind, name, settings, secrets, created_at "
+                "FROM integrations WHERE id = %s AND deleted_at IS NULL",
+                (integration_id,),
+            ).fetchone()
+        return None if row is None else Integration(*row)
+
+    def save_delivery(self, delivery: StoredDelivery) -> tuple[StoredDelivery, bool]:
+        """Keep a delivery raw, once per (integration, delivery id)."""
+        d = delivery
+        with self._conn() as conn:
+            row = conn.execute(
+                f"INSERT INTO webhook_deliveries ({_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                f"ON CONFLICT (account_id, integration_id, delivery_id) DO NOTHING "
+                f"RETURNING {_COLUMNS}",
+                (d.account_id, d.id, d.integration_id, d.provider, d.topic, d.delivery_id,
+                 Jsonb(d.headers), d.body, d.received_at, d.status, d.reason, d.attempts,
+                 d.processed_at),
+            ).fetchone()  # fmt: skip
+            if row is not None:
+                return _delivery(row), True
+            earlier = conn.execute(
+                f"SELECT {_COLUMNS} FROM webhook_deliveries "
+                "WHERE account_id = %s AND integration_id = %s AND delivery_id = %s",
+                (d.account_id, d.integration_id, d.delivery_id),
+            ).fetchone()
+        assert earlier is not None
+        return _delivery(earlier), False
+
+    def finish_delivery(
+        self, account_id: UUID, delivery_id: UUID, status: DeliveryStatus, reason: str | None
+    ) -> None:
+        """Record how processing ended."""
+        with self._conn() as conn:
+            conn.execute(
+                "UPDATE webhook_deliveries SET status = %s, reason = %s, "
+                "attempts = attempts + 1, processed_at = now() "
+                "WHERE account_id = %s AND id = %s",
+                (status, reason, account_id, delivery_id),
+            )
+
+    def list_deliveries(
+        self,
+        statuses: tuple[DeliveryStatus, ...],
+        account_id: UUID | None = None,
+        limit: int = 1000,
+    ) -> list[StoredDelivery]:
+        """Deliveries in these states, oldest first."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE status = ANY(%s) "
+                "AND (%s::uuid IS NULL OR account_id = %s) ORDER BY received_at, id LIMIT %s",
+                (list(statuses), account_id, account_id, limit),
+            ).fetchall()
+        return [_delivery(r) for r in rows]
+
+
+def _delivery(row: Any) -> StoredDelivery:
+    values = list(row)
+    values[7] = bytes(values[7])
+    return StoredDelivery(*values)

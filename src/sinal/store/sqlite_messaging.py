@@ -1,0 +1,286 @@
+"""SQLite side of `MessagingStore` (every write under the one write lock, BEGIN IMMEDIATE)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from sinal.events import PreparedEvent
+from sinal.ids import new_id
+from sinal.store.base import Outcome
+from sinal.store.messaging import (
+    SENT_METRICS,
+    TEMPLATE_METRICS,
+    BuildConversationEvent,
+    BuildOpenedEvent,
+    Conversation,
+    ConversationQuery,
+    Link,
+    MessageStatus,
+    SentMessage,
+)
+
+_STATUS_COLUMNS = (
+    "account_id, wamid, contact_id, status, is_template, error_code, error_title, status_at, "
+    "updated_at"
+)
+_CONVERSATION_COLUMNS = "account_id, id, contact_id, status, assigned_to, opened_at, closed_at"
+_LINK_COLUMNS = (
+    "account_id, id, token, url, contact_id, campaign, automation_execution_id, created_at"
+)
+
+
+def _ts(when: datetime) -> str:
+    from sinal.store.sqlite import ts
+
+    return ts(when)
+
+
+def _parse(text: str) -> datetime:
+    from sinal.store.sqlite import parse_ts
+
+    return parse_ts(text)
+
+
+def _record(conn: sqlite3.Connection, events: Sequence[PreparedEvent]) -> list[Outcome]:
+    from sinal.store.sqlite import _record_in
+
+    return _record_in(conn, events)
+
+
+def _marks(values: Sequence[object]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+class SQLiteMessaging:
+    """Mixin for `SQLiteStore`: the `MessagingStore` methods."""
+
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    # -- WhatsApp users and inbound messages ---------------------------------------------
+
+    def find_whatsapp_user(self, account_id: UUID, user_id: str) -> UUID | None:
+        """The contact the user id was seen with."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT contact_id FROM whatsapp_users WHERE account_id = ? AND user_id = ?",
+                (str(account_id), user_id),
+            ).fetchone()
+        return None if row is None else UUID(row[0])
+
+    def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:
+        """Remember the user id's contact; the first one stays."""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO whatsapp_users (account_id, user_id, contact_id, created_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (str(account_id), user_id, str(contact_id), _ts(datetime.now(UTC))),
+            )
+            row = conn.execute(
+                "SELECT contact_id FROM whatsapp_users WHERE account_id = ? AND user_id = ?",
+                (str(account_id), user_id),
+            ).fetchone()
+        return UUID(row[0])
+
+    def record_inbound_message(
+        self, message: PreparedEvent, on_open: BuildOpenedEvent
+    ) -> tuple[Outcome, Conversation | None]:
+        """Message Received and, for a new message with none open, a conversation."""
+        with self._write() as conn:
+            [outcome] = _record(conn, [message])
+            if outcome.kind != "created":
+                return outcome, None
+            row = conn.execute(
+                f"INSERT INTO conversations ({_CONVERSATION_COLUMNS}) "
+                "VALUES (?, ?, ?, 'open', NULL, ?, NULL) "
+                f"ON CONFLICT DO NOTHING RETURNING {_CONVERSATION_COLUMNS}",
+                (str(message.account_id), str(new_id()), str(message.contact_id),
+                 _ts(message.occurred_at)),
+            ).fetchone()  # fmt: skip
+            if row is None:
+                return outcome, None
+            opened = _conversation_row(row)
+            _record(conn, [on_open(opened)])
+            return outcome, opened
+
+    # -- statuses ------------------------------------------------------------------------
+
+    def find_sent_message(self, account_id: UUID, wamid: str) -> SentMessage | None:
+        """The send event with this wamid (a template's first), else the status row."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT contact_id, metric_name IN ({_marks(TEMPLATE_METRICS)}) FROM events "
+                "WHERE account_id = ? AND entity_type = 'message' AND entity_id = ? "
+                f"AND metric_name IN ({_marks(SENT_METRICS)}) ORDER BY 2 DESC, occurred_at "
+                "LIMIT 1",
+                (*TEMPLATE_METRICS, str(account_id), wamid, *SENT_METRICS),
+            ).fetchone()
+            if row is None:
+                row = conn.execute(
+                    "SELECT contact_id, is_template FROM message_statuses "
+                    "WHERE account_id = ? AND wamid = ?",
+                    (str(account_id), wamid),
+                ).fetchone()
+        return None if row is None else SentMessage(UUID(row[0]), bool(row[1]))
+
+    def record_message_status(
+        self, status: MessageStatus, event: PreparedEvent | None
+    ) -> MessageStatus:
+        """Insert the row or advance it; record the event; one transaction."""
+        s = status
+        with self._write() as conn:
+            row = conn.execute(
+                f"SELECT {_STATUS_COLUMNS} FROM message_statuses "
+                "WHERE account_id = ? AND wamid = ?",
+                (str(s.account_id), s.wamid),
+            ).fetchone()
+            current = s if row is None else _status_row(row).advanced_by(s)
+            if row is None or current != _status_row(row):
+                conn.execute(
+                    f"INSERT OR REPLACE INTO message_statuses ({_STATUS_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (str(current.account_id), current.wamid, str(current.contact_id),
+                     current.status, int(current.is_template), current.error_code,
+                     current.error_title, _ts(current.status_at), _ts(current.updated_at)),
+                )  # fmt: skip
+            if event is not None:
+                _record(conn, [event])
+        return current
+
+    def get_message_status(self, account_id: UUID, wamid: str) -> MessageStatus | None:
+        """A message's current status."""
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {_STATUS_COLUMNS} FROM message_statuses "
+                "WHERE account_id = ? AND wamid = ?",
+                (str(account_id), wamid),
+            ).fetchone()
+        return None if row is None else _status_row(row)
+
+    # -- conversations -------------------------------------------------------------------
+
+    def get_conversation(self, account_id: UUID, conversation_id: UUID) -> Conversation | None:
+        """One conversation of the account."""
+        with self._read() as conn:
+            return _conversation(conn, account_id, conversation_id)
+
+    def list_conversations(self, query: ConversationQuery) -> list[Conversation]:
+        """Conversations, newest first (UUIDv7 text order is creation order)."""
+        q = query
+        contact = None if q.contact_id is None else str(q.contact_id)
+        before = None if q.before is None else str(q.before)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE account_id = ? "
+                "AND (? IS NULL OR contact_id = ?) AND (? IS NULL OR status = ?) "
+                "AND (? IS NULL OR id < ?) ORDER BY id DESC LIMIT ?",
+                (str(q.account_id), contact, contact, q.status, q.status, before, before,
+                 q.limit),
+            ).fetchall()  # fmt: skip
+        return [_conversation_row(r) for r in rows]
+
+    def close_conversation(
+        self, account_id: UUID, conversation_id: UUID, on_close: BuildConversationEvent
+    ) -> Conversation | None:
+        """Close it; the event commits with the change."""
+        with self._write() as conn:
+            before = _conversation(conn, account_id, conversation_id)
+            if before is None or before.status == "closed":
+                return before
+            row = conn.execute(
+                "UPDATE conversations SET status = 'closed', closed_at = ? "
+                f"WHERE account_id = ? AND id = ? RETURNING {_CONVERSATION_COLUMNS}",
+                (_ts(datetime.now(UTC)), str(account_id), str(conversation_id)),
+            ).fetchone()
+            after = _conversation_row(row)
+            _record(conn, [on_close(before, after)])
+            return after
+
+    def assign_conversation(
+        self,
+        account_id: UUID,
+        conversation_id: UUID,
+        agent: str,
+        on_assign: BuildConversationEvent,
+    ) -> Conversation | None:
+        """Assign it; the event commits with the change."""
+        with self._write() as conn:
+            before = _conversation(conn, account_id, conversation_id)
+            if before is None or before.status == "closed" or before.assigned_to == agent:
+                return before
+            row = conn.execute(
+                "UPDATE conversations SET assigned_to = ? "
+                f"WHERE account_id = ? AND id = ? RETURNING {_CONVERSATION_COLUMNS}",
+                (agent, str(account_id), str(conversation_id)),
+            ).fetchone()
+            after = _conversation_row(row)
+            _record(conn, [on_assign(before, after)])
+            return after
+
+    # -- tracked links -------------------------------------------------------------------
+
+    def create_link(self, link: Link) -> bool:
+        """Insert, unless another link (of any account) has the token."""
+        k = link
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM links WHERE token = ?", (k.token,)).fetchone():
+                return False
+            conn.execute(
+                f"INSERT INTO links ({_LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (str(k.account_id), str(k.id), k.token, k.url, _opt(k.contact_id), k.campaign,
+                 _opt(k.automation_execution_id), _ts(k.created_at)),
+            )  # fmt: skip
+        return True
+
+    def find_link(self, token: str) -> Link | None:
+        """The one link with this token; None when none (or, never in practice, two)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_LINK_COLUMNS} FROM links WHERE token = ? LIMIT 2", (token,)
+            ).fetchall()
+        if len(rows) != 1:
+            return None
+        r = rows[0]
+        return Link(
+            UUID(r[0]), UUID(r[1]), r[2], r[3], _opt_uuid(r[4]), r[5], _opt_uuid(r[6]),
+            _parse(r[7]),
+        )  # fmt: skip
+
+
+def _opt(value: UUID | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _opt_uuid(text: str | None) -> UUID | None:
+    return None if text is None else UUID(text)
+
+
+def _conversation(
+    conn: sqlite3.Connection, account_id: UUID, conversation_id: UUID
+) -> Conversation | None:
+    row = conn.execute(
+        f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE account_id = ? AND id = ?",
+        (str(account_id), str(conversation_id)),
+    ).fetchone()
+    return None if row is None else _conversation_row(row)
+
+
+def _conversation_row(r: Sequence[Any]) -> Conversation:
+    return Conversation(
+        UUID(r[0]), UUID(r[1]), UUID(r[2]), r[3], r[4], _parse(r[5]),
+        None if r[6] is None else _parse(r[6]),
+    )  # fmt: skip
+
+
+def _status_row(r: Sequence[Any]) -> MessageStatus:
+    return MessageStatus(
+        UUID(r[0]), r[1], UUID(r[2]), r[3], bool(r[4]), r[5], r[6], _parse(r[7]), _parse(r[8])
+    )

@@ -1,0 +1,106 @@
+"""SQLite side of `WebhookStore`."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import AbstractContextManager
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import orjson
+
+from sinal.events import dumps_json
+from sinal.store.automations import Integration
+from sinal.store.webhooks import DeliveryStatus, StoredDelivery
+
+_COLUMNS = (
+    "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
+    "status, reason, attempts, processed_at"
+)
+
+
+class SQLiteWebhooks:
+    """Mixin for `SQLiteStore`: the `WebhookStore` methods."""
+
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def find_integration(self, integration_id: UUID) -> Integration | None:
+        """A live integration by id alone."""
+        from sinal.store.sqlite_automations import _integration
+
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT account_id, id, kind, name, settings, secrets, created_at "
+                "FROM integrations WHERE id = ? AND deleted_at IS NULL",
+                (str(integration_id),),
+            ).fetchone()
+        return None if row is None else _integration(row)
+
+    def save_delivery(self, delivery: StoredDelivery) -> tuple[StoredDelivery, bool]:
+        """Keep a delivery raw, once per (integration, delivery id)."""
+        from sinal.store.sqlite import ts
+
+        d = delivery
+        with self._write() as conn:
+            row = conn.execute(
+                f"INSERT INTO webhook_deliveries ({_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                f"ON CONFLICT (account_id, integration_id, delivery_id) DO NOTHING "
+                f"RETURNING {_COLUMNS}",
+                (str(d.account_id), str(d.id), str(d.integration_id), d.provider, d.topic,
+                 d.delivery_id, dumps_json(d.headers), d.body, ts(d.received_at), d.status,
+                 d.reason, d.attempts, None if d.processed_at is None else ts(d.processed_at)),
+            ).fetchone()  # fmt: skip
+            if row is not None:
+                return _delivery(row), True
+            earlier = conn.execute(
+                f"SELECT {_COLUMNS} FROM webhook_deliveries "
+                "WHERE account_id = ? AND integration_id = ? AND delivery_id = ?",
+                (str(d.account_id), str(d.integration_id), d.delivery_id),
+            ).fetchone()
+        return _delivery(earlier), False
+
+    def finish_delivery(
+        self, account_id: UUID, delivery_id: UUID, status: DeliveryStatus, reason: str | None
+    ) -> None:
+        """Record how processing ended."""
+        from sinal.store.sqlite import ts
+
+        with self._write() as conn:
+            conn.execute(
+                "UPDATE webhook_deliveries SET status = ?, reason = ?, attempts = attempts + 1, "
+                "processed_at = ? WHERE account_id = ? AND id = ?",
+                (status, reason, ts(datetime.now(UTC)), str(account_id), str(delivery_id)),
+            )
+
+    def list_deliveries(
+        self,
+        statuses: tuple[DeliveryStatus, ...],
+        account_id: UUID | None = None,
+        limit: int = 1000,
+    ) -> list[StoredDelivery]:
+        """Deliveries in these states, oldest first."""
+        marks = ", ".join("?" for _ in statuses)
+        account = None if account_id is None else str(account_id)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE status IN ({marks}) "
+                "AND (? IS NULL OR account_id = ?) ORDER BY received_at, id LIMIT ?",
+                (*statuses, account, account, limit),
+            ).fetchall()
+        return [_delivery(r) for r in rows]
+
+
+def _delivery(row: Any) -> StoredDelivery:
+    from sinal.store.sqlite import parse_ts
+
+    return StoredDelivery(
+        UUID(row[0]), UUID(row[1]), UUID(row[2]), row[3], row[4], row[5], orjson.loads(row[6]),
+        bytes(row[7]), parse_ts(row[8]), row[9], row[10], row[11],
+        None if row[12] is None else parse_ts(row[12]),
+    )  # fmt: skip

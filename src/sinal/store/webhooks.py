@@ -1,0 +1,59 @@
+"""The storage interface of raw webhook deliveries (implemented by the backends' mixins)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol
+from uuid import UUID
+
+from sinal.store.automations import Integration
+
+DeliveryStatus = Literal["received", "processed", "unmappable", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDelivery:
+    """A webhook delivery exactly as received, and what became of it."""
+
+    account_id: UUID
+    id: UUID
+    integration_id: UUID
+    provider: str
+    topic: str | None
+    delivery_id: str
+    headers: dict[str, Any]
+    body: bytes
+    received_at: datetime
+    status: DeliveryStatus
+    reason: str | None
+    attempts: int
+    processed_at: datetime | None
+
+
+class WebhookStore(Protocol):
+    """What the webhook routes and `sinal webhooks replay` need."""
+
+    def find_integration(self, integration_id: UUID) -> Integration | None:
+        """A live integration by the id in a webhook URL (any account: the URL names it)."""
+        ...
+
+    def save_delivery(self, delivery: StoredDelivery) -> tuple[StoredDelivery, bool]:
+        """Keep a delivery raw; (the kept row, True) or (the earlier copy, False) when the
+        same delivery id came before."""
+        ...
+
+    def finish_delivery(
+        self, account_id: UUID, delivery_id: UUID, status: DeliveryStatus, reason: str | None
+    ) -> None:
+        """Record how processing ended (and count the attempt)."""
+        ...
+
+    def list_deliveries(
+        self,
+        statuses: tuple[DeliveryStatus, ...],
+        account_id: UUID | None = None,
+        limit: int = 1000,
+    ) -> list[StoredDelivery]:
+        """Deliveries in these states, oldest first."""
+        ...

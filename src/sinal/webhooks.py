@@ -1,0 +1,130 @@
+"""Webhook deliveries: kept raw first, then processed, idempotently, by their provider's
+processor; `sinal webhooks replay` processes kept deliveries again after a fix.
+
+A processor turns one stored delivery into events (and the rows that go with them: orders,
+checkouts, message statuses). It must be idempotent — a redelivery, or a replay, records
+duplicates, never second events — and raise `UnmappablePayload` for a verified payload it
+cannot map (kept with its reason).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import cast
+from uuid import UUID
+
+from sinal.ids import new_id
+from sinal.integrations.base import UnmappablePayload
+from sinal.ledger import Ledger
+from sinal.store.automations import Integration
+from sinal.store.webhooks import DeliveryStatus, StoredDelivery, WebhookStore
+
+log = logging.getLogger("sinal.webhooks")
+
+Processor = Callable[[Ledger, Integration, StoredDelivery], None]
+
+# provider -> "module:function", imported on first use
+PROCESSORS: Mapping[str, str] = {
+    "shopify": "sinal.commerce:process_shopify",
+    "yampi": "sinal.commerce:process_yampi",
+    "whatsapp": "sinal.messaging:process_whatsapp",
+}
+# Kept with a delivery: what identifies and explains it; never credentials.
+_DROPPED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A delivery after it was kept and processed."""
+
+    delivery: StoredDelivery
+    is_new: bool
+    status: DeliveryStatus
+    reason: str | None
+
+
+def store_of(ledger: Ledger) -> WebhookStore:
+    """The ledger's store, as a `WebhookStore`."""
+    return cast(WebhookStore, ledger.store)
+
+
+def receive(
+    ledger: Ledger,
+    integration: Integration,
+    *,
+    topic: str | None,
+    delivery_id: str,
+    headers: Mapping[str, str],
+    body: bytes,
+) -> Received:
+    """Keep the delivery raw (once per delivery id), then process it if it is new or was
+    not processed yet (a redelivery after a failure gets another go)."""
+    kept = {k.lower(): v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
+    delivery, is_new = store_of(ledger).save_delivery(
+        StoredDelivery(
+            account_id=integration.account_id, id=new_id(), integration_id=integration.id,
+            provider=integration.kind, topic=topic, delivery_id=delivery_id, headers=kept,
+            body=body, received_at=ledger.clock(), status="received", reason=None,
+            attempts=0, processed_at=None,
+        )
+    )  # fmt: skip
+    if delivery.status == "processed":
+        return Received(delivery, is_new, "processed", None)
+    status, reason = process(ledger, integration, delivery)
+    return Received(delivery, is_new, status, reason)
+
+
+def process(
+    ledger: Ledger, integration: Integration, delivery: StoredDelivery
+) -> tuple[DeliveryStatus, str | None]:
+    """Run the provider's processor on a kept delivery and record how it ended."""
+    status: DeliveryStatus
+    reason: str | None
+    try:
+        _processor(delivery.provider)(ledger, integration, delivery)
+    except UnmappablePayload as exc:
+        status, reason = "unmappable", f"{exc.reason}: {exc.message}"
+    except Exception as exc:  # kept with its reason for replay; the provider still gets 200
+        log.exception("processing delivery %s failed", delivery.id)
+        status, reason = "failed", f"{type(exc).__name__}: {exc}"
+    else:
+        status, reason = "processed", None
+    store_of(ledger).finish_delivery(delivery.account_id, delivery.id, status, reason)
+    return status, reason
+
+
+def replay(
+    ledger: Ledger,
+    statuses: tuple[DeliveryStatus, ...] = ("unmappable", "failed", "received"),
+    account_id: UUID | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, int]:
+    """Process kept deliveries again; how many ended in each state."""
+    store = store_of(ledger)
+    pending = store.list_deliveries(statuses, account_id)
+    outcome: dict[str, int] = {}
+    integrations: dict[UUID, Integration | None] = {}
+    for done, delivery in enumerate(pending, start=1):
+        if delivery.integration_id not in integrations:
+            integrations[delivery.integration_id] = store.find_integration(delivery.integration_id)
+        integration = integrations[delivery.integration_id]
+        if integration is None:
+            status: str = "integration_deleted"
+        else:
+            status, _ = process(ledger, integration, delivery)
+        outcome[status] = outcome.get(status, 0) + 1
+        if progress is not None:
+            progress(done, len(pending))
+    return outcome
+
+
+def _processor(provider: str) -> Processor:
+    target = PROCESSORS.get(provider)
+    if target is None:
+        raise UnmappablePayload("unsupported_provider", f"no processor for {provider!r}")
+    module, _, name = target.partition(":")
+    found: Processor = getattr(importlib.import_module(module), name)
+    return found

@@ -1,0 +1,142 @@
+"""Automations, integrations, executions and traces through HTTP, on both backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sinal.automations.backoff import RetryPolicy
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from tests.integration.conftest import Api
+from tests.servers import whatsapp_server
+
+pytestmark = pytest.mark.anyio
+
+AUTOMATION = {
+    "name": "Pedido pago",
+    "trigger_type": "order_paid",
+    "filters": [{"field": "properties.total", "op": "gte", "value": 100}],
+    "steps": [
+        {"type": "send_message", "text": "Oi {{ contact.name | first_name }}! Pedido "
+                                         "{{ event.properties.order_number }} pago."},
+        {"type": "add_tag", "tag": "comprou"},
+    ],
+}  # fmt: skip
+
+
+async def _order(api: Api, total: str, source_id: str) -> dict[str, Any]:
+    response = await api.post("/v1/events", {
+        "metric": "Order Paid", "contact": {"phone": "+55 11 98765-4321", "name": "Ana Souza"},
+        "value": total, "source": "shopify", "source_id": source_id, "entity_type": "order",
+        "properties": {"order_number": f"#{source_id}", "total": total},
+    })  # fmt: skip
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _drain(api: Api) -> None:
+    dispatcher = Dispatcher(api.ledger, DispatchSettings(http_timeout=1, retry=RetryPolicy(2)))
+    try:
+        while dispatcher.run_once():
+            pass
+    finally:
+        dispatcher.close()
+
+
+async def test_automation_lifecycle_runs_and_is_traced(api: Api) -> None:
+    with whatsapp_server() as (wa_url, wa):
+        made = await api.post("/v1/integrations", {
+            "kind": "whatsapp", "secret": "app-secret", "verify_token": "v",
+            "phone_number_id": "1234", "access_token": "EAAG", "api_base_url": wa_url,
+        })  # fmt: skip
+        assert made.status_code == 201, made.text
+        assert "access_token" not in made.json()
+        assert made.json()["secrets_set"] == ["access_token", "secret", "verify_token"]
+        created = await api.post("/v1/automations", AUTOMATION)
+        assert created.status_code == 201, created.text
+        automation = created.json()
+        assert automation["resolved_metric"] == "Order Paid"
+
+        big = await _order(api, "297.90", "1001")
+        small = await _order(api, "50.00", "1002")
+        _drain(api)
+
+        [sent] = wa.bodies("/1234/messages")
+        assert sent["text"]["body"] == "Oi Ana! Pedido #1001 pago."
+    runs = await api.client.get(f"/v1/automations/{automation['id']}/executions")
+    [run] = runs.json()["data"]
+    assert (run["status"], run["event_id"]) == ("completed", big["event_id"])
+    detail = (await api.client.get(f"/v1/executions/{run['id']}")).json()
+    assert [s["status"] for s in detail["steps"]] == ["completed", "completed"]
+    assert sorted(e["metric"] for e in detail["emitted_events"]) == ["Message Sent", "Tag Added"]
+
+    hit = (await api.client.get(f"/v1/events/{big['event_id']}/trace")).json()
+    assert hit["automations"][0]["triggered"] is True
+    assert hit["automations"][0]["execution"]["id"] == run["id"]
+    miss = (await api.client.get(f"/v1/events/{small['event_id']}/trace")).json()
+    assert miss["automations"][0]["outcome"] == "filter_false"
+    assert miss["automations"][0]["filter_field"] == "properties.total"
+
+
+async def test_patch_pauses_and_delete_removes(api: Api) -> None:
+    automation = (await api.post("/v1/automations", AUTOMATION)).json()
+    paused = await api.client.patch(f"/v1/automations/{automation['id']}",
+                                    json={"status": "paused"})  # fmt: skip
+    assert paused.status_code == 200
+    assert paused.json()["status"] == "paused"
+    listed = (await api.client.get("/v1/automations")).json()["data"]
+    assert [a["status"] for a in listed] == ["paused"]
+    gone = await api.client.delete(f"/v1/automations/{automation['id']}")
+    assert gone.status_code == 204
+    assert (await api.client.get(f"/v1/automations/{automation['id']}")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "fields"),
+    [
+        ({"name": "x", "trigger_type": "order_shipped", "steps": [{"type": "add_tag",
+          "tag": "a"}]}, {"trigger_type"}),
+        ({"name": "x", "trigger_metric": "Order Paid", "trigger_type": "order_paid",
+          "steps": [{"type": "add_tag", "tag": "a"}]}, {"trigger_type"}),
+        ({"name": "x", "trigger_metric": "Order Paid", "steps": []}, {"steps"}),
+        ({"name": "x", "trigger_metric": "Order Paid",
+          "filters": [{"field": "properties.total", "op": "between", "value": 1}],
+          "steps": [{"type": "add_tag", "tag": "a"}]}, {"filters[0].op"}),
+        ({"name": "x", "trigger_metric": "Order Paid",
+          "steps": [{"type": "send_message", "text": "Oi {{ contact.nome"}]}, {"steps[0].text"}),
+        ({"name": "x", "trigger_metric": "Order Paid",
+          "steps": [{"type": "webhook", "url": "ftp://example.com"}]}, {"steps[0].url"}),
+    ],
+)  # fmt: skip
+async def test_invalid_automation_is_422_naming_the_field(
+    api: Api, body: dict[str, Any], fields: set[str]
+) -> None:
+    response = await api.post("/v1/automations", body)
+    assert response.status_code == 422
+    assert response.headers["content-type"] == "application/problem+json"
+    assert fields <= {e["field"] for e in response.json()["errors"]}
+
+
+async def test_invalid_integration_is_422_naming_the_field(api: Api) -> None:
+    response = await api.post("/v1/integrations", {"kind": "ai", "base_url": "not a url"})
+    assert response.status_code == 422
+    assert {e["field"] for e in response.json()["errors"]} == {"base_url", "model"}
+
+
+async def test_configuration_needs_the_admin_scope(api: Api) -> None:
+    key = await api.key_for("ingest", "read")
+    response = await api.client.post("/v1/automations", json=AUTOMATION, headers=api.auth(key))
+    assert response.status_code == 403
+
+
+async def test_other_accounts_automations_look_like_missing_ones(api: Api) -> None:
+    automation = (await api.post("/v1/automations", AUTOMATION)).json()
+    other = api.ledger.create_account("Outra")
+    key = await api.key_for("admin", "read", account=other)
+    for path in (f"/v1/automations/{automation['id']}",
+                 f"/v1/automations/{automation['id']}/executions"):  # fmt: skip
+        response = await api.client.get(path, headers=api.auth(key))
+        assert response.status_code == 404, path
+    assert (await api.client.get("/v1/automations/not-a-uuid")).status_code == 404

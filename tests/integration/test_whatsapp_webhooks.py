@@ -1,0 +1,504 @@
+"""WhatsApp Cloud API webhooks through HTTP, on both backends: the handshake, signatures,
+inbound messages, statuses (in and out of order, duplicated, of messages sinal sent)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+from uuid import uuid4
+
+import pytest
+
+from sinal import webhooks
+from sinal.automations.backoff import RetryPolicy
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.integrations.signatures import sign_whatsapp
+from sinal.messaging import messaging_store
+from tests.helpers import count, sql
+from tests.integration.conftest import Api
+from tests.integration.whatsapp import (
+    APP_SECRET,
+    PHONE_NUMBER_ID,
+    VERIFY_TOKEN,
+    connect_whatsapp,
+    deliver,
+    events,
+    fixture_body,
+    meta_bytes,
+    statuses,
+    text_message,
+)
+from tests.servers import whatsapp_server
+
+pytestmark = pytest.mark.anyio
+
+SENT = "wamid.HBgNNTUxMTk4NzY1NDMyMRUCABEYEkE3QjNDMDk4RDY1RTQzMjEwRgA="
+OTHER = "wamid.HBgNNTUxMTk4NzY1NDMyMRUCABEYEjFDMkQzRTRGNUE2QjdDOEQ5RQA="
+FAILED = "wamid.HBgNNTUxMjE5NzY1NDMyMTAVAgARGBJCNkE5QzJEMEU4RjdBNjU0MzIA"
+TEXT = "wamid.HBgNNTUxMTk4NzY1NDMyMRUCABIYFDNBMDJCMEI1RjE4QzFEMUQ4RjNBAA=="
+
+
+def _at(epoch: int) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def _props(api: Api, metric: str) -> dict[str, Any]:
+    [event] = events(api, metric)
+    return event.properties
+
+
+# --- the subscription handshake ----------------------------------------------------------
+
+
+async def test_whatsapp_handshake_echoes_the_challenge_for_the_right_token(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    params = {"hub.mode": "subscribe", "hub.verify_token": VERIFY_TOKEN,
+              "hub.challenge": "1158201444"}  # fmt: skip
+    answer = await api.client.get(f"/webhooks/whatsapp/{wa.id}", params=params)
+    assert answer.status_code == 200
+    assert answer.text == "1158201444"
+    assert answer.headers["content-type"].startswith("text/plain")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"hub.mode": "subscribe", "hub.verify_token": "wrong", "hub.challenge": "1"},
+        {"hub.mode": "subscribe", "hub.verify_token": VERIFY_TOKEN.upper(), "hub.challenge": "1"},
+        {"hub.mode": "unsubscribe", "hub.verify_token": VERIFY_TOKEN, "hub.challenge": "1"},
+        {"hub.mode": "subscribe", "hub.challenge": "1"},
+        {},
+    ],
+)
+async def test_whatsapp_handshake_with_a_wrong_token_is_403(
+    api: Api, params: dict[str, str]
+) -> None:
+    wa = connect_whatsapp(api)
+    answer = await api.client.get(f"/webhooks/whatsapp/{wa.id}", params=params)
+    assert answer.status_code == 403
+    assert answer.json()["type"] == "/problems/verification-failed"
+    assert "1" not in answer.json()["detail"]
+
+
+async def test_whatsapp_webhook_of_an_unknown_or_other_integration_is_404(api: Api) -> None:
+    shopify = await api.post("/v1/integrations", {"kind": "shopify", "secret": "s"})
+    wa = connect_whatsapp(api)
+    body = fixture_body("text_message")
+    for ident in (str(uuid4()), "not-a-uuid", shopify.json()["id"]):
+        assert (await api.client.get(f"/webhooks/whatsapp/{ident}")).status_code == 404
+        signed = {"X-Hub-Signature-256": sign_whatsapp("s", body)}
+        posted = await api.client.post(f"/webhooks/whatsapp/{ident}", content=body, headers=signed)
+        assert posted.status_code == 404
+    assert (await api.client.delete(f"/v1/integrations/{wa.id}")).status_code == 204
+    assert (await deliver(api, wa, body)).status_code == 404
+    assert count(api.url, "webhook_deliveries") == 0
+
+
+# --- signatures --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        "",
+        "sha256=",
+        "sha256=zz",
+        "sha1=" + "0" * 40,
+        sign_whatsapp("another-app-secret", fixture_body("text_message")),
+        sign_whatsapp(APP_SECRET, fixture_body("text_message") + b" "),
+        sign_whatsapp(APP_SECRET, fixture_body("text_message")).upper().replace("SHA256", "md5"),
+    ],
+)
+async def test_whatsapp_bad_signature_is_401_and_nothing_is_stored(
+    api: Api, signature: str
+) -> None:
+    wa = connect_whatsapp(api)
+    answer = await deliver(api, wa, fixture_body("text_message"), signature=signature)
+    assert answer.status_code == 401
+    assert answer.json()["type"] == "/problems/invalid-signature"
+    assert count(api.url, "webhook_deliveries") == 0
+    assert events(api) == []
+
+
+async def test_whatsapp_signature_is_checked_over_the_bytes_as_meta_sent_them(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    as_sent = fixture_body("text_message")
+    assert b"Ol\\u00e1" in as_sent
+    assert "Olá".encode() not in as_sent
+    # The same JSON re-serialized with raw UTF-8 is other bytes: its signature cannot pass
+    # for the escaped body, and the escaped body's signature cannot pass for it.
+    reencoded = json.dumps(json.loads(as_sent), ensure_ascii=False).encode()
+    forged = await deliver(api, wa, as_sent, signature=sign_whatsapp(APP_SECRET, reencoded))
+    assert forged.status_code == 401
+    answer = await deliver(api, wa, as_sent)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status"] == "processed"
+    props = _props(api, "Message Received")
+    assert props["text"].startswith("Olá! Vocês têm a camiseta azul")
+    [(kept,)] = sql(api.url, "SELECT body FROM webhook_deliveries")
+    assert bytes(kept) == as_sent
+
+
+async def test_whatsapp_body_over_the_limit_is_413(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    body = meta_bytes(text_message("wamid.big", "5511987654321", "x" * (1024 * 1024)))
+    assert (await deliver(api, wa, body)).status_code == 413
+    assert count(api.url, "webhook_deliveries") == 0
+
+
+# --- inbound messages --------------------------------------------------------------------
+
+MESSAGES: list[tuple[str, str, dict[str, Any]]] = [
+    ("text_message", "text", {"text": "Olá! Vocês têm a camiseta azul no tamanho M? Preciso "
+                                      "até sexta 🙏 https://lojadaana.com.br/p/camiseta"}),
+    ("image_caption", "image", {"caption": "Essa aqui, é de algodão?",
+                                "media_id": "1482937461029384"}),
+    ("interactive_button_reply", "interactive", {"reply_type": "button_reply",
+                                                 "reply_id": "confirmar_pedido_1042"}),
+    ("interactive_list_reply", "interactive", {"reply_type": "list_reply",
+                                               "reply_id": "tamanho_m", "reply_title": "M"}),
+    ("template_quick_reply", "button", {"reply_type": "quick_reply",
+                                        "reply_id": "RASTREAR_PEDIDO_1042"}),
+    ("reaction_added", "reaction", {"reaction_emoji": "❤️", "reaction_removed": False}),
+    ("reaction_removed", "reaction", {"reaction_emoji": "", "reaction_removed": True}),
+    ("location", "location", {"latitude": -23.5558, "location_name": "Conjunto Nacional"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fixture", "message_type", "expected"), MESSAGES,
+                         ids=[m[0] for m in MESSAGES])  # fmt: skip
+async def test_whatsapp_inbound_message_is_message_received(
+    api: Api, fixture: str, message_type: str, expected: dict[str, Any]
+) -> None:
+    wa = connect_whatsapp(api)
+    raw = json.loads(fixture_body(fixture))["entry"][0]["changes"][0]["value"]["messages"][0]
+    answer = await deliver(api, wa, fixture_body(fixture))
+    assert answer.json()["status"] == "processed", answer.text
+
+    [event] = events(api, "Message Received")
+    assert event.unique_event_id == f"whatsapp:message:{raw['id']}"
+    assert (event.source, event.entity_type, event.entity_id) == ("whatsapp", "message", raw["id"])
+    assert event.occurred_at == _at(int(raw["timestamp"]))
+    assert event.integration_id == wa.id
+    assert event.properties["message_type"] == message_type
+    assert event.properties["wa_message_id"] == raw["id"]
+    assert event.properties.items() >= expected.items()
+    contact = api.ledger.get_contact(api.account.id, event.contact_id)
+    assert contact is not None
+    assert contact.phone == event.properties["phone"]
+    [created] = events(api, "Contact Created")
+    assert (created.contact_id, created.source) == (event.contact_id, "whatsapp")
+    [opened] = events(api, "Conversation Opened")
+    assert opened.contact_id == event.contact_id
+    assert opened.properties["opened_by_message_id"] == raw["id"]
+
+
+async def test_whatsapp_new_contact_gets_its_profile_name_and_e164_phone(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    await deliver(api, wa, fixture_body("text_message"))
+    [event] = events(api, "Message Received")
+    contact = api.ledger.get_contact(api.account.id, event.contact_id)
+    assert contact is not None
+    assert (contact.phone, contact.name) == ("+5511987654321", "Conceição Araújo")
+
+
+async def test_whatsapp_numbers_with_and_without_the_ninth_digit_are_one_person(
+    api: Api,
+) -> None:
+    wa = connect_whatsapp(api)
+    known = await api.post("/v1/contacts", {"phone": "(11) 98765-4329", "name": "Marcos Lima"})
+    await deliver(api, wa, fixture_body("interactive_button_reply"))  # wa_id 551187654329
+    later = text_message("wamid.NINE", "5511987654329", "Com o nove", name="Marcos")
+    await deliver(api, wa, meta_bytes(later))
+    received = events(api, "Message Received")
+    assert len(received) == 2
+    assert {str(e.contact_id) for e in received} == {known.json()["id"]}
+    assert [e.source for e in events(api, "Contact Created")] == ["api"]
+    assert len(events(api, "Conversation Opened")) == 1
+
+
+async def test_whatsapp_user_hiding_their_number_is_kept_by_the_business_scoped_id(
+    api: Api,
+) -> None:
+    wa = connect_whatsapp(api)
+    await deliver(api, wa, fixture_body("user_id_only"))
+    [first] = events(api, "Message Received")
+    contact = api.ledger.get_contact(api.account.id, first.contact_id)
+    assert contact is not None
+    assert (contact.phone, contact.name) == (None, "Bia")
+    assert contact.external_id == "whatsapp:user:BR.1a2b3c4d5e6f7a8b9c0d"
+    # The same user later shows a number: still the same person, no second contact.
+    payload = text_message("wamid.SHOWN", "5521912345678", "Agora com número", name="Bia")
+    value = payload["entry"][0]["changes"][0]["value"]
+    value["contacts"][0]["user_id"] = "BR.1a2b3c4d5e6f7a8b9c0d"
+    value["messages"][0]["from_user_id"] = "BR.1a2b3c4d5e6f7a8b9c0d"
+    await deliver(api, wa, meta_bytes(payload))
+    assert {e.contact_id for e in events(api, "Message Received")} == {first.contact_id}
+    assert len(events(api, "Contact Created")) == 1
+
+
+async def test_whatsapp_redelivery_records_nothing_twice(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    body = fixture_body("text_message")
+    first = await deliver(api, wa, body)
+    again = await deliver(api, wa, body)
+    assert (first.json()["status"], again.json()["status"]) == ("processed", "duplicate")
+    assert first.json()["delivery_id"] == again.json()["delivery_id"]
+    assert count(api.url, "webhook_deliveries") == 1
+    metrics = sorted(e.metric_name for e in events(api))
+    assert metrics == ["Contact Created", "Conversation Opened", "Message Received"]
+    # `sinal webhooks replay` of a processed delivery: duplicates only.
+    assert webhooks.replay(api.ledger, ("processed",)) == {"processed": 1}
+    assert sorted(e.metric_name for e in events(api)) == metrics
+    assert count(api.url, "conversations") == 1
+
+
+async def test_whatsapp_message_resent_after_its_conversation_closed_opens_none(
+    api: Api,
+) -> None:
+    wa = connect_whatsapp(api)
+    await deliver(api, wa, fixture_body("text_message"))
+    [conversation] = (await api.client.get("/v1/conversations")).json()["data"]
+    closed = await api.client.post(f"/v1/conversations/{conversation['id']}/close")
+    assert closed.json()["status"] == "closed"
+    # Meta sends the same message again inside another batch (other bytes, other digest).
+    payload = json.loads(fixture_body("text_message"))
+    payload["entry"][0]["changes"][0]["value"]["messages"].append(
+        text_message("wamid.NEXT", "5511987654321", "Oi de novo", timestamp=1715370000)[
+            "entry"][0]["changes"][0]["value"]["messages"][0]
+    )  # fmt: skip
+    answer = await deliver(api, wa, meta_bytes(payload))
+    assert answer.json()["status"] == "processed"
+    assert len(events(api, "Message Received")) == 2
+    opened = events(api, "Conversation Opened")
+    assert [e.properties["opened_by_message_id"] for e in opened] == [TEXT, "wamid.NEXT"]
+    listing = (await api.client.get("/v1/conversations", params={"status": "open"})).json()
+    assert len(listing["data"]) == 1
+
+
+# --- statuses ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fixture", "metric", "wamid"),
+    [
+        ("status_delivered", "Message Delivered", SENT),
+        ("status_read", "Message Read", SENT),
+        ("status_failed", "Message Failed", FAILED),
+    ],
+)
+async def test_whatsapp_each_status_is_an_event(
+    api: Api, fixture: str, metric: str, wamid: str
+) -> None:
+    wa = connect_whatsapp(api)
+    raw = json.loads(fixture_body(fixture))["entry"][0]["changes"][0]["value"]["statuses"][0]
+    assert (await deliver(api, wa, fixture_body(fixture))).json()["status"] == "processed"
+    [event] = events(api, metric)
+    assert event.unique_event_id == f"whatsapp:message_{raw['status']}:{wamid}"
+    assert event.occurred_at == _at(int(raw["timestamp"]))
+    assert event.properties["wa_message_id"] == wamid
+    row = messaging_store(api.ledger).get_message_status(api.account.id, wamid)
+    assert row is not None
+    assert (row.status, row.contact_id, row.is_template) == (raw["status"], event.contact_id, False)
+    contact = api.ledger.get_contact(api.account.id, event.contact_id)
+    assert contact is not None
+    assert contact.phone == "+" + raw["recipient_id"]  # unknown message: the recipient
+
+
+async def test_whatsapp_sent_status_is_no_event_but_moves_the_status(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    await deliver(api, wa, fixture_body("status_sent"))
+    assert [e.metric_name for e in events(api)] == ["Contact Created"]
+    row = messaging_store(api.ledger).get_message_status(api.account.id, SENT)
+    assert row is not None
+    assert (row.status, row.status_at) == ("sent", _at(1715362200))
+
+
+async def test_whatsapp_failed_status_keeps_metas_error(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    await deliver(api, wa, fixture_body("status_failed"))
+    props = _props(api, "Message Failed")
+    assert (props["error_code"], props["error_title"]) == (131026, "Message undeliverable")
+    assert props["error_details"] == "Message Undeliverable."
+    row = messaging_store(api.ledger).get_message_status(api.account.id, FAILED)
+    assert row is not None
+    assert (row.status, row.error_code, row.error_title) == (
+        "failed", 131026, "Message undeliverable"
+    )  # fmt: skip
+
+
+def _sent_by_automation(api: Api, wamid: str, metric: str, **identity: str) -> Any:
+    """A contact and the send event an automation step records for `wamid`."""
+    contact = api.ledger.create_contact(api.account.id, **identity)
+    result = api.ledger.emit_event(
+        account_id=api.account.id, contact_id=contact.id, metric_name=metric,
+        source="automation", source_id=f"{uuid4()}:0", entity_type="message", entity_id=wamid,
+        automation_execution_id=uuid4(), occurred_at=_at(1715362100),
+        properties={"wa_message_id": wamid, "template_name": "pedido_enviado"},
+    )  # fmt: skip
+    assert result.status == "created"
+    return contact
+
+
+async def test_whatsapp_statuses_out_of_order_only_move_forward(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    contact = _sent_by_automation(api, SENT, "Template Sent", email="ana@example.com")
+    other = _sent_by_automation(api, OTHER, "Message Sent", email="bia@example.com")
+    # read before delivered (SENT); failed, then an earlier delivered (OTHER)
+    answer = await deliver(api, wa, fixture_body("statuses_out_of_order"))
+    assert answer.json()["status"] == "processed", answer.text
+
+    got = {(e.entity_id, e.metric_name): e for e in events(api) if e.source == "whatsapp"}
+    assert set(got) == {
+        (SENT, "Template Read"), (SENT, "Template Delivered"),
+        (OTHER, "Message Failed"), (OTHER, "Message Delivered"),
+    }  # fmt: skip
+    assert got[(SENT, "Template Read")].occurred_at == _at(1715362290)
+    assert got[(SENT, "Template Delivered")].occurred_at == _at(1715362203)
+    assert got[(OTHER, "Message Delivered")].occurred_at == _at(1715362450)
+    assert {got[(SENT, m)].contact_id for m in ("Template Read", "Template Delivered")} == {
+        contact.id
+    }
+    assert got[(OTHER, "Message Failed")].contact_id == other.id
+    assert count(api.url, "contacts") == 2  # the recipient's number made no new contact
+
+    store = messaging_store(api.ledger)
+    template = store.get_message_status(api.account.id, SENT)
+    failed = store.get_message_status(api.account.id, OTHER)
+    assert template is not None
+    assert failed is not None
+    assert (template.status, template.is_template, template.status_at) == (
+        "read", True, _at(1715362290)
+    )  # fmt: skip
+    assert (failed.status, failed.error_code, failed.error_title) == (
+        "failed", 131047, "Re-engagement message"
+    )  # fmt: skip
+
+    # Late and repeated statuses, in deliveries of their own: nothing moves back.
+    for late in ("status_delivered", "status_sent", "status_read"):
+        assert (await deliver(api, wa, fixture_body(late))).status_code == 200
+    late_other = statuses((OTHER, "delivered", 1715362450), (OTHER, "read", 1715362600))
+    await deliver(api, wa, meta_bytes(late_other))
+    assert store.get_message_status(api.account.id, SENT) == template
+    after = store.get_message_status(api.account.id, OTHER)
+    assert after is not None
+    assert (after.status, after.error_code) == ("failed", 131047)
+    whatsapp = [e for e in events(api) if e.source == "whatsapp"]
+    assert len(whatsapp) == 5  # only OTHER's read is new: every status once per wamid
+    assert {(e.entity_id, e.metric_name) for e in whatsapp} - set(got) == {(OTHER, "Message Read")}
+
+
+async def test_whatsapp_statuses_of_a_template_an_automation_sent_reach_its_contact(
+    api: Api,
+) -> None:
+    with whatsapp_server() as (wa_url, _server):
+        wa = connect_whatsapp(api, api_base_url=wa_url)
+        automation = await api.post("/v1/automations", {
+            "name": "Pedido enviado", "trigger_metric": "Order Fulfilled",
+            "steps": [{"type": "send_template", "name": "pedido_enviado", "language": "pt_BR",
+                       "parameters": ["{{ contact.name | first_name }}"]}],
+        })  # fmt: skip
+        assert automation.status_code == 201, automation.text
+        order = await api.post("/v1/events", {
+            "metric": "Order Fulfilled", "source": "shopify", "source_id": "5001",
+            "entity_type": "order", "contact": {"phone": "+55 21 97654-3210", "name": "Caio"},
+        })  # fmt: skip
+        assert order.status_code == 201, order.text
+        dispatcher = Dispatcher(api.ledger, DispatchSettings(http_timeout=2, retry=RetryPolicy(2)))
+        try:
+            while dispatcher.run_once():
+                pass
+        finally:
+            dispatcher.close()
+    [sent] = events(api, "Template Sent")
+    wamid = sent.entity_id
+    assert wamid is not None
+    assert wamid.startswith("wamid.")
+    # Meta's statuses carry only the recipient's id, here without the ninth digit.
+    body = statuses((wamid, "sent", 1715362200), (wamid, "read", 1715362290),
+                    (wamid, "delivered", 1715362203), recipient="552176543210")  # fmt: skip
+    assert (await deliver(api, wa, meta_bytes(body))).json()["status"] == "processed"
+    delivered = events(api, "Template Delivered")
+    read = events(api, "Template Read")
+    assert [e.contact_id for e in delivered + read] == [sent.contact_id] * 2
+    assert events(api, "Message Delivered") == []
+    row = messaging_store(api.ledger).get_message_status(api.account.id, wamid)
+    assert row is not None
+    assert (row.status, row.is_template) == ("read", True)
+
+
+async def test_whatsapp_concurrent_messages_of_a_new_contact_open_one_conversation(
+    api: Api,
+) -> None:
+    import asyncio
+
+    wa = connect_whatsapp(api)
+    bodies = [meta_bytes(text_message(f"wamid.C{i}", "5511912345678", f"msg {i}", name="Rui",
+                                      timestamp=1715360000 + i)) for i in range(8)]  # fmt: skip
+    answers = await asyncio.gather(*(deliver(api, wa, b) for b in bodies))
+    assert {a.json()["status"] for a in answers} == {"processed"}
+    assert len(events(api, "Message Received")) == 8
+    assert len(events(api, "Contact Created")) == 1
+    assert len(events(api, "Conversation Opened")) == 1
+    assert count(api.url, "conversations") == 1
+
+
+# --- what cannot be mapped ---------------------------------------------------------------
+
+
+async def test_whatsapp_unmappable_body_is_kept_with_its_reason(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    answer = await deliver(api, wa, b'{"object":"page","entry":[]}')
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "unmappable"
+    assert answer.json()["reason"].startswith("unexpected_object")
+    [(status, reason)] = sql(api.url, "SELECT status, reason FROM webhook_deliveries")
+    assert status == "unmappable"
+    assert reason.startswith("unexpected_object")
+
+
+async def test_whatsapp_bad_part_is_kept_and_the_rest_recorded(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    payload = text_message("wamid.GOOD", "5511987654321", "bom")
+    bad = dict(payload["entry"][0]["changes"][0]["value"]["messages"][0], id="wamid.BAD",
+               timestamp="yesterday")  # fmt: skip
+    payload["entry"][0]["changes"][0]["value"]["messages"].insert(0, bad)
+    answer = await deliver(api, wa, meta_bytes(payload))
+    assert answer.json()["status"] == "unmappable"
+    assert "message wamid.BAD: invalid_timestamp" in answer.json()["reason"]
+    assert [e.entity_id for e in events(api, "Message Received")] == ["wamid.GOOD"]
+
+
+async def test_whatsapp_another_numbers_traffic_is_not_recorded(api: Api) -> None:
+    wa = connect_whatsapp(api, phone_number_id="999999999999999")
+    answer = await deliver(api, wa, fixture_body("text_message"))
+    assert answer.json()["status"] == "unmappable"
+    assert f"phone_number_mismatch ({PHONE_NUMBER_ID})" in answer.json()["reason"]
+    assert events(api) == []
+
+
+async def test_whatsapp_template_review_changes_are_ignored(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    body = {"object": "whatsapp_business_account", "entry": [{"id": "1", "changes": [
+        {"field": "message_template_status_update",
+         "value": {"event": "APPROVED", "message_template_name": "pedido_enviado"}}]}]}  # fmt: skip
+    answer = await deliver(api, wa, meta_bytes(body))
+    assert answer.json()["status"] == "processed"
+    assert events(api) == []
+
+
+# --- tenants -----------------------------------------------------------------------------
+
+
+async def test_whatsapp_delivery_is_recorded_in_its_integrations_account_only(api: Api) -> None:
+    other = api.ledger.create_account("Outra Loja")
+    theirs = connect_whatsapp(api, account_id=other.id)
+    ours = connect_whatsapp(api)
+    await deliver(api, ours, fixture_body("text_message"))
+    assert len(events(api, "Message Received")) == 1
+    assert events(api, account_id=other.id) == []
+    await deliver(api, theirs, fixture_body("image_caption"))
+    [theirs_event] = events(api, "Message Received", account_id=other.id)
+    assert theirs_event.properties["message_type"] == "image"
+    assert len(events(api, "Message Received")) == 1

@@ -1,0 +1,92 @@
+"""Helpers for the WhatsApp tests: a connected integration and signed Meta deliveries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sinal.automations.service import Automations
+from sinal.integrations.signatures import sign_whatsapp
+from sinal.store.automations import Integration
+from sinal.store.base import EventQuery, StoredEvent
+from tests.integration.conftest import Api
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "whatsapp"
+APP_SECRET = "5f0c1d2e3a4b6c7d8e9f0a1b2c3d4e5f"
+VERIFY_TOKEN = "sinal-verify-8f2c1a"
+PHONE_NUMBER_ID = "106540352242922"
+WABA_ID = "102290129340398"
+
+
+def connect_whatsapp(api: Api, account_id: Any = None, **overrides: str) -> Integration:
+    """The account's WhatsApp Cloud API connection, as `POST /v1/integrations` makes it."""
+    data = {
+        "kind": "whatsapp", "secret": APP_SECRET, "verify_token": VERIFY_TOKEN,
+        "phone_number_id": PHONE_NUMBER_ID, "access_token": "EAAG-test",
+        "api_base_url": "https://graph.example.test/v21.0", **overrides,
+    }  # fmt: skip
+    return Automations(api.ledger).create_integration(account_id or api.account.id, data)
+
+
+def fixture_body(name: str) -> bytes:
+    """A fixture's bytes exactly as stored (Meta's escaping included)."""
+    return (FIXTURES / f"{name}.json").read_bytes()
+
+
+def meta_bytes(payload: Any) -> bytes:
+    """JSON as Meta sends it: compact, non-ASCII escaped as \\uXXXX."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def envelope(value: dict[str, Any]) -> dict[str, Any]:
+    """A `messages` change around `value`."""
+    metadata = {"display_phone_number": "551140028922", "phone_number_id": PHONE_NUMBER_ID}
+    return {
+        "object": "whatsapp_business_account",
+        "entry": [{"id": WABA_ID, "changes": [{"field": "messages", "value": {
+            "messaging_product": "whatsapp", "metadata": metadata, **value}}]}],
+    }  # fmt: skip
+
+
+def text_message(
+    wamid: str, wa_id: str, text: str, *, name: str | None = None, timestamp: int = 1715360000
+) -> dict[str, Any]:
+    """A body with one inbound text message."""
+    contacts = [{"profile": {"name": name}, "wa_id": wa_id}] if name else []
+    message = {"from": wa_id, "id": wamid, "timestamp": str(timestamp), "type": "text",
+               "text": {"body": text}}  # fmt: skip
+    return envelope({"contacts": contacts, "messages": [message]})
+
+
+def statuses(*items: tuple[str, str, int], recipient: str = "5511987654321") -> dict[str, Any]:
+    """A body with (wamid, status, timestamp) statuses, carrying only the recipient id."""
+    return envelope(
+        {"statuses": [{"id": wamid, "status": status, "timestamp": str(when),
+                       "recipient_id": recipient} for wamid, status, when in items]}
+    )  # fmt: skip
+
+
+async def deliver(
+    api: Api,
+    integration: Integration,
+    body: bytes,
+    *,
+    signature: str | None = None,
+    secret: str = APP_SECRET,
+) -> httpx.Response:
+    """POST a delivery signed as Meta signs it (or with the `signature` given)."""
+    header = sign_whatsapp(secret, body) if signature is None else signature
+    return await api.client.post(
+        f"/webhooks/whatsapp/{integration.id}",
+        content=body,
+        headers={"Content-Type": "application/json", "X-Hub-Signature-256": header},
+    )
+
+
+def events(api: Api, metric: str | None = None, account_id: Any = None) -> list[StoredEvent]:
+    """The account's events (of one metric), oldest first."""
+    query = EventQuery(account_id or api.account.id, metric_name=metric, limit=1000)
+    return list(reversed(api.ledger.list_events(query)))

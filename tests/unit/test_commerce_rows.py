@@ -1,0 +1,97 @@
+"""How webhooks change order and checkout rows (pure: `merge_order`, `merge_checkout`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+
+from sinal.integrations.base import OrderRef, OrderStatus
+from sinal.store.commerce import CheckoutUpdate, Order, OrderUpdate, merge_checkout, merge_order
+
+ACCOUNT, INTEGRATION, CONTACT = uuid4(), uuid4(), uuid4()
+T0 = datetime(2024, 5, 10, 17, 0, tzinfo=UTC)
+
+
+def snapshot(status: OrderStatus, at: datetime, total: str = "297.90", **kw: Any) -> OrderRef:
+    return OrderRef(
+        provider="shopify", external_id="1001", number="#1042", status=status,
+        provider_status=None, total=Decimal(total), currency="BRL", updated_at=at, **kw,
+    )  # fmt: skip
+
+
+def update(snap: OrderRef | None = None, **kw: Any) -> OrderUpdate:
+    return OrderUpdate(ACCOUNT, INTEGRATION, "shopify", "1001", CONTACT, snapshot=snap, **kw)
+
+
+def apply(current: Order | None, change: OrderUpdate, *, new: bool = True) -> Order:
+    merged = merge_order(current, change, new_id=uuid4(), now=T0, refund_is_new=new)
+    assert merged is not None
+    return merged
+
+
+def test_merge_order_status_only_moves_forward_whatever_the_arrival_order() -> None:
+    cancelled = apply(None, update(snapshot("cancelled", T0 + timedelta(days=1), "0.00")))
+    placed_late = apply(cancelled, update(snapshot("pending", T0)))
+    assert placed_late.status == "cancelled"
+    assert placed_late.total == Decimal("0.00")  # an older snapshot only fills gaps
+
+
+def test_merge_order_newest_snapshot_wins_the_figures() -> None:
+    placed = apply(None, update(snapshot("pending", T0, checkout_token="tok")))
+    paid = apply(placed, update(snapshot("paid", T0 + timedelta(minutes=9), "280.00")))
+    assert (paid.status, paid.total, paid.checkout_token) == ("paid", Decimal("280.00"), "tok")
+    assert paid.id == placed.id
+
+
+def test_merge_order_refunds_add_up_once_and_set_the_status() -> None:
+    placed = apply(None, update(snapshot("paid", T0)))
+    first = apply(placed, update(refund=Decimal("80.91")))
+    redelivered = apply(first, update(refund=Decimal("80.91")), new=False)
+    full = apply(redelivered, update(refund=Decimal("216.99")))
+    assert (first.status, first.refunded) == ("partially_refunded", Decimal("80.91"))
+    assert redelivered.refunded == Decimal("80.91")
+    assert (full.status, full.refunded) == ("refunded", Decimal("297.90"))
+
+
+def test_merge_order_without_a_snapshot_creates_no_row() -> None:
+    change = update(refund=Decimal("10"))
+    assert merge_order(None, change, new_id=uuid4(), now=T0, refund_is_new=True) is None
+
+
+def checkout_update(at: datetime, contact: UUID | None = CONTACT, **kw: Any) -> CheckoutUpdate:
+    return CheckoutUpdate(
+        account_id=ACCOUNT, integration_id=INTEGRATION, provider="shopify", token="tok",
+        contact_id=contact, recovery_url="https://loja/recover", total=Decimal("310.89"),
+        currency="BRL", details={}, updated_at=at, abandon_after=timedelta(minutes=60), **kw,
+    )  # fmt: skip
+
+
+def test_merge_checkout_is_due_an_hour_after_its_last_update() -> None:
+    created = merge_checkout(None, checkout_update(T0), now=T0, has_order=False)
+    updated = merge_checkout(created, checkout_update(T0 + timedelta(minutes=4)), now=T0,
+                             has_order=False)  # fmt: skip
+    stale = merge_checkout(updated, checkout_update(T0), now=T0, has_order=False)
+    assert created.due_at == T0 + timedelta(minutes=60)
+    assert updated.due_at == stale.due_at == T0 + timedelta(minutes=64)
+
+
+@pytest.mark.parametrize(
+    ("contact", "has_order", "completed_at"),
+    [(None, False, None), (CONTACT, True, None), (CONTACT, False, T0)],
+    ids=["anonymous", "order_already_there", "completed"],
+)
+def test_merge_checkout_never_due_without_a_contact_or_once_completed(
+    contact: UUID | None, has_order: bool, completed_at: datetime | None
+) -> None:
+    change = checkout_update(T0, contact, completed_at=completed_at)
+    assert merge_checkout(None, change, now=T0, has_order=has_order).due_at is None
+
+
+def test_merge_checkout_a_reminder_is_the_abandonment() -> None:
+    reminder = checkout_update(T0, abandoned=True)
+    merged = merge_checkout(None, reminder, now=T0, has_order=False)
+    assert (merged.abandoned_at, merged.due_at) == (T0, None)

@@ -1,0 +1,108 @@
+"""Tracked links' pure rules (tokens, targets, preview fetchers, the click event) and a
+message status row's forward-only merge."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import UUID, uuid4
+
+import pytest
+
+from sinal.events import prepare
+from sinal.integrations.links import (
+    click_event,
+    is_preview_fetcher,
+    is_token,
+    new_token,
+    target_url_problem,
+)
+from sinal.store.messaging import MessageStatus
+
+NOW = datetime(2026, 3, 2, 14, 0, 0, 250_000, tzinfo=UTC)
+LINK = uuid4()
+
+
+def test_new_tokens_are_url_safe_and_distinct() -> None:
+    tokens = {new_token() for _ in range(1000)}
+    assert len(tokens) == 1000
+    assert all(is_token(t) for t in tokens)
+
+
+@pytest.mark.parametrize("text", ["", "short", "a" * 17, "a" * 15 + "/", "a" * 15 + "=", "á" * 16])
+def test_is_token_refuses_other_shapes(text: str) -> None:
+    assert not is_token(text)
+
+
+@pytest.mark.parametrize(
+    ("url", "ok"),
+    [
+        ("https://lojadaana.com.br/p/camiseta?cor=azul#m", True),
+        ("http://127.0.0.1:8080/x", True),
+        ("HTTPS://LOJA.COM.BR", True),
+        ("https://loja.com.br/" + "a" * 2100, False),
+        ("/p/camiseta", False),
+        ("lojadaana.com.br", False),
+        ("javascript:alert(1)", False),
+        ("data:text/html,hi", False),
+        ("ftp://loja.com.br/a", False),
+        ("https://", False),
+        ("https://loja.com.br/a b", False),
+        ("https://loja.com.br/\r\nSet-Cookie: x", False),
+        ("https://ana:senha@loja.com.br/", False),
+        ("http://[::1", False),
+    ],
+)
+def test_target_url_must_be_absolute_http(url: str, ok: bool) -> None:
+    assert (target_url_problem(url) is None) == ok
+
+
+@pytest.mark.parametrize(
+    ("agent", "preview"),
+    [
+        ("WhatsApp/2.24.8.78 A", True),
+        ("WhatsApp/2.23.20.0 i", True),
+        ("facebookexternalhit/1.1 (+http://www.facebook.com/externalhit_uatext.php)", True),
+        ("Facebot", True),
+        ("TelegramBot (like TwitterBot)", True),
+        ("Mozilla/5.0 (Linux; Android 14) Chrome/124 Mobile Safari/537.36", False),
+        ("Mozilla/5.0 (Linux; Android 14; wv) Chrome/124 WhatsApp/2.24.8.78", False),
+        ("Mozilla/5.0 (iPhone) Mobile/15E148 [FBAN/FBIOS;FBAV/450.0]", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_preview_fetchers_are_told_from_people(agent: str | None, preview: bool) -> None:
+    assert is_preview_fetcher(agent) == preview
+
+
+def _click(now: datetime, link_id: UUID | None = None) -> str | None:
+    event = click_event(
+        account_id=uuid4(), contact_id=uuid4(), link_id=link_id or LINK, url="https://x.com",
+        campaign=None, automation_execution_id=None, user_agent="ua", now=now,
+    )  # fmt: skip
+    return prepare(event, now).unique_event_id
+
+
+def test_clicks_within_one_second_share_an_id_and_later_ones_do_not() -> None:
+    assert _click(NOW) == _click(NOW + timedelta(milliseconds=500))
+    assert _click(NOW) != _click(NOW + timedelta(seconds=1))
+    assert _click(NOW) != _click(NOW, uuid4())
+    assert _click(NOW) == f"tracking:link:{LINK}:{int(NOW.timestamp())}"
+
+
+def _status(status: str, when: int, code: int | None = None) -> MessageStatus:
+    at = datetime.fromtimestamp(when, UTC)
+    return MessageStatus(uuid4(), "wamid.x", uuid4(), status, False, code, None, at, at)
+
+
+def test_message_status_only_moves_forward_and_failed_keeps_its_error() -> None:
+    read = _status("read", 30).advanced_by(_status("delivered", 20))
+    assert (read.status, read.status_at.second) == ("read", 30)
+    failed = _status("delivered", 20).advanced_by(_status("failed", 40, 131047))
+    assert (failed.status, failed.error_code) == ("failed", 131047)
+    kept = failed.advanced_by(_status("read", 50))
+    assert kept == failed
+    templated = _status("sent", 10).advanced_by(
+        MessageStatus(uuid4(), "wamid.x", uuid4(), "sent", True, None, None, NOW, NOW)
+    )
+    assert (templated.status, templated.is_template) == ("sent", True)
