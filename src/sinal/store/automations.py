@@ -16,6 +16,18 @@ from uuid import UUID
 from sinal.events import PreparedEvent
 from sinal.store.base import Contact, StoredEvent
 
+# Column lists both backends select, in the order the records' fields take them.
+EXECUTION_COLUMNS = (
+    "account_id, id, automation_id, event_id, contact_id, status, next_step, attempts, run_at, "
+    "last_error, created_at, updated_at"
+)
+STEP_COLUMNS = (
+    "step_index, step_type, status, attempts, result, error, event_id, started_at, finished_at"
+)
+AUTOMATION_COLUMNS = "account_id, id, name, status, trigger_metric, spec, created_at, updated_at"
+INTEGRATION_COLUMNS = "account_id, id, kind, name, settings, secrets, created_at"
+
+
 IntegrationKind = Literal["whatsapp", "ai", "shopify", "yampi"]
 ExecutionStatus = Literal["pending", "waiting", "completed", "stopped", "unknown", "dead"]
 StepStatus = Literal["started", "completed", "failed", "unknown"]

@@ -24,6 +24,10 @@ from psycopg.types.json import Jsonb
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.store.automations import (
+    AUTOMATION_COLUMNS,
+    EXECUTION_COLUMNS,
+    INTEGRATION_COLUMNS,
+    STEP_COLUMNS,
     Advance,
     AutomationRow,
     Chooser,
@@ -39,15 +43,10 @@ from sinal.store.automations import (
 )
 from sinal.store.base import Contact, StoredEvent
 
-_EXECUTION_COLUMNS = (
-    "account_id, id, automation_id, event_id, contact_id, status, next_step, attempts, run_at, "
-    "last_error, created_at, updated_at"
-)
-_STEP_COLUMNS = (
-    "step_index, step_type, status, attempts, result, error, event_id, started_at, finished_at"
-)
-_AUTOMATION_COLUMNS = "account_id, id, name, status, trigger_metric, spec, created_at, updated_at"
-_INTEGRATION_COLUMNS = "account_id, id, kind, name, settings, secrets, created_at"
+_EXECUTION_COLUMNS = EXECUTION_COLUMNS
+_STEP_COLUMNS = STEP_COLUMNS
+_AUTOMATION_COLUMNS = AUTOMATION_COLUMNS
+_INTEGRATION_COLUMNS = INTEGRATION_COLUMNS
 
 
 def _qualified(columns: str, alias: str) -> str:
