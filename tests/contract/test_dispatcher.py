@@ -240,12 +240,13 @@ def test_completed_step_is_not_repeated_when_the_execution_resumes(world: World)
     world.order_paid()
     store = world.automations.store
     store.fan_out(lambda e, c: [a.id for a in c], 10)
-    [claim] = store.claim_executions("doomed-worker", 10, 0.2)
+    # a lease long enough for step 0 to finish on a loaded machine, short enough to expire
+    [claim] = store.claim_executions("doomed-worker", 10, 2.0)
     doomed = world.dispatcher()
     doomed.settings = DispatchSettings(worker_id="doomed-worker", http_timeout=0.5)
     outcome = doomed._run_step(claim, 0, spec_of(claim.automation))
     assert outcome is not None  # step 0 sent and recorded; the worker dies before step 1
-    time.sleep(0.3)
+    time.sleep(2.2)
 
     world.drain(world.dispatcher())
 
