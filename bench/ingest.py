@@ -14,9 +14,11 @@ For each backend, in one run, on the same generated events:
 - the seed's flow: per event five statements, each in its own transaction;
 - one INSERT per event in its own transaction: the ceiling for per-event commits.
 
-Every method starts from empty events, summary, outbox and rejection tables and is checked
-afterwards (events stored, and for the ledger also outcomes, outbox and summaries); a
-mismatch is printed and the script exits with status 1. See bench/README.md.
+The tables already hold another tenant's events (as production tables would). Every
+method starts with none of the bench tenant's events, summaries, outbox or rejection rows
+and is checked afterwards (events stored, and for the ledger also its answers, the outbox
+and the summaries); a mismatch is printed and the script exits with status 1. See
+bench/README.md.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ CONTACTS = 200
 DUPLICATE_SHARE = 0.20
 SPREAD = timedelta(days=30)
 WARMUP = 100  # events run through each method, untimed, before it is measured
+HISTORY = 2  # another tenant's events stored beforehand, per batch-method event
 SEED = 20261129
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432"
 FULL = (20_000, 3_000)  # (batch methods, per-event methods)
@@ -114,6 +117,7 @@ console = Console(stderr=True, soft_wrap=True)  # progress; stdout holds only th
 class Row:
     """One generated event as the raw methods write it (the ledger derives the same)."""
 
+    account_id: UUID
     id: UUID
     contact_id: UUID
     metric_id: UUID
@@ -292,6 +296,7 @@ def _row(account_id: UUID, params: dict[str, Any], now: datetime) -> Row:
     name: str = params["metric_name"]
     source_id: str = params["source_id"]
     return Row(
+        account_id=account_id,
         id=new_id(),
         contact_id=params["contact_id"],
         metric_id=metric_id(account_id, name),
@@ -358,13 +363,18 @@ class Bench(ABC):
     baseline: str  # the key of the raw-load method the others are compared with
     ledger: Ledger
 
-    def __init__(self, workload: Workload) -> None:
+    def __init__(self, workload: Workload, history: Workload) -> None:
         self.workload = workload
         self.account = str(workload.account_id)
         self.cleanup = ExitStack()  # undoes `open`, also when it fails half-way
         try:
             self.open()
-            self.prepare_tenant()
+            # Another tenant's events first: the tables are never empty, as in production,
+            # so indexes have their depth and PostgreSQL plans with real statistics.
+            self.create_tenant(history, "Outra Loja")
+            self.load_history(history.inputs)
+            self.create_tenant(workload, "Loja Exemplo")
+            self.reset()
         except BaseException:
             self.close()
             raise
@@ -386,35 +396,39 @@ class Bench(ABC):
         """The methods measured on this backend, in the order they run."""
 
     @abstractmethod
+    def load_history(self, inputs: Sequence[Input]) -> None:
+        """Write another tenant's events (raw, distinct) and prepare the statistics."""
+
+    @abstractmethod
     def reset(self) -> None:
-        """Empty the event tables (contacts and metrics stay)."""
+        """Delete the bench tenant's events, summaries, outbox and rejections (its contacts
+        and metrics, and the other tenant's rows, stay)."""
 
     @abstractmethod
     def count(self, table: str) -> int:
-        """Rows in `table`."""
+        """The bench tenant's rows in `table`."""
 
     @abstractmethod
     def summary_total(self) -> int:
-        """The sum of `event_count` over all summary rows."""
+        """The sum of `event_count` over the bench tenant's summary rows."""
 
     def close(self) -> None:
         """Release connections and remove the database."""
         self.cleanup.close()
 
-    def prepare_tenant(self) -> None:
+    def create_tenant(self, tenant: Workload, name: str) -> None:
         """Create the account and its contacts; create the metrics through the ledger."""
         store = self.ledger.store
-        account_id = self.workload.account_id
-        store.create_account(Account(account_id, "Loja Exemplo", "America/Sao_Paulo", now()))
-        for contact_id, name, phone in self.workload.contacts:
-            store.upsert_contact(NewContact(account_id, contact_id, name, phone))
-        first_contact = self.workload.contacts[0][0]
+        account_id = tenant.account_id
+        store.create_account(Account(account_id, name, "America/Sao_Paulo", now()))
+        for contact_id, contact_name, phone in tenant.contacts:
+            store.upsert_contact(NewContact(account_id, contact_id, contact_name, phone))
+        first_contact = tenant.contacts[0][0]
         primers = [
             EmitEvent(account_id=account_id, contact_id=first_contact, metric_name=m, source=s)
             for m, _, s, _ in MIX
         ]
         self.ledger.emit_many(primers)  # the metric rows, exactly as the ledger writes them
-        self.reset()
 
     def emit_event(self, inputs: Sequence[Input]) -> Results:
         """`Ledger.emit_event`, one call per input."""
@@ -485,10 +499,10 @@ def distinct(inputs: Sequence[Input], seen: set[str]) -> Iterator[Row]:
 # -- PostgreSQL ----------------------------------------------------------------------------
 
 
-def pg_row(account_id: UUID, row: Row, metric: UUID) -> tuple[Any, ...]:
+def pg_row(row: Row, metric: UUID) -> tuple[Any, ...]:
     """`row` in EVENT_COLUMNS order, as psycopg adapts it."""
     return (
-        account_id, row.id, row.contact_id, metric, row.metric_name, row.properties_json,
+        row.account_id, row.id, row.contact_id, metric, row.metric_name, row.properties_json,
         row.value, row.currency, row.source, row.source_id, None, row.unique_event_id,
         row.entity_type, row.entity_id, None, row.occurred_at, row.received_at, SCHEMA_VERSION,
     )  # fmt: skip
@@ -506,13 +520,12 @@ class PostgresBench(Bench):
     name: Backend = "postgresql"
     baseline = "copy"
 
-    def __init__(self, workload: Workload, base_url: str) -> None:
+    def __init__(self, workload: Workload, history: Workload, base_url: str) -> None:
         self.database = f"sinal_bench_{os.getpid()}_{secrets.token_hex(3)}"
         self.admin_url = with_database(base_url, "postgres")
         self.url = with_database(base_url, self.database)
         self.can_checkpoint = True
-        super().__init__(workload)
-        self.conn.execute("ANALYZE")  # what autovacuum would have done by now
+        super().__init__(workload, history)
 
     def open(self) -> None:
         """CREATE DATABASE (dropped on close), migrate it, connect."""
@@ -547,9 +560,18 @@ class PostgresBench(Bench):
             Method("insert_each", "INSERT ×1/tx", self.insert_each, per_event=True),
         ]
 
+    def load_history(self, inputs: Sequence[Input]) -> None:
+        """COPY the other tenant's events, then ANALYZE (what autovacuum does in time)."""
+        self.copy_chunked(inputs)
+        self.conn.execute("ANALYZE")
+
     def reset(self) -> None:
-        """TRUNCATE the event tables, then CHECKPOINT so no method pays for another's writes."""
-        self.conn.execute(f"TRUNCATE {', '.join(EVENT_TABLES)}")
+        """DELETE the bench tenant's rows, VACUUM, and CHECKPOINT so that no method pays for
+        another's writes."""
+        for table in EVENT_TABLES:
+            statement = sql.SQL("DELETE FROM {} WHERE account_id = %s")
+            self.conn.execute(statement.format(sql.Identifier(table)), (self.workload.account_id,))
+        self.conn.execute(f"VACUUM {', '.join(EVENT_TABLES)}")
         if self.can_checkpoint:
             try:
                 self.conn.execute("CHECKPOINT")
@@ -557,23 +579,27 @@ class PostgresBench(Bench):
                 self.can_checkpoint = False  # not a superuser (nor pg_checkpoint): do without
 
     def count(self, table: str) -> int:
-        """Rows in `table`."""
-        row = self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+        """The bench tenant's rows in `table`."""
+        statement = sql.SQL("SELECT count(*) FROM {} WHERE account_id = %s")
+        row = self.conn.execute(
+            statement.format(sql.Identifier(table)), (self.workload.account_id,)
+        ).fetchone()
         return int(row[0]) if row else 0
 
     def summary_total(self) -> int:
-        """The sum of `event_count` over all summary rows."""
+        """The sum of `event_count` over the bench tenant's summary rows."""
         row = self.conn.execute(
-            "SELECT coalesce(sum(event_count), 0) FROM contact_metrics_summary"
+            "SELECT coalesce(sum(event_count), 0) FROM contact_metrics_summary "
+            "WHERE account_id = %s",
+            (self.workload.account_id,),
         ).fetchone()
         return int(row[0]) if row else 0
 
     def _copy(self, inputs: Sequence[Input], seen: set[str]) -> None:
-        account_id = self.workload.account_id
         statement = f"COPY events ({EVENT_COLUMNS}) FROM STDIN"
         with self.conn.transaction(), self.conn.cursor() as cur, cur.copy(statement) as copy:
             for row in distinct(inputs, seen):
-                copy.write_row(pg_row(account_id, row, row.metric_id))
+                copy.write_row(pg_row(row, row.metric_id))
 
     def copy_chunked(self, inputs: Sequence[Input]) -> Results:
         """One COPY and one transaction per 500 inputs; repeats dropped in Python."""
@@ -590,9 +616,8 @@ class PostgresBench(Bench):
     def insert_each(self, inputs: Sequence[Input]) -> Results:
         """One INSERT ... ON CONFLICT DO NOTHING per event, each its own transaction: the
         ceiling for anything that commits every event (one round trip, one WAL flush)."""
-        account_id = self.workload.account_id
         for item in inputs:
-            self.conn.execute(PG_INSERT, pg_row(account_id, item.row, item.row.metric_id))
+            self.conn.execute(PG_INSERT, pg_row(item.row, item.row.metric_id))
         return None
 
     def seed_flow(self, inputs: Sequence[Input]) -> Results:
@@ -623,7 +648,7 @@ class PostgresBench(Bench):
             ).fetchone()
             if existing is not None:
                 continue  # the seed answers the earlier event's id
-            conn.execute(PG_INSERT, pg_row(account_id, row, metric[0]))
+            conn.execute(PG_INSERT, pg_row(row, metric[0]))
         return None
 
 
@@ -636,13 +661,13 @@ def with_database(base_url: str, database: str) -> str:
 # -- SQLite --------------------------------------------------------------------------------
 
 
-def sqlite_row(account: str, row: Row, metric: str) -> tuple[Any, ...]:
+def sqlite_row(row: Row, metric: str) -> tuple[Any, ...]:
     """`row` in EVENT_COLUMNS order plus created_at, as SQLiteStore stores it."""
     return (
-        account, str(row.id), str(row.contact_id), metric, row.metric_name, row.properties_json,
-        None if row.value is None else str(row.value), row.currency, row.source, row.source_id,
-        None, row.unique_event_id, row.entity_type, row.entity_id, None, ts(row.occurred_at),
-        ts(row.received_at), SCHEMA_VERSION, ts(row.received_at),
+        str(row.account_id), str(row.id), str(row.contact_id), metric, row.metric_name,
+        row.properties_json, None if row.value is None else str(row.value), row.currency,
+        row.source, row.source_id, None, row.unique_event_id, row.entity_type, row.entity_id,
+        None, ts(row.occurred_at), ts(row.received_at), SCHEMA_VERSION, ts(row.received_at),
     )  # fmt: skip
 
 
@@ -677,27 +702,34 @@ class SQLiteBench(Bench):
             Method("insert_each", "INSERT ×1/tx", self.insert_each, per_event=True),
         ]
 
+    def load_history(self, inputs: Sequence[Input]) -> None:
+        """Insert the other tenant's events (no ANALYZE: SQLiteStore never runs it)."""
+        self.executemany(inputs)
+
     def reset(self) -> None:
-        """DELETE the event tables, VACUUM and checkpoint: as good as a fresh file."""
+        """DELETE the bench tenant's rows, VACUUM and checkpoint the WAL."""
         for table in EVENT_TABLES:
-            self.conn.execute(f"DELETE FROM {table}")
+            self.conn.execute(f"DELETE FROM {table} WHERE account_id = ?", (self.account,))
         self.conn.execute("VACUUM")
         self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def count(self, table: str) -> int:
-        """Rows in `table`."""
-        return int(self.conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+        """The bench tenant's rows in `table`."""
+        query = f"SELECT count(*) FROM {table} WHERE account_id = ?"
+        return int(self.conn.execute(query, (self.account,)).fetchone()[0])
 
     def summary_total(self) -> int:
-        """The sum of `event_count` over all summary rows."""
-        query = "SELECT coalesce(sum(event_count), 0) FROM contact_metrics_summary"
-        return int(self.conn.execute(query).fetchone()[0])
+        """The sum of `event_count` over the bench tenant's summary rows."""
+        query = (
+            "SELECT coalesce(sum(event_count), 0) FROM contact_metrics_summary WHERE account_id = ?"
+        )
+        return int(self.conn.execute(query, (self.account,)).fetchone()[0])
 
     def executemany(self, inputs: Sequence[Input]) -> Results:
         """One executemany INSERT and one transaction per 500 inputs; repeats dropped."""
         seen: set[str] = set()
         for chunk in chunks(inputs):
-            rows = [sqlite_row(self.account, r, str(r.metric_id)) for r in distinct(chunk, seen)]
+            rows = [sqlite_row(r, str(r.metric_id)) for r in distinct(chunk, seen)]
             self.conn.execute("BEGIN IMMEDIATE")
             self.conn.executemany(SQLITE_INSERT, rows)
             self.conn.execute("COMMIT")
@@ -708,7 +740,7 @@ class SQLiteBench(Bench):
         ceiling for anything that commits every event."""
         for item in inputs:
             row = item.row
-            self.conn.execute(SQLITE_UPSERT, sqlite_row(self.account, row, str(row.metric_id)))
+            self.conn.execute(SQLITE_UPSERT, sqlite_row(row, str(row.metric_id)))
         return None
 
     def seed_flow(self, inputs: Sequence[Input]) -> Results:
@@ -738,7 +770,7 @@ class SQLiteBench(Bench):
             ).fetchone()
             if existing is not None:
                 continue  # the seed answers the earlier event's id
-            conn.execute(SQLITE_UPSERT, sqlite_row(account, row, metric[0]))
+            conn.execute(SQLITE_UPSERT, sqlite_row(row, metric[0]))
         return None
 
 
@@ -888,11 +920,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def open_bench(backend: Backend, workload: Workload) -> Bench:
-    """A fresh database for `backend`, with the workload's tenant in it."""
+def open_bench(backend: Backend, workload: Workload, history: Workload) -> Bench:
+    """A fresh database for `backend` holding the history tenant, and the workload's."""
     if backend == "postgresql":
-        return PostgresBench(workload, os.environ.get("SINAL_BENCH_PG", DEFAULT_PG))
-    return SQLiteBench(workload)
+        return PostgresBench(workload, history, os.environ.get("SINAL_BENCH_PG", DEFAULT_PG))
+    return SQLiteBench(workload, history)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -901,16 +933,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     backends: list[Backend] = ["postgresql", "sqlite"] if args.backend == "both" else [args.backend]
     workload = generate(args.batch_n)
+    history = generate(HISTORY * args.batch_n, seed=SEED + 1)
     sizes = [len(i.row.properties_json) for i in workload.inputs]
     console.print(
         f"{args.batch_n:,} events ({workload.expected(args.batch_n):,} distinct), "
         f"{len(workload.contacts)} contacts, properties {min(sizes)}-{max(sizes)} bytes "
-        f"(mean {sum(sizes) / len(sizes):.0f}); per-event methods: {args.event_n:,}"
+        f"(mean {sum(sizes) / len(sizes):.0f}); per-event methods: {args.event_n:,}; "
+        f"another tenant's {history.expected(len(history.inputs)):,} events already stored"
     )
     reports: list[Report] = []
     try:
         for backend in backends:
-            with open_bench(backend, workload) as bench:
+            with open_bench(backend, workload, history) as bench:
                 reports.append(run_backend(bench, args))
     except Mismatch as exc:
         console.print(f"[bold red]MISMATCH[/bold red] {exc}")
