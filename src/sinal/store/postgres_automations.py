@@ -43,11 +43,6 @@ from sinal.store.automations import (
 )
 from sinal.store.base import Contact, StoredEvent
 
-_EXECUTION_COLUMNS = EXECUTION_COLUMNS
-_STEP_COLUMNS = STEP_COLUMNS
-_AUTOMATION_COLUMNS = AUTOMATION_COLUMNS
-_INTEGRATION_COLUMNS = INTEGRATION_COLUMNS
-
 
 def _qualified(columns: str, alias: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
@@ -88,13 +83,13 @@ WITH req AS (
         status = 'started', attempts = execution_steps.attempts + 1, error = NULL,
         started_at = now(), finished_at = NULL
     WHERE execution_steps.status = 'failed'
-    RETURNING account_id, execution_id, {_STEP_COLUMNS}
+    RETURNING account_id, execution_id, {STEP_COLUMNS}
 )
-SELECT h.ord, true, {_qualified(_STEP_COLUMNS, "s")} FROM held h
+SELECT h.ord, true, {_qualified(STEP_COLUMNS, "s")} FROM held h
 JOIN started s ON s.account_id = h.account_id AND s.execution_id = h.id
     AND s.step_index = h.step_index
 UNION ALL
-SELECT h.ord, false, {_qualified(_STEP_COLUMNS, "x")} FROM held h
+SELECT h.ord, false, {_qualified(STEP_COLUMNS, "x")} FROM held h
 JOIN execution_steps x ON x.account_id = h.account_id AND x.execution_id = h.id
     AND x.step_index = h.step_index
 WHERE NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
@@ -161,7 +156,7 @@ class PostgresAutomations:
         i = integration
         with self._conn() as conn:
             conn.execute(
-                f"INSERT INTO integrations ({_INTEGRATION_COLUMNS}) "
+                f"INSERT INTO integrations ({INTEGRATION_COLUMNS}) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s)",
                 (i.account_id, i.id, i.kind, i.name, Jsonb(i.settings), Jsonb(i.secrets),
                  i.created_at),
@@ -171,7 +166,7 @@ class PostgresAutomations:
         """One live integration of the account."""
         with self._conn() as conn:
             row = conn.execute(
-                f"SELECT {_INTEGRATION_COLUMNS} FROM integrations "
+                f"SELECT {INTEGRATION_COLUMNS} FROM integrations "
                 "WHERE account_id = %s AND id = %s AND deleted_at IS NULL",
                 (account_id, integration_id),
             ).fetchone()
@@ -183,7 +178,7 @@ class PostgresAutomations:
         """The account's live integrations, oldest first."""
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_INTEGRATION_COLUMNS} FROM integrations WHERE account_id = %s "
+                f"SELECT {INTEGRATION_COLUMNS} FROM integrations WHERE account_id = %s "
                 "AND deleted_at IS NULL AND (%s::text IS NULL OR kind = %s) ORDER BY created_at",
                 (account_id, kind, kind),
             ).fetchall()
@@ -205,7 +200,7 @@ class PostgresAutomations:
         """Insert an automation."""
         with self._conn() as conn:
             conn.execute(
-                f"INSERT INTO automations ({_AUTOMATION_COLUMNS}) "
+                f"INSERT INTO automations ({AUTOMATION_COLUMNS}) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                 (row.account_id, row.id, row.name, row.status, row.trigger_metric,
                  Jsonb(row.spec), row.created_at, row.updated_at),
@@ -215,7 +210,7 @@ class PostgresAutomations:
         """One live automation."""
         with self._conn() as conn:
             row = conn.execute(
-                f"SELECT {_AUTOMATION_COLUMNS} FROM automations "
+                f"SELECT {AUTOMATION_COLUMNS} FROM automations "
                 "WHERE account_id = %s AND id = %s AND deleted_at IS NULL",
                 (account_id, automation_id),
             ).fetchone()
@@ -225,7 +220,7 @@ class PostgresAutomations:
         """The account's live automations, oldest first."""
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_AUTOMATION_COLUMNS} FROM automations "
+                f"SELECT {AUTOMATION_COLUMNS} FROM automations "
                 "WHERE account_id = %s AND deleted_at IS NULL ORDER BY created_at, id",
                 (account_id,),
             ).fetchall()
@@ -399,13 +394,13 @@ class PostgresAutomations:
         """One execution with its step records."""
         with self._conn() as conn:
             row = conn.execute(
-                f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE account_id = %s AND id = %s",
+                f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE account_id = %s AND id = %s",
                 (account_id, execution_id),
             ).fetchone()
             if row is None:
                 return None
             steps = conn.execute(
-                f"SELECT {_STEP_COLUMNS} FROM execution_steps "
+                f"SELECT {STEP_COLUMNS} FROM execution_steps "
                 "WHERE account_id = %s AND execution_id = %s ORDER BY step_index",
                 (account_id, execution_id),
             ).fetchall()
@@ -422,7 +417,7 @@ class PostgresAutomations:
         """Executions, newest first."""
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE account_id = %s "
+                f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE account_id = %s "
                 "AND (%s::uuid IS NULL OR automation_id = %s) "
                 "AND (%s::uuid IS NULL OR event_id = %s) ORDER BY id DESC LIMIT %s",
                 (account_id, automation_id, automation_id, event_id, event_id, limit),
@@ -495,7 +490,7 @@ def _listening(
     """Live automations of the events' accounts that listen to the events' metrics."""
     pairs = sorted({(e.account_id, e.metric_name) for e in events})
     rows = conn.execute(
-        f"SELECT {_qualified(_AUTOMATION_COLUMNS, 'a')} FROM automations a "
+        f"SELECT {_qualified(AUTOMATION_COLUMNS, 'a')} FROM automations a "
         "JOIN unnest(%s::uuid[], %s::text[]) AS k(acc, metric) "
         "ON a.account_id = k.acc AND a.trigger_metric = k.metric "
         "WHERE a.deleted_at IS NULL ORDER BY a.created_at, a.id",
@@ -513,7 +508,7 @@ def _steps_of(
 ) -> dict[UUID, tuple[StepRecord, ...]]:
     """The step records of many executions, by execution id."""
     rows = conn.execute(
-        f"SELECT s.execution_id, {_qualified(_STEP_COLUMNS, 's')} FROM execution_steps s "
+        f"SELECT s.execution_id, {_qualified(STEP_COLUMNS, 's')} FROM execution_steps s "
         "JOIN unnest(%s::uuid[], %s::uuid[]) AS k(a, i) "
         "ON s.account_id = k.a AND s.execution_id = k.i ORDER BY s.execution_id, s.step_index",
         ([a for a, _ in executions], [i for _, i in executions]),
@@ -530,7 +525,7 @@ def _claim_layout() -> tuple[str, tuple[int, int, int, int]]:
     contact and tags (the event and contact columns live in postgres.py, which imports us)."""
     from sinal.store.postgres import _CONTACT_COLUMNS, _EVENT_COLUMNS
 
-    parts = (_EXECUTION_COLUMNS, _AUTOMATION_COLUMNS, _EVENT_COLUMNS, _CONTACT_COLUMNS)
+    parts = (EXECUTION_COLUMNS, AUTOMATION_COLUMNS, _EVENT_COLUMNS, _CONTACT_COLUMNS)
     a, b, c, d = itertools.accumulate(len(p.split(",")) for p in parts)
     statement = f"""
 WITH claimed AS (
@@ -541,9 +536,9 @@ WITH claimed AS (
             AND (claimed_until IS NULL OR claimed_until < now())
           ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) d
     WHERE e.account_id = d.account_id AND e.id = d.id
-    RETURNING {_qualified(_EXECUTION_COLUMNS, "e")}
+    RETURNING {_qualified(EXECUTION_COLUMNS, "e")}
 )
-SELECT {_qualified(_EXECUTION_COLUMNS, "x")}, {_qualified(_AUTOMATION_COLUMNS, "a")},
+SELECT {_qualified(EXECUTION_COLUMNS, "x")}, {_qualified(AUTOMATION_COLUMNS, "a")},
        {_qualified(_EVENT_COLUMNS, "ev")}, {_qualified(_CONTACT_COLUMNS, "c")},
        array(SELECT t.tag FROM contact_tags t
              WHERE t.account_id = x.account_id AND t.contact_id = x.contact_id ORDER BY t.tag)

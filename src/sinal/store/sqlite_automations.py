@@ -33,10 +33,6 @@ from sinal.store.automations import (
     StepStatus,
 )
 
-_EXECUTION_COLUMNS = EXECUTION_COLUMNS
-_STEP_COLUMNS = STEP_COLUMNS
-_AUTOMATION_COLUMNS = AUTOMATION_COLUMNS
-_INTEGRATION_COLUMNS = INTEGRATION_COLUMNS
 _HELD = "account_id = ? AND id = ? AND claimed_by = ? AND claimed_until > ?"
 
 
@@ -76,7 +72,7 @@ class SQLiteAutomations:
         i = integration
         with self._write() as conn:
             conn.execute(
-                f"INSERT INTO integrations ({_INTEGRATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO integrations ({INTEGRATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (str(i.account_id), str(i.id), i.kind, i.name, dumps_json(i.settings),
                  dumps_json(i.secrets), _ts(i.created_at)),
             )  # fmt: skip
@@ -85,7 +81,7 @@ class SQLiteAutomations:
         """One live integration of the account."""
         with self._read() as conn:
             row = conn.execute(
-                f"SELECT {_INTEGRATION_COLUMNS} FROM integrations "
+                f"SELECT {INTEGRATION_COLUMNS} FROM integrations "
                 "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
                 (str(account_id), str(integration_id)),
             ).fetchone()
@@ -97,7 +93,7 @@ class SQLiteAutomations:
         """The account's live integrations, oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_INTEGRATION_COLUMNS} FROM integrations WHERE account_id = ? "
+                f"SELECT {INTEGRATION_COLUMNS} FROM integrations WHERE account_id = ? "
                 "AND deleted_at IS NULL AND (? IS NULL OR kind = ?) ORDER BY created_at",
                 (str(account_id), kind, kind),
             ).fetchall()
@@ -119,7 +115,7 @@ class SQLiteAutomations:
         """Insert an automation."""
         with self._write() as conn:
             conn.execute(
-                f"INSERT INTO automations ({_AUTOMATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO automations ({AUTOMATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (str(row.account_id), str(row.id), row.name, row.status, row.trigger_metric,
                  dumps_json(row.spec), _ts(row.created_at), _ts(row.updated_at)),
             )  # fmt: skip
@@ -128,7 +124,7 @@ class SQLiteAutomations:
         """One live automation."""
         with self._read() as conn:
             row = conn.execute(
-                f"SELECT {_AUTOMATION_COLUMNS} FROM automations "
+                f"SELECT {AUTOMATION_COLUMNS} FROM automations "
                 "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
                 (str(account_id), str(automation_id)),
             ).fetchone()
@@ -138,7 +134,7 @@ class SQLiteAutomations:
         """The account's live automations, oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_AUTOMATION_COLUMNS} FROM automations "
+                f"SELECT {AUTOMATION_COLUMNS} FROM automations "
                 "WHERE account_id = ? AND deleted_at IS NULL ORDER BY created_at, id",
                 (str(account_id),),
             ).fetchall()
@@ -194,7 +190,7 @@ class SQLiteAutomations:
                 candidates = [
                     _automation(r)
                     for r in conn.execute(
-                        f"SELECT {_AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? "
+                        f"SELECT {AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? "
                         "AND trigger_metric = ? AND deleted_at IS NULL ORDER BY created_at, id",
                         (account, event.metric_name),
                     )
@@ -215,7 +211,7 @@ class SQLiteAutomations:
         now = _now()
         with self._write() as conn:
             rows = conn.execute(
-                f"SELECT {_EXECUTION_COLUMNS} FROM executions "
+                f"SELECT {EXECUTION_COLUMNS} FROM executions "
                 "WHERE status IN ('pending', 'waiting') AND run_at <= ? "
                 "AND (claimed_until IS NULL OR claimed_until < ?) ORDER BY run_at LIMIT ?",
                 (_ts(now), _ts(now), limit),
@@ -285,7 +281,7 @@ class SQLiteAutomations:
         """One execution with its step records."""
         with self._read() as conn:
             row = conn.execute(
-                f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE account_id = ? AND id = ?",
+                f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE account_id = ? AND id = ?",
                 (str(account_id), str(execution_id)),
             ).fetchone()
             if row is None:
@@ -305,7 +301,7 @@ class SQLiteAutomations:
         ev = None if event_id is None else str(event_id)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_EXECUTION_COLUMNS} FROM executions WHERE account_id = ? "
+                f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE account_id = ? "
                 "AND (? IS NULL OR automation_id = ?) AND (? IS NULL OR event_id = ?) "
                 "ORDER BY id DESC LIMIT ?",
                 (str(account_id), a, a, ev, ev, limit),
@@ -368,13 +364,13 @@ def _start(
         "ON CONFLICT (account_id, execution_id, step_index) DO UPDATE SET "
         "status = 'started', attempts = attempts + 1, error = NULL, "
         "started_at = excluded.started_at, finished_at = NULL "
-        f"WHERE status = 'failed' RETURNING {_STEP_COLUMNS}",
+        f"WHERE status = 'failed' RETURNING {STEP_COLUMNS}",
         (*key, start.step_type, _ts(now)),
     ).fetchone()
     if row is not None:
         return _step(row), True
     existing = conn.execute(
-        f"SELECT {_STEP_COLUMNS} FROM execution_steps "
+        f"SELECT {STEP_COLUMNS} FROM execution_steps "
         "WHERE account_id = ? AND execution_id = ? AND step_index = ?",
         key,
     ).fetchone()
@@ -437,7 +433,7 @@ def _step(r: Sequence[Any]) -> StepRecord:
 
 def _with_steps(conn: sqlite3.Connection, e: Execution) -> Execution:
     steps = conn.execute(
-        f"SELECT {_STEP_COLUMNS} FROM execution_steps "
+        f"SELECT {STEP_COLUMNS} FROM execution_steps "
         "WHERE account_id = ? AND execution_id = ? ORDER BY step_index",
         (str(e.account_id), str(e.id)),
     ).fetchall()
@@ -449,7 +445,7 @@ def _claim(conn: sqlite3.Connection, e: Execution, worker: str, lease: float) ->
 
     account = str(e.account_id)
     automation = conn.execute(
-        f"SELECT {_AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? AND id = ?",
+        f"SELECT {AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? AND id = ?",
         (account, str(e.automation_id)),
     ).fetchone()
     event = conn.execute(

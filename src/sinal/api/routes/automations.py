@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
+from uuid import UUID
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,7 +22,10 @@ from sinal.automations.service import (
     execution_view,
     integration_view,
 )
+from sinal.store.automations import AutomationRow
 from sinal.store.base import EventQuery
+
+T = TypeVar("T")
 
 router = APIRouter(tags=["automations"])
 MAX_BODY = 256 * 1024
@@ -117,12 +122,10 @@ async def get_integration(request: Request, integration_id: str) -> Response:
     """404 for an id of another account, as for one that does not exist."""
     svc = service(request)
     key = await svc.authorize(request, "admin")
-    ident = parse_path_id(integration_id)
-    found = None
-    if ident is not None:
-        found = await svc.run(_automations(request).store.get_integration, key.account_id, ident)
-    if found is None:
-        raise NotFound(f"no integration {integration_id}")
+    store = _automations(request).store
+    found = await _owned(
+        request, store.get_integration, key.account_id, integration_id, "integration"
+    )
     return json_response(integration_view(found, _base(request)))
 
 
@@ -253,13 +256,8 @@ async def get_execution(request: Request, execution_id: str) -> Response:
     """Each step's record ('started', 'completed', 'failed', 'unknown')."""
     svc = service(request)
     key = await svc.authorize(request, "read")
-    ident = parse_path_id(execution_id)
     store = _automations(request).store
-    found = None
-    if ident is not None:
-        found = await svc.run(store.get_execution, key.account_id, ident)
-    if found is None:
-        raise NotFound(f"no execution {execution_id}")
+    found = await _owned(request, store.get_execution, key.account_id, execution_id, "execution")
     query = EventQuery(key.account_id, automation_execution_id=found.id, limit=1000)
     emitted = await svc.run(svc.ledger.list_events, query)
     return json_response(execution_view(found, list(reversed(emitted))))
@@ -275,25 +273,30 @@ async def trace(request: Request, event_id: str) -> Response:
     created_after_event."""
     svc = service(request)
     key = await svc.authorize(request, "read")
-    ident = parse_path_id(event_id)
-    event = None
-    if ident is not None:
-        event = await svc.run(svc.ledger.get_event, key.account_id, ident)
-    if event is None:
-        raise NotFound(f"no event {event_id}")
+    event = await _owned(request, svc.ledger.get_event, key.account_id, event_id, "event")
     answer = await svc.run(_automations(request).trace, event)
     return json_response({"event_id": str(event.id), "automations": answer})
 
 
-async def _find(request: Request, account_id: Any, automation_id: str) -> Any:
-    svc = service(request)
-    ident = parse_path_id(automation_id)
-    row = None
-    if ident is not None:
-        row = await svc.run(_automations(request).store.get_automation, account_id, ident)
-    if row is None:
-        raise NotFound(f"no automation {automation_id}")
-    return row
+async def _find(request: Request, account_id: UUID, automation_id: str) -> AutomationRow:
+    store = _automations(request).store
+    return await _owned(request, store.get_automation, account_id, automation_id, "automation")
+
+
+async def _owned(
+    request: Request,
+    get: Callable[[UUID, UUID], T | None],
+    account_id: UUID,
+    raw_id: str,
+    what: str,
+) -> T:
+    """The account's row with this path id; 404 for a malformed id, another account's id or
+    none at all, alike."""
+    ident = parse_path_id(raw_id)
+    found = None if ident is None else await service(request).run(get, account_id, ident)
+    if found is None:
+        raise NotFound(f"no {what} {raw_id}")
+    return found
 
 
 def _base(request: Request) -> str:
