@@ -15,20 +15,13 @@ from starlette.responses import Response
 from sinal.aggregates import Aggregate
 from sinal.catalog import get_metric_category, get_metric_label, negotiate_locale
 from sinal.errors import FieldError, InvalidQuery
+from sinal.events import decimal_text
 from sinal.store.base import Account, Contact, MetricInfo, Rejection, StoredEvent, SummaryRow
-
-_PLACES = Decimal("0.0001")
 
 
 def json_response(body: Any, status: int = 200) -> Response:
     """A JSON answer serialized by orjson."""
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
-def decimal_text(value: Decimal) -> str:
-    """Money as text, exact: at least two and at most four decimal places ("297.90")."""
-    whole, _, fraction = f"{value.quantize(_PLACES):f}".partition(".")
-    return f"{whole}.{fraction.rstrip('0').ljust(2, '0')}"
 
 
 def stamp(when: datetime) -> str:
