@@ -77,16 +77,20 @@ _MEASURES = {
 
 # Rows are sorted before every insert that can wait on another transaction (events by
 # unique id, metrics and summaries by key), so concurrent batches lock in one order.
+# Parameters go in binary (`%(name)b`): psycopg escapes every element of a text array
+# with a regex, and the JSON properties are full of quotes. The statement's whitespace is
+# collapsed below so that it stays under psycopg's 4,096-character limit for caching (and
+# so preparing) a query.
 _RECORD_SQL = """
 WITH input AS (
     SELECT * FROM unnest(
-        %(ord)s::int[], %(id)s::uuid[], %(account_id)s::uuid[], %(contact_id)s::uuid[],
-        %(metric_name)s::text[], %(display_name)s::text[], %(category)s::text[],
-        %(is_system)s::bool[], %(properties)s::text[], %(value)s::numeric[],
-        %(currency)s::text[], %(source)s::text[], %(source_id)s::text[],
-        %(integration_id)s::uuid[], %(unique_event_id)s::text[], %(entity_type)s::text[],
-        %(entity_id)s::text[], %(execution_id)s::uuid[], %(occurred_at)s::timestamptz[],
-        %(received_at)s::timestamptz[], %(metric_id)s::uuid[]
+        %(ord)b::int[], %(id)b::uuid[], %(account_id)b::uuid[], %(contact_id)b::uuid[],
+        %(metric_name)b::text[], %(display_name)b::text[], %(category)b::text[],
+        %(is_system)b::bool[], %(properties)b::text[], %(value)b::numeric[],
+        %(currency)b::text[], %(source)b::text[], %(source_id)b::text[],
+        %(integration_id)b::uuid[], %(unique_event_id)b::text[], %(entity_type)b::text[],
+        %(entity_id)b::text[], %(execution_id)b::uuid[], %(occurred_at)b::timestamptz[],
+        %(received_at)b::timestamptz[], %(metric_id)b::uuid[]
     ) AS t(ord, id, account_id, contact_id, metric_name, display_name, category, is_system,
            properties, value, currency, source, source_id, integration_id, unique_event_id,
            entity_type, entity_id, execution_id, occurred_at, received_at, metric_id)
@@ -109,7 +113,7 @@ stored AS (
                         received_at, schema_version)
     SELECT account_id, id, contact_id, metric_id, metric_name, properties::jsonb, value, currency,
            source, source_id, integration_id, unique_event_id, entity_type, entity_id,
-           execution_id, occurred_at, received_at, %(schema_version)s
+           execution_id, occurred_at, received_at, %(schema_version)b
     FROM known ORDER BY account_id, unique_event_id, ord
     ON CONFLICT (account_id, unique_event_id) DO NOTHING
     RETURNING account_id, id, contact_id, metric_name, value, occurred_at,
@@ -157,12 +161,13 @@ LEFT JOIN known k ON k.ord = i.ord
 LEFT JOIN stored s ON s.account_id = i.account_id AND s.id = i.id
 ORDER BY i.ord
 """
+_RECORD_SQL = " ".join(_RECORD_SQL.split())
 
 _DUPLICATES_SQL = """
 SELECT e.account_id, e.unique_event_id, e.id, e.metric_name, e.properties, e.value,
        e.currency, e.occurred_at
 FROM events e
-JOIN unnest(%s::uuid[], %s::text[]) AS k(account_id, unique_event_id)
+JOIN unnest(%b::uuid[], %b::text[]) AS k(account_id, unique_event_id)
   ON e.account_id = k.account_id AND e.unique_event_id = k.unique_event_id
 """
 
