@@ -130,6 +130,13 @@ class Dispatcher:
         self._outbox_due = threading.Event()  # set: the outbox may hold rows to fan out
         self._outbox_due.set()
         self._listening = False  # True once NOTIFY says when the outbox fills
+        # set: executions may be due. Cleared by each claim that comes back short, so a
+        # thread freeing up does not cost a claim query unless there is a backlog; set
+        # again by NOTIFY, by our own fan-out, or once a poll interval has passed (waits
+        # and retries falling due notify nobody).
+        self._claims_due = threading.Event()
+        self._claims_due.set()
+        self._last_claim = 0.0
         self._pool: ThreadPoolExecutor | None = None
         self._integrations = _IntegrationCache(self.store, INTEGRATION_TTL)
         # the threads' step records share transactions (each still commits before it goes on)
@@ -186,6 +193,8 @@ class Dispatcher:
         if self._outbox_due.is_set() or not self._listening:
             self._outbox_due.clear()  # before: a NOTIFY from now on sets it again
             fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
+            if fanned.executions:
+                self._claims_due.set()
             if fanned.events >= self.settings.fan_out_batch:  # a full batch: more may wait
                 self._outbox_due.set()
                 more = True
@@ -195,7 +204,14 @@ class Dispatcher:
         room = min(2 * concurrency - len(running), self.settings.claim_batch)
         if len(running) > concurrency or room <= 0:
             return more
+        polled = time.monotonic() - self._last_claim >= self.settings.poll_interval
+        if self._listening and not polled and not self._claims_due.is_set():
+            return more
+        self._claims_due.clear()  # before: a NOTIFY from now on sets it again
+        self._last_claim = time.monotonic()
         claims = self.store.claim_executions(self.settings.worker_id, room, self.settings.lease)
+        if len(claims) == room:  # a full batch: more may be due
+            self._claims_due.set()
         if claims:
             failpoint("after_claim")
         for claim in claims:
@@ -231,6 +247,8 @@ class Dispatcher:
                     return
                 if "sinal_outbox" in channels or not channels:  # notified, or the poll
                     self._outbox_due.set()
+                if "sinal_executions" in channels or not channels:
+                    self._claims_due.set()
                 self._wake.set()
 
         thread = threading.Thread(target=loop, name="sinal-listen", daemon=True)
