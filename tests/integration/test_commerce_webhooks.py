@@ -18,13 +18,18 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from sinal.automations.service import Automations
 from sinal.catalog import METRIC_ORDER_CANCELLED
 from sinal.cli import app as cli
 from sinal.commerce import derive_abandoned
+from sinal.config import Settings
 from sinal.integrations import sign_shopify, sign_yampi, yampi
+from sinal.ledger import Ledger
 from sinal.store.base import EventQuery, StoredEvent
-from tests.helpers import count, sql
+from sinal.worker import start_worker_thread
+from tests.helpers import DrivenClock, count, sql
 from tests.integration.conftest import Api
+from tests.servers import whatsapp_server
 
 pytestmark = pytest.mark.anyio
 
@@ -491,6 +496,53 @@ async def test_the_default_delay_is_60_minutes(api: Api, hooks: httpx.AsyncClien
     updated = datetime(2024, 5, 10, 17, 28, 5, tzinfo=UTC)
     assert derive_abandoned(api.ledger, now=updated + timedelta(minutes=59)) == 0
     assert derive_abandoned(api.ledger, now=updated + timedelta(minutes=60)) == 1
+
+
+async def test_the_worker_derives_the_abandonment_on_its_own_and_the_cart_automation_runs(
+    api: Api, shopify: Shop
+) -> None:
+    clock = DrivenClock()
+    checkout = fixture("shopify", "checkouts_create")
+    checkout["updated_at"] = clock().isoformat()  # a live checkout: due in 30 minutes
+    checkout["phone"] = "+55 11 98765-4321"
+    worker_settings = Settings(database_url=api.url, housekeeping_interval=0.05,
+                               worker_poll_interval=0.05, http_timeout=5)  # fmt: skip
+    with whatsapp_server() as (wa_url, wa):
+        Automations(api.ledger).create_integration(api.account.id, {
+            "kind": "whatsapp", "secret": "app-secret", "phone_number_id": "1234567890",
+            "access_token": "EAAG-token", "api_base_url": wa_url,
+        })  # fmt: skip
+        made = await api.post("/v1/automations", {
+            "name": "Carrinho abandonado", "trigger_type": "cart_abandoned",
+            "steps": [{"type": "send_message", "text": "Oi {{ contact.name | first_name }}, "
+                       "seu carrinho espera: {{ event.properties.checkout_url }}"}],
+        })  # fmt: skip
+        assert made.status_code == 201, made.text
+        worker, stop = start_worker_thread(Ledger(api.ledger.store, clock=clock), worker_settings)
+        try:
+            await shopify.deliver(checkout, "checkouts/create")
+            await asyncio.sleep(0.5)  # ten housekeeping passes before it is due
+            assert events(api, "Checkout Abandoned") == []
+
+            clock.advance(timedelta(minutes=30))
+            for _ in range(200):
+                if wa.bodies("/messages"):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # more passes: still one
+        finally:
+            stop.set()
+            worker.join(timeout=15)
+
+    assert not worker.is_alive()
+    [abandoned] = events(api, "Checkout Abandoned")
+    url = abandoned.properties["checkout_url"]
+    assert url.endswith(f"/checkouts/ac/{CHECKOUT_TOKEN}/recover?key=8d2e6f0a1b9c4d7e")
+    [message] = wa.bodies("/1234567890/messages")
+    assert message["to"] == "5511987654321"
+    assert message["text"]["body"] == f"Oi Ana, seu carrinho espera: {url}"
+    [execution] = Automations(api.ledger).store.list_executions(api.account.id)
+    assert (execution.status, execution.event_id) == ("completed", abandoned.id)
 
 
 # -- Yampi -------------------------------------------------------------------------------
