@@ -18,6 +18,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from sinal import webhooks
 from sinal.automations.service import Automations
 from sinal.catalog import METRIC_ORDER_CANCELLED
 from sinal.cli import app as cli
@@ -698,6 +699,33 @@ async def test_a_new_status_alias_is_kept_unmappable_and_replayed_after_the_mapp
     assert cancelled.properties["status"] == "chargeback"
     assert order_row(api, "31874526")["status"] == "cancelled"
     assert [s for s, _ in deliveries(api)] == ["processed", "processed"]
+
+
+async def test_replay_pages_through_every_kept_delivery_with_a_correct_progress(
+    api: Api, shopify: Shop
+) -> None:
+    orders = [str(7000 + i) for i in range(7)]
+    for i, order_id in enumerate(orders):  # seven refunds, each before its order
+        refund = fixture("shopify", "refunds_create_partial_1")
+        refund["id"], refund["order_id"] = 9000 + i, int(order_id)
+        assert (await shopify.deliver(refund, "refunds/create"))["status"] == "unmappable"
+    for order_id in orders[:5]:  # five orders arrive; two are still unknown
+        order = fixture("shopify", "orders_create")
+        order["id"], order["name"] = int(order_id), f"#{order_id}"
+        order["checkout_token"] = order["cart_token"] = None
+        await shopify.deliver(order, "orders/create")
+    seen: list[tuple[int, int]] = []
+
+    outcome = await asyncio.to_thread(
+        webhooks.replay, api.ledger, progress=lambda *p: seen.append(p), page_size=3
+    )
+
+    assert outcome == {"processed": 5, "unmappable": 2}  # each once, none skipped
+    assert seen == [(done, 7) for done in range(1, 8)]
+    assert len(events(api, "Order Refunded")) == 5
+    assert sorted(s for s, _ in deliveries(api)) == ["processed"] * 10 + ["unmappable"] * 2
+    again = await asyncio.to_thread(webhooks.replay, api.ledger, page_size=2)
+    assert again == {"unmappable": 2}
 
 
 async def test_replay_rejects_an_unknown_status(api: Api) -> None:
