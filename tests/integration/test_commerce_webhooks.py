@@ -377,6 +377,7 @@ async def test_a_bad_signature_is_401_and_nothing_is_stored(
     assert response.status_code == 401
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["type"] == "/problems/invalid-signature"
+    assert "www-authenticate" not in response.headers  # no bearer token is expected here
     assert count(api.url, "webhook_deliveries") == 0
     assert count(api.url, "events") == 0
     assert count(api.url, "orders") == 0
