@@ -1,11 +1,20 @@
-"""Test-only helpers that look at the database directly, under the ledger."""
+"""Test-only helpers: a look at the database directly, under the ledger; rows made through
+the store's own methods; a clock tests drive."""
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+import threading
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any, cast
+from uuid import UUID
 
 import psycopg
+
+from sinal.automations.service import Automations
+from sinal.ledger import Ledger
+from sinal.store.commerce import CheckoutUpdate, CommerceStore
 
 
 def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -24,3 +33,41 @@ def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
 def count(url: str, table: str) -> int:
     """Rows in a table."""
     return int(sql(url, f"SELECT count(*) FROM {table}")[0][0])
+
+
+def save_checkouts(ledger: Ledger, account_id: UUID, n: int, updated_at: datetime) -> UUID:
+    """`n` Shopify checkouts of `n` contacts, last updated at `updated_at` and due 30
+    minutes later, as checkout webhooks leave them; the integration's id."""
+    integration = Automations(ledger).create_integration(
+        account_id, {"kind": "shopify", "secret": "s", "abandon_after_minutes": 30}
+    )
+    store = cast(CommerceStore, ledger.store)
+    for i in range(n):
+        email = f"cliente{i}@exemplo.com.br"
+        contact = ledger.create_contact(account_id, email=email)
+        store.save_checkout(CheckoutUpdate(
+            account_id=account_id, integration_id=integration.id, provider="shopify",
+            token=f"checkout-{i:04d}", contact_id=contact.id,
+            recovery_url=f"https://loja.example/checkouts/{i}/recover", total=Decimal("99.90"),
+            currency="BRL", details={"contact": {"email": email}}, updated_at=updated_at,
+            abandon_after=timedelta(minutes=30),
+        ), [])  # fmt: skip
+    return integration.id
+
+
+class DrivenClock:
+    """A ledger clock that runs with real time, shifted forward by hand (`advance`): a
+    worker on it sees an hour pass in an instant, and keeps ticking after."""
+
+    def __init__(self) -> None:
+        self._offset = timedelta(0)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self._lock:
+            return datetime.now(UTC) + self._offset
+
+    def advance(self, delta: timedelta) -> None:
+        """Move the clock `delta` forward."""
+        with self._lock:
+            self._offset += delta

@@ -319,10 +319,11 @@ def _print_demo(ledger: Ledger, settings: Settings) -> None:
     typer.echo(f"API docs: {base}/docs")
 
 
-@app.command()
+@app.command(epilog=_settings_epilog())
 def worker(database_url: DatabaseOption = None) -> None:
-    """Run an automation worker: fans out the outbox and runs executions (run as many as
-    you like on PostgreSQL; one on SQLite). Stops cleanly on SIGTERM / Ctrl-C."""
+    """Run an automation worker: fans out the outbox, runs executions and, every
+    SINAL_HOUSEKEEPING_INTERVAL seconds, its periodic tasks (abandoned checkouts). Run as
+    many as you like on PostgreSQL; one on SQLite. Stops cleanly on SIGTERM / Ctrl-C."""
     import logging
 
     from sinal.worker import run_worker

@@ -16,9 +16,11 @@ Everything is idempotent: events dedup on their unique ids, and a row only chang
 payload that verified but cannot be mapped raises `UnmappablePayload`; it is kept and
 `sinal webhooks replay` processes it again (e.g. a refund that came before its order).
 
-Abandoned carts: Shopify sends none, so `derive_abandoned(ledger, now)` — called
-periodically by the worker — records Checkout Abandoned for every checkout with no order
-`abandon_after_minutes` (per integration, default 60) after its last update. Yampi's
+Abandoned carts: Shopify sends none, so `derive_abandoned(ledger, now)` records Checkout
+Abandoned for every checkout with no order `abandon_after_minutes` (per integration,
+default 60) after its last update; every worker calls it through `derive_all_abandoned`,
+a `sinal.housekeeping` task, and any number may at once (the store abandons each
+checkout once, under its row lock). Yampi's
 `cart.reminder` is the abandonment itself. An order carrying an abandoned checkout's
 token records Checkout Recovered, with the order's value, once.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final, cast
@@ -55,7 +58,7 @@ from sinal.store.automations import Integration
 from sinal.store.commerce import Checkout, CheckoutUpdate, CommerceStore, Order, OrderUpdate
 from sinal.store.webhooks import StoredDelivery
 
-__all__ = ["derive_abandoned", "process_shopify", "process_yampi"]
+__all__ = ["derive_abandoned", "derive_all_abandoned", "process_shopify", "process_yampi"]
 
 log = logging.getLogger("sinal.commerce")
 
@@ -214,25 +217,61 @@ def _checkout_details(checkout: CheckoutRef) -> dict[str, Any]:
 def derive_abandoned(ledger: Ledger, now: datetime | None = None, *, limit: int = 500) -> int:
     """Record Checkout Abandoned for up to `limit` checkouts due at `now` (default: the
     ledger's clock) that no order completed; how many were recorded. Call it periodically."""
+    return _derive_pass(ledger, now or ledger.clock(), limit).recorded
+
+
+def derive_all_abandoned(
+    ledger: Ledger, now: datetime | None = None, *, limit: int = 500, max_rounds: int = 20
+) -> int:
+    """`derive_abandoned` pass after pass until one finds fewer than `limit` due (the backlog
+    is drained), at most `max_rounds` passes; how many were recorded in all. The worker's
+    housekeeping task: whatever is left waits for its next run."""
     now = now or ledger.clock()
+    recorded = 0
+    for _ in range(max_rounds):
+        done = _derive_pass(ledger, now, limit)
+        recorded += done.recorded
+        # Not "recorded < limit": beside other workers a pass records only its share of what
+        # it saw. A page of nothing but failures would only be seen again: stop there.
+        if done.seen < limit or done.failed == done.seen:
+            break
+    if recorded:
+        log.info("recorded %d abandoned checkout(s)", recorded)
+    return recorded
+
+
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """One pass over the due checkouts: seen, recorded here, failed (still due)."""
+
+    seen: int
+    recorded: int
+    failed: int
+
+
+def _derive_pass(ledger: Ledger, now: datetime, limit: int) -> _Pass:
     store = commerce_store(ledger)
 
     def build(checkout: Checkout) -> PreparedEvent:
         return _abandonment(ledger, checkout)
 
-    recorded = 0
-    for due in store.due_checkouts(now, limit):
+    due = store.due_checkouts(now, limit)
+    recorded = failed = 0
+    for checkout in due:
         try:
             outcome = store.abandon_checkout(
-                due.account_id, due.integration_id, due.token, now, build
+                checkout.account_id, checkout.integration_id, checkout.token, now, build
             )
         except (InvalidEvent, UnmappablePayload):
             # one bad row must not hold back the others; it stays due and is logged each pass
-            log.exception("checkout %s of account %s: no abandonment", due.token, due.account_id)
+            log.exception(
+                "checkout %s of account %s: no abandonment", checkout.token, checkout.account_id
+            )
+            failed += 1
             continue
         if outcome is not None and outcome.kind == "created":
             recorded += 1
-    return recorded
+    return _Pass(len(due), recorded, failed)
 
 
 def _abandonment(ledger: Ledger, checkout: Checkout) -> PreparedEvent:

@@ -55,6 +55,9 @@ class Settings:
     worker_poll_interval: float = _setting(
         1.0, "seconds between polls when no NOTIFY arrives (PostgreSQL) or always (SQLite)"
     )
+    housekeeping_interval: float = _setting(
+        20.0, "seconds between a worker's housekeeping passes (abandoned checkouts); 0: none"
+    )
     max_attempts: int = _setting(8, "attempts of a failing execution before it is dead")
     retry_base: float = _setting(1.0, "seconds of the first retry's backoff (doubles, jittered)")
     http_timeout: float = _setting(30.0, "seconds a step waits for WhatsApp, AI or a webhook")

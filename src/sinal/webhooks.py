@@ -20,7 +20,7 @@ from sinal.ids import new_id
 from sinal.integrations.base import UnmappablePayload
 from sinal.ledger import Ledger
 from sinal.store.automations import Integration
-from sinal.store.webhooks import DeliveryStatus, StoredDelivery, WebhookStore
+from sinal.store.webhooks import DeliveryCursor, DeliveryStatus, StoredDelivery, WebhookStore
 
 log = logging.getLogger("sinal.webhooks")
 
@@ -32,6 +32,8 @@ PROCESSORS: Mapping[str, str] = {
     "yampi": "sinal.commerce:process_yampi",
     "whatsapp": "sinal.messaging:process_whatsapp",
 }
+# Deliveries `replay` reads at a time.
+REPLAY_PAGE_SIZE = 500
 # Kept with a delivery: what identifies and explains it; never credentials.
 _DROPPED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
@@ -101,24 +103,38 @@ def replay(
     statuses: tuple[DeliveryStatus, ...] = ("unmappable", "failed", "received"),
     account_id: UUID | None = None,
     progress: Callable[[int, int], None] | None = None,
+    *,
+    page_size: int = REPLAY_PAGE_SIZE,
 ) -> dict[str, int]:
-    """Process kept deliveries again; how many ended in each state."""
+    """Process kept deliveries again, oldest first, a page at a time; how many ended in
+    each state. `progress(done, total)` after each (total grows if more arrive meanwhile)."""
     store = store_of(ledger)
-    pending = store.list_deliveries(statuses, account_id)
+    total = store.count_deliveries(statuses, account_id)
     outcome: dict[str, int] = {}
     integrations: dict[UUID, Integration | None] = {}
-    for done, delivery in enumerate(pending, start=1):
-        if delivery.integration_id not in integrations:
-            integrations[delivery.integration_id] = store.find_integration(delivery.integration_id)
-        integration = integrations[delivery.integration_id]
-        if integration is None:
-            status: str = "integration_deleted"
-        else:
-            status, _ = process(ledger, integration, delivery)
-        outcome[status] = outcome.get(status, 0) + 1
-        if progress is not None:
-            progress(done, len(pending))
-    return outcome
+    done = 0
+    after: DeliveryCursor | None = None
+    while True:
+        # keyset, not offset: a replayed delivery leaves (or keeps) its state, and pages
+        # after it must neither skip nor repeat any
+        page = store.list_deliveries(statuses, account_id, page_size, after)
+        for delivery in page:
+            if delivery.integration_id not in integrations:
+                found = store.find_integration(delivery.integration_id)
+                integrations[delivery.integration_id] = found
+            integration = integrations[delivery.integration_id]
+            if integration is None:
+                status: str = "integration_deleted"
+            else:
+                status, _ = process(ledger, integration, delivery)
+            outcome[status] = outcome.get(status, 0) + 1
+            done += 1
+            total = max(total, done)
+            if progress is not None:
+                progress(done, total)
+        if len(page) < page_size:
+            return outcome
+        after = (page[-1].received_at, page[-1].id)
 
 
 def _processor(provider: str) -> Processor:

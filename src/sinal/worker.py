@@ -14,10 +14,10 @@ from sinal.ledger import Ledger
 
 log = logging.getLogger("sinal.worker")
 
-# Connections a worker adds to its process's pool: one for its loop (fan-out, claims) and
-# one for each batch writer of step records. Steps that touch the database themselves
-# (tags, conversations) share the rest of the pool.
-WORKER_CONNECTIONS = 3
+# Connections a worker adds to its process's pool: one for its loop (fan-out, claims), one
+# for each batch writer of step records and one for housekeeping. Steps that touch the
+# database themselves (tags, conversations) share the rest of the pool.
+WORKER_CONNECTIONS = 4
 
 
 def dispatch_settings(settings: Settings) -> DispatchSettings:
@@ -29,6 +29,7 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
         retry=RetryPolicy(max_attempts=settings.max_attempts, base=settings.retry_base),
         http_timeout=settings.http_timeout,
         allow_private_webhooks=settings.allow_private_webhooks,
+        housekeeping_interval=settings.housekeeping_interval,
     )
 
 
@@ -36,7 +37,7 @@ def make_dispatcher(ledger: Ledger, settings: Settings) -> Dispatcher:
     """A dispatcher for this process, with room for its threads in the connection pool."""
     dispatcher = Dispatcher(ledger, dispatch_settings(settings))
     reserve = getattr(ledger.store, "reserve_connections", None)
-    if reserve is not None:  # PostgreSQL: the loop and the two writers of step records
+    if reserve is not None:  # PostgreSQL: the loop, two writers of step records, housekeeping
         reserve(WORKER_CONNECTIONS)
     # one INFO line per HTTP request drowns the worker's own log (and costs time)
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from sinal import EmitEvent, connect
+from sinal.commerce import derive_all_abandoned
 from sinal.store.base import EventQuery
-from tests.helpers import count
+from tests.helpers import count, save_checkouts, sql
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +70,13 @@ def _emit_mixed(url: str, account: str, contacts: list[str], worker: int, start:
             results = ledger.emit_many([_event(account, contacts, u) for u in ids[i : i + 250]])
             created += sum(r.status == "created" for r in results)
     return created
+
+
+def _derive_abandoned(url: str, now: str, worker: int, start: Any) -> int:
+    """One worker's housekeeping pass, in small batches: how many abandonments it recorded."""
+    with connect(url) as ledger:
+        start.wait()
+        return derive_all_abandoned(ledger, datetime.fromisoformat(now), limit=10)
 
 
 def _run(processes: int, target: Callable[..., Any], *args: Any) -> list[Any]:
@@ -140,3 +148,24 @@ def test_four_processes_with_thirty_percent_duplicates_keep_exact_counts(
     assert count(database_url, "events") == len(distinct)
     expected = _expected_summary([_event(account, contacts, uid) for uid in distinct])
     assert _actual_summary(database_url, account) == expected
+
+
+def test_four_workers_deriving_abandoned_checkouts_at_once_record_each_once(
+    database_url: str,
+) -> None:
+    with connect(database_url) as ledger:
+        account = ledger.create_account("Race")
+        save_checkouts(ledger, account.id, 120, updated_at=T0)
+    due = (T0 + timedelta(minutes=30)).isoformat()
+
+    recorded = _run(4, _derive_abandoned, database_url, due)
+
+    assert sum(recorded) == 120  # each counted by the one worker that recorded it
+    [(events, tokens)] = sql(
+        database_url,
+        "SELECT count(*), count(DISTINCT entity_id) FROM events "
+        "WHERE metric_name = 'Checkout Abandoned'",
+    )
+    assert (events, tokens) == (120, 120)
+    # drained by one pass of each worker, even as they took turns on the same rows
+    assert sql(database_url, "SELECT count(*) FROM checkouts WHERE abandoned_at IS NULL") == [(0,)]

@@ -18,13 +18,19 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from sinal import webhooks
+from sinal.automations.service import Automations
 from sinal.catalog import METRIC_ORDER_CANCELLED
 from sinal.cli import app as cli
 from sinal.commerce import derive_abandoned
+from sinal.config import Settings
 from sinal.integrations import sign_shopify, sign_yampi, yampi
+from sinal.ledger import Ledger
 from sinal.store.base import EventQuery, StoredEvent
-from tests.helpers import count, sql
+from sinal.worker import start_worker_thread
+from tests.helpers import DrivenClock, count, sql
 from tests.integration.conftest import Api
+from tests.servers import whatsapp_server
 
 pytestmark = pytest.mark.anyio
 
@@ -371,6 +377,7 @@ async def test_a_bad_signature_is_401_and_nothing_is_stored(
     assert response.status_code == 401
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["type"] == "/problems/invalid-signature"
+    assert "www-authenticate" not in response.headers  # no bearer token is expected here
     assert count(api.url, "webhook_deliveries") == 0
     assert count(api.url, "events") == 0
     assert count(api.url, "orders") == 0
@@ -491,6 +498,53 @@ async def test_the_default_delay_is_60_minutes(api: Api, hooks: httpx.AsyncClien
     updated = datetime(2024, 5, 10, 17, 28, 5, tzinfo=UTC)
     assert derive_abandoned(api.ledger, now=updated + timedelta(minutes=59)) == 0
     assert derive_abandoned(api.ledger, now=updated + timedelta(minutes=60)) == 1
+
+
+async def test_the_worker_derives_the_abandonment_on_its_own_and_the_cart_automation_runs(
+    api: Api, shopify: Shop
+) -> None:
+    clock = DrivenClock()
+    checkout = fixture("shopify", "checkouts_create")
+    checkout["updated_at"] = clock().isoformat()  # a live checkout: due in 30 minutes
+    checkout["phone"] = "+55 11 98765-4321"
+    worker_settings = Settings(database_url=api.url, housekeeping_interval=0.05,
+                               worker_poll_interval=0.05, http_timeout=5)  # fmt: skip
+    with whatsapp_server() as (wa_url, wa):
+        Automations(api.ledger).create_integration(api.account.id, {
+            "kind": "whatsapp", "secret": "app-secret", "phone_number_id": "1234567890",
+            "access_token": "EAAG-token", "api_base_url": wa_url,
+        })  # fmt: skip
+        made = await api.post("/v1/automations", {
+            "name": "Carrinho abandonado", "trigger_type": "cart_abandoned",
+            "steps": [{"type": "send_message", "text": "Oi {{ contact.name | first_name }}, "
+                       "seu carrinho espera: {{ event.properties.checkout_url }}"}],
+        })  # fmt: skip
+        assert made.status_code == 201, made.text
+        worker, stop = start_worker_thread(Ledger(api.ledger.store, clock=clock), worker_settings)
+        try:
+            await shopify.deliver(checkout, "checkouts/create")
+            await asyncio.sleep(0.5)  # ten housekeeping passes before it is due
+            assert events(api, "Checkout Abandoned") == []
+
+            clock.advance(timedelta(minutes=30))
+            for _ in range(200):
+                if wa.bodies("/messages"):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # more passes: still one
+        finally:
+            stop.set()
+            worker.join(timeout=15)
+
+    assert not worker.is_alive()
+    [abandoned] = events(api, "Checkout Abandoned")
+    url = abandoned.properties["checkout_url"]
+    assert url.endswith(f"/checkouts/ac/{CHECKOUT_TOKEN}/recover?key=8d2e6f0a1b9c4d7e")
+    [message] = wa.bodies("/1234567890/messages")
+    assert message["to"] == "5511987654321"
+    assert message["text"]["body"] == f"Oi Ana, seu carrinho espera: {url}"
+    [execution] = Automations(api.ledger).store.list_executions(api.account.id)
+    assert (execution.status, execution.event_id) == ("completed", abandoned.id)
 
 
 # -- Yampi -------------------------------------------------------------------------------
@@ -646,6 +700,33 @@ async def test_a_new_status_alias_is_kept_unmappable_and_replayed_after_the_mapp
     assert cancelled.properties["status"] == "chargeback"
     assert order_row(api, "31874526")["status"] == "cancelled"
     assert [s for s, _ in deliveries(api)] == ["processed", "processed"]
+
+
+async def test_replay_pages_through_every_kept_delivery_with_a_correct_progress(
+    api: Api, shopify: Shop
+) -> None:
+    orders = [str(7000 + i) for i in range(7)]
+    for i, order_id in enumerate(orders):  # seven refunds, each before its order
+        refund = fixture("shopify", "refunds_create_partial_1")
+        refund["id"], refund["order_id"] = 9000 + i, int(order_id)
+        assert (await shopify.deliver(refund, "refunds/create"))["status"] == "unmappable"
+    for order_id in orders[:5]:  # five orders arrive; two are still unknown
+        order = fixture("shopify", "orders_create")
+        order["id"], order["name"] = int(order_id), f"#{order_id}"
+        order["checkout_token"] = order["cart_token"] = None
+        await shopify.deliver(order, "orders/create")
+    seen: list[tuple[int, int]] = []
+
+    outcome = await asyncio.to_thread(
+        webhooks.replay, api.ledger, progress=lambda *p: seen.append(p), page_size=3
+    )
+
+    assert outcome == {"processed": 5, "unmappable": 2}  # each once, none skipped
+    assert seen == [(done, 7) for done in range(1, 8)]
+    assert len(events(api, "Order Refunded")) == 5
+    assert sorted(s for s, _ in deliveries(api)) == ["processed"] * 10 + ["unmappable"] * 2
+    again = await asyncio.to_thread(webhooks.replay, api.ledger, page_size=2)
+    assert again == {"unmappable": 2}
 
 
 async def test_replay_rejects_an_unknown_status(api: Api) -> None:

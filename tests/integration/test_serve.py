@@ -159,3 +159,51 @@ def test_serve_runs_automations_in_its_own_worker(env: dict[str, str], tmp_path:
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+@pytest.mark.slow
+def test_serve_records_an_abandoned_checkout_with_no_command_run(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sinal.integrations import sign_shopify
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**env, "SINAL_HOUSEKEEPING_INTERVAL": "0.2"}
+    account = cli(env, "accounts", "create", "--name", "Loja")
+    key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "read,admin")
+    headers = {"Authorization": f"Bearer {key['key']}"}
+    fixtures = Path(__file__).parent.parent / "fixtures" / "shopify"
+    checkout = json.loads((fixtures / "checkouts_create.json").read_text())
+    # last updated 10 minutes ago; the shortest delay (5 minutes) has passed
+    checkout["updated_at"] = (datetime.now(UTC) - timedelta(minutes=10)).isoformat()
+    body = json.dumps(checkout).encode()
+    proc = subprocess.Popen(
+        [SINAL, "serve", "--port", str(port)], env=env, cwd=tmp_path, text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_ready(base, proc)
+        made = httpx.post(f"{base}/v1/integrations", headers=headers, json={
+            "kind": "shopify", "secret": "shpss_1", "abandon_after_minutes": 5})  # fmt: skip
+        assert made.status_code == 201, made.text
+        delivered = httpx.post(made.json()["webhook_url"], content=body, headers={
+            "Content-Type": "application/json", "X-Shopify-Topic": "checkouts/create",
+            "X-Shopify-Hmac-Sha256": sign_shopify("shpss_1", body),
+            "X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"})  # fmt: skip
+        assert delivered.json()["status"] == "processed", delivered.text
+        deadline = time.monotonic() + 30
+        found: list[dict[str, str]] = []
+        while not found and time.monotonic() < deadline:
+            time.sleep(0.2)
+            listed = httpx.get(f"{base}/v1/events", headers=headers,
+                               params={"metric": "Checkout Abandoned"})  # fmt: skip
+            found = listed.json()["data"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+    [abandoned] = found
+    assert abandoned["properties"]["checkout_url"].endswith("/recover?key=8d2e6f0a1b9c4d7e")

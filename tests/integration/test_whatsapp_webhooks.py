@@ -117,6 +117,7 @@ async def test_whatsapp_bad_signature_is_401_and_nothing_is_stored(
     answer = await deliver(api, wa, fixture_body("text_message"), signature=signature)
     assert answer.status_code == 401
     assert answer.json()["type"] == "/problems/invalid-signature"
+    assert "www-authenticate" not in answer.headers  # no bearer token is expected here
     assert count(api.url, "webhook_deliveries") == 0
     assert events(api) == []
 

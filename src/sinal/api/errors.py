@@ -106,19 +106,22 @@ class VerificationFailed(ApiError):
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One row of the table: the answer's status, `type` slug and title."""
+    """One row of the table: the answer's status, `type` slug and title, and the
+    `WWW-Authenticate` challenge it carries (only where a credential is expected)."""
 
     status: int
     slug: str
     title: str
+    challenge: str | None = None
 
 
 # The one table. Looked up along the exception's MRO, so subclasses inherit an answer.
 PROBLEMS: dict[type[BaseException], Problem] = {
     MalformedBody: Problem(400, "malformed-json", "The body is not valid JSON"),
-    Unauthorized: Problem(401, "unauthorized", "A valid API key is required"),
+    Unauthorized: Problem(401, "unauthorized", "A valid API key is required", "Bearer"),
+    # No challenge: a webhook proves itself by its HMAC signature, not by a bearer token.
     SignatureMismatch: Problem(401, "invalid-signature", "The webhook signature does not match"),
-    AccountNotFound: Problem(401, "unauthorized", "A valid API key is required"),
+    AccountNotFound: Problem(401, "unauthorized", "A valid API key is required", "Bearer"),
     Forbidden: Problem(403, "forbidden", "The API key lacks the scope this route needs"),
     VerificationFailed: Problem(403, "verification-failed", "The verify token does not match"),
     NotFound: Problem(404, "not-found", "No such resource"),
@@ -192,7 +195,7 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         return problem_response(problem, str(exc.detail), instance=path, headers=headers)
     problem = problem_for(exc)
     errors = _errors_of(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+    headers = None if problem.challenge is None else {"WWW-Authenticate": problem.challenge}
     if problem.status >= 500:
         log.error("%s %s failed", request.method, path, exc_info=exc)
     extra = exc.extra if isinstance(exc, ApiError) else {}

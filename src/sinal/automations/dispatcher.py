@@ -5,6 +5,10 @@ executions); an automation runs at most once per event (the executions' unique k
 step's side effect happens at most once (its record is committed as `started` before the
 side effect, `completed` after; a `started` external send found on resume is `unknown`).
 
+Beside dispatch, a worker runs the periodic tasks of `sinal.housekeeping` (abandoned
+checkouts, …) on a thread of their own, every `housekeeping_interval` seconds: a slow task
+never delays dispatch, and a failing one is logged and runs again next time.
+
 Any number of workers may run against PostgreSQL; on SQLite, run one.
 """
 
@@ -41,6 +45,7 @@ from sinal.automations.steps import (
 from sinal.errors import RetryLater, StoreError
 from sinal.events import EmitEvent, prepare
 from sinal.failpoints import failpoint
+from sinal.housekeeping import Task, run_tasks
 from sinal.ledger import Ledger
 from sinal.store.automations import (
     Advance,
@@ -61,6 +66,8 @@ AnswerT = TypeVar("AnswerT")
 
 # Seconds a worker trusts the integrations it read (a changed connection is seen this late).
 INTEGRATION_TTL = 5.0
+# Seconds a stopping worker waits for a housekeeping task in progress.
+HOUSEKEEPING_GRACE = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,8 @@ class DispatchSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     http_timeout: float = 30.0
     allow_private_webhooks: bool = False
+    housekeeping_interval: float = 20.0  # seconds between housekeeping passes; 0: none
+    housekeeping: tuple[str | Task, ...] | None = None  # None: sinal.housekeeping.TASKS
 
     def with_worker_id(self) -> DispatchSettings:
         """These settings with a worker id (host:pid:random) if none was set."""
@@ -168,6 +177,7 @@ class Dispatcher:
         Claims are handed to `concurrency` threads as they free up (a slow webhook holds
         one thread, not the worker); on stop, the executions in hand are finished."""
         listener = self._start_listener(stop)
+        housekeeper = self._start_housekeeping(stop)
         log.info("worker %s started", self.settings.worker_id)
         running: set[Future[None]] = set()
         while not stop.is_set():
@@ -183,6 +193,11 @@ class Dispatcher:
         wait(running)
         if listener is not None:
             listener.join(timeout=2)
+        if housekeeper is not None:
+            # a task is a series of short transactions: one cut short by exit rolls back
+            housekeeper.join(timeout=HOUSEKEEPING_GRACE)
+            if housekeeper.is_alive():
+                log.warning("worker %s: housekeeping still running", self.settings.worker_id)
         log.info("worker %s stopped", self.settings.worker_id)
 
     def _feed(self, running: set[Future[None]]) -> bool:
@@ -234,6 +249,25 @@ class Dispatcher:
             log.warning("execution %s: %s", claim.execution.id, exc)
         except Exception:  # a bug must not take the worker down; the lease runs out, too
             log.exception("execution %s failed unexpectedly", claim.execution.id)
+
+    def housekeep(self, stop: threading.Event | None = None) -> int:
+        """Run each housekeeping task once, now (`run` does it every interval); how many
+        failed (each failure is logged, never raised)."""
+        return run_tasks(self.ledger, self.settings.housekeeping, stop)
+
+    def _start_housekeeping(self, stop: threading.Event) -> threading.Thread | None:
+        interval = self.settings.housekeeping_interval
+        if interval <= 0:
+            return None
+
+        def loop() -> None:
+            while not stop.is_set():
+                self.housekeep(stop)
+                stop.wait(interval)
+
+        thread = threading.Thread(target=loop, name="sinal-housekeeping", daemon=True)
+        thread.start()
+        return thread
 
     def _start_listener(self, stop: threading.Event) -> threading.Thread | None:
         listen = getattr(self.store, "listen", None)

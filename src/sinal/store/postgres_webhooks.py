@@ -11,7 +11,7 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from sinal.store.automations import Integration
-from sinal.store.webhooks import DeliveryStatus, StoredDelivery
+from sinal.store.webhooks import DeliveryCursor, DeliveryStatus, StoredDelivery
 
 _COLUMNS = (
     "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
@@ -75,15 +75,39 @@ class PostgresWebhooks:
         statuses: tuple[DeliveryStatus, ...],
         account_id: UUID | None = None,
         limit: int = 1000,
+        after: DeliveryCursor | None = None,
     ) -> list[StoredDelivery]:
-        """Deliveries in these states, oldest first."""
+        """A page of deliveries in these states, oldest first (see `WebhookStore`)."""
+        where, params = _filter(statuses, account_id)
+        if after is not None:
+            where += " AND (received_at, id) > (%s, %s)"
+            params += after
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE status = ANY(%s) "
-                "AND (%s::uuid IS NULL OR account_id = %s) ORDER BY received_at, id LIMIT %s",
-                (list(statuses), account_id, account_id, limit),
+                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE {where} "
+                "ORDER BY received_at, id LIMIT %s",
+                (*params, limit),
             ).fetchall()
         return [_delivery(r) for r in rows]
+
+    def count_deliveries(
+        self, statuses: tuple[DeliveryStatus, ...], account_id: UUID | None = None
+    ) -> int:
+        """How many deliveries are in these states."""
+        where, params = _filter(statuses, account_id)
+        with self._conn() as conn:
+            row = conn.execute(
+                f"SELECT count(*) FROM webhook_deliveries WHERE {where}", params
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+
+def _filter(
+    statuses: tuple[DeliveryStatus, ...], account_id: UUID | None
+) -> tuple[str, tuple[Any, ...]]:
+    if account_id is None:
+        return "status = ANY(%s)", (list(statuses),)
+    return "status = ANY(%s) AND account_id = %s", (list(statuses), account_id)
 
 
 def _delivery(row: Any) -> StoredDelivery:

@@ -12,7 +12,7 @@ import orjson
 
 from sinal.events import dumps_json
 from sinal.store.automations import Integration
-from sinal.store.webhooks import DeliveryStatus, StoredDelivery
+from sinal.store.webhooks import DeliveryCursor, DeliveryStatus, StoredDelivery
 
 _COLUMNS = (
     "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
@@ -83,17 +83,42 @@ class SQLiteWebhooks:
         statuses: tuple[DeliveryStatus, ...],
         account_id: UUID | None = None,
         limit: int = 1000,
+        after: DeliveryCursor | None = None,
     ) -> list[StoredDelivery]:
-        """Deliveries in these states, oldest first."""
-        marks = ", ".join("?" for _ in statuses)
-        account = None if account_id is None else str(account_id)
+        """A page of deliveries in these states, oldest first (see `WebhookStore`)."""
+        from sinal.store.sqlite import ts
+
+        where, params = _filter(statuses, account_id)
+        if after is not None:
+            where += " AND (received_at, id) > (?, ?)"
+            params += (ts(after[0]), str(after[1]))
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE status IN ({marks}) "
-                "AND (? IS NULL OR account_id = ?) ORDER BY received_at, id LIMIT ?",
-                (*statuses, account, account, limit),
+                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE {where} "
+                "ORDER BY received_at, id LIMIT ?",
+                (*params, limit),
             ).fetchall()
         return [_delivery(r) for r in rows]
+
+    def count_deliveries(
+        self, statuses: tuple[DeliveryStatus, ...], account_id: UUID | None = None
+    ) -> int:
+        """How many deliveries are in these states."""
+        where, params = _filter(statuses, account_id)
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT count(*) FROM webhook_deliveries WHERE {where}", params
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+
+def _filter(
+    statuses: tuple[DeliveryStatus, ...], account_id: UUID | None
+) -> tuple[str, tuple[Any, ...]]:
+    where = f"status IN ({', '.join('?' for _ in statuses)})"
+    if account_id is None:
+        return where, tuple(statuses)
+    return f"{where} AND account_id = ?", (*statuses, str(account_id))
 
 
 def _delivery(row: Any) -> StoredDelivery:

@@ -10,6 +10,8 @@ from uuid import UUID
 from sinal.store.automations import Integration
 
 DeliveryStatus = Literal["received", "processed", "unmappable", "failed"]
+# Where a page of deliveries ended: the last one's (received_at, id).
+DeliveryCursor = tuple[datetime, UUID]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,15 @@ class WebhookStore(Protocol):
         statuses: tuple[DeliveryStatus, ...],
         account_id: UUID | None = None,
         limit: int = 1000,
+        after: DeliveryCursor | None = None,
     ) -> list[StoredDelivery]:
-        """Deliveries in these states, oldest first."""
+        """Up to `limit` deliveries in these states, oldest first (by received_at, then id);
+        `after`: the previous page's last one (keyset pagination, stable while they change
+        state)."""
+        ...
+
+    def count_deliveries(
+        self, statuses: tuple[DeliveryStatus, ...], account_id: UUID | None = None
+    ) -> int:
+        """How many deliveries are in these states."""
         ...

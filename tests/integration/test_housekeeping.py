@@ -1,0 +1,125 @@
+"""The worker's housekeeping on both backends: periodic tasks beside dispatch, failures
+logged and retried, abandoned checkouts drained in batches."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import pytest
+
+from sinal import Ledger
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.automations.service import Automations
+from sinal.commerce import derive_all_abandoned
+from sinal.errors import StoreError
+from sinal.housekeeping import TASKS, resolve
+from sinal.store.base import EventQuery
+from tests.helpers import save_checkouts
+
+T0 = datetime(2026, 3, 2, 15, 0, tzinfo=UTC)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_registry_names_the_abandoned_checkout_drain() -> None:
+    assert [resolve(task) for task in TASKS] == [derive_all_abandoned]
+
+
+def test_a_failing_task_is_logged_and_runs_again_while_the_worker_goes_on(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: Counter[str] = Counter()
+
+    def broken(ledger: Ledger, now: datetime) -> None:
+        calls["broken"] += 1
+        raise RuntimeError("a bug in a task")
+
+    def database_away(ledger: Ledger, now: datetime) -> None:
+        calls["database_away"] += 1
+        raise StoreError("connection refused")
+
+    def fine(ledger: Ledger, now: datetime) -> None:
+        calls["fine"] += 1
+
+    account = ledger.create_account("Loja")
+    contact = ledger.create_contact(account.id, email="ana@exemplo.com.br")
+    Automations(ledger).create(account.id, {
+        "name": "vip", "trigger_metric": "Order Paid",
+        "steps": [{"type": "add_tag", "tag": "comprou"}],
+    })  # fmt: skip
+    settings = DispatchSettings(
+        poll_interval=0.02, housekeeping_interval=0.02, housekeeping=(broken, database_away, fine)
+    )
+    dispatcher = Dispatcher(ledger, settings)
+    stop = threading.Event()
+    worker = threading.Thread(target=dispatcher.run, args=(stop,))
+    with caplog.at_level(logging.WARNING, logger="sinal.housekeeping"):
+        worker.start()
+        try:
+            wait_for(lambda: calls["fine"] >= 3)
+            ledger.emit_event(
+                account_id=account.id, contact_id=contact.id, metric_name="Order Paid", source="api"
+            )
+            wait_for(lambda: ledger.list_tags(account.id, contact.id) == ["comprou"])
+            assert worker.is_alive()
+        finally:
+            stop.set()
+            worker.join(timeout=15)
+            dispatcher.close()
+
+    assert calls["broken"] >= 3
+    assert calls["database_away"] >= 3
+    failures = [r for r in caplog.records if r.name == "sinal.housekeeping"]
+    assert {r.levelname for r in failures if "broken" in r.getMessage()} == {"ERROR"}
+    assert any(r.exc_info for r in failures if "broken" in r.getMessage())
+    away = [r.getMessage() for r in failures if "database_away" in r.getMessage()]
+    assert away
+    assert all(m.endswith("connection refused") for m in away)
+
+
+def test_derive_all_abandoned_drains_the_backlog_in_batches(ledger: Ledger) -> None:
+    account = ledger.create_account("Loja")
+    save_checkouts(ledger, account.id, 7, updated_at=T0)
+    due = T0 + timedelta(minutes=30)
+
+    assert derive_all_abandoned(ledger, due - timedelta(seconds=1), limit=3) == 0
+    assert derive_all_abandoned(ledger, due, limit=3, max_rounds=2) == 6  # capped
+    assert derive_all_abandoned(ledger, due, limit=3) == 1  # the rest, next run
+    assert derive_all_abandoned(ledger, due, limit=3) == 0
+
+    assert abandoned_tokens(ledger, account.id) == [f"checkout-{i:04d}" for i in range(7)]
+
+
+def abandoned_tokens(ledger: Ledger, account_id: UUID) -> list[str]:
+    found = ledger.list_events(EventQuery(account_id, metric_name="Checkout Abandoned"))
+    return sorted(e.properties["checkout_token"] for e in found)
+
+
+def test_a_housekeeping_pass_runs_on_the_ledgers_clock(ledger: Ledger) -> None:
+    account = ledger.create_account("Loja")
+    save_checkouts(ledger, account.id, 2, updated_at=T0)
+    now = T0
+    timed = Ledger(ledger.store, clock=lambda: now)
+    dispatcher = Dispatcher(timed, DispatchSettings())
+    try:
+        assert dispatcher.housekeep() == 0  # no task failed
+        assert abandoned_tokens(ledger, account.id) == []
+        now = T0 + timedelta(minutes=30)
+        assert dispatcher.housekeep() == 0
+    finally:
+        dispatcher.close()
+
+    abandoned = ledger.list_events(EventQuery(account.id, metric_name="Checkout Abandoned"))
+    assert len(abandoned) == 2
+    assert {e.received_at for e in abandoned} == {now}
