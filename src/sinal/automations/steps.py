@@ -41,6 +41,7 @@ from sinal.automations.model import (
 from sinal.automations.templates import render_text, render_value
 from sinal.errors import SinalError
 from sinal.events import EmitEvent, decimal_text
+from sinal.integrations.whatsapp import sent_callback_data
 from sinal.store.automations import Claim, Integration
 
 DEFAULT_WHATSAPP_API = "https://graph.facebook.com/v21.0"
@@ -153,7 +154,8 @@ def _send_template(step: Any, ctx: StepContext) -> StepOutcome:
     template: dict[str, Any] = {"name": step.name, "language": {"code": step.language}}
     if components:
         template["components"] = components
-    wamid, phone = _whatsapp_send(ctx, {"type": "template", "template": template})
+    wamid, phone = _whatsapp_send(ctx, {"type": "template", "template": template},
+                                  is_template=True)  # fmt: skip
     return StepOutcome(
         result={"wamid": wamid, "template": step.name},
         emit=ctx.event(c.METRIC_TEMPLATE_SENT, entity_type="message", entity_id=wamid,
@@ -264,8 +266,13 @@ _RUNNERS: Mapping[str, Callable[[Any, StepContext], StepOutcome]] = {
 }
 
 
-def _whatsapp_send(ctx: StepContext, message: dict[str, Any]) -> tuple[str, str]:
-    """POST {api_base_url}/{phone_number_id}/messages; the returned wamid and the phone."""
+def _whatsapp_send(
+    ctx: StepContext, message: dict[str, Any], *, is_template: bool = False
+) -> tuple[str, str]:
+    """POST {api_base_url}/{phone_number_id}/messages; the returned wamid and the phone.
+
+    The message carries callback data naming the contact and its kind: Meta echoes it in
+    the message's statuses, which may arrive before this step's send event is recorded."""
     wa = ctx.integrations("whatsapp")
     if wa is None:
         raise StepFailed("the account has no WhatsApp connection (POST /v1/integrations)",
@@ -275,8 +282,9 @@ def _whatsapp_send(ctx: StepContext, message: dict[str, Any]) -> tuple[str, str]
         raise StepFailed("the contact has no phone number", retry=False)
     base = str(wa.settings.get("api_base_url") or DEFAULT_WHATSAPP_API).rstrip("/")
     url = f"{base}/{wa.settings.get('phone_number_id')}/messages"
+    callback = sent_callback_data(ctx.claim.execution.contact_id, is_template=is_template)
     body = {"messaging_product": "whatsapp", "recipient_type": "individual",
-            "to": phone.lstrip("+"), **message}  # fmt: skip
+            "to": phone.lstrip("+"), **message, "biz_opaque_callback_data": callback}  # fmt: skip
     answer = _post_json(ctx, url, body, wa.secrets.get("access_token"))
     try:
         return str(answer["messages"][0]["id"]), phone

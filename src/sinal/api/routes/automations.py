@@ -66,8 +66,9 @@ class AutomationPatch(BaseModel):
 
 class IntegrationIn(BaseModel):
     """A connection. whatsapp: secret (app secret), verify_token, phone_number_id,
-    access_token, api_base_url. ai: base_url, model, api_key. shopify / yampi: secret
-    (and abandon_after_minutes for shopify). Secrets are never returned."""
+    access_token, api_base_url, status_grace_seconds. ai: base_url, model, api_key.
+    shopify / yampi: secret (and abandon_after_minutes for shopify). Secrets are never
+    returned."""
 
     model_config = ConfigDict(extra="allow")
 
