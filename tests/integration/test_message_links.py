@@ -79,7 +79,7 @@ def _run(dispatcher: Dispatcher, api: Api) -> Execution:
     """Run the dispatcher until the execution settles; the execution, with its steps."""
     store: AutomationStore = Automations(api.ledger).store
     try:
-        for _ in range(100):
+        for _ in range(250):  # retries back off 10-20 ms: settled long before
             dispatcher.run_once()
             found = store.list_executions(api.account.id)
             if found and found[0].status not in ("pending", "waiting"):
