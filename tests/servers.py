@@ -8,7 +8,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +22,9 @@ class Behaviour:
     status: int = 200
     delay: float = 0.0  # seconds before answering (past the client's timeout: a timeout)
     fail_times: int = 0  # answer 503 this many times first
+    # Called with (request body, request number) before answering: what the far side does
+    # meanwhile (Meta's status webhook outrunning the API's answer).
+    before_answer: Callable[[Any, int], None] | None = None
 
 
 @dataclass
@@ -54,6 +57,8 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
                 if failing:
                     behaviour.fail_times -= 1
                 n = next(recorder.counter)
+            if behaviour.before_answer is not None and not failing:
+                behaviour.before_answer(body, n)
             if behaviour.delay:
                 time.sleep(behaviour.delay)
             status = 503 if failing else behaviour.status

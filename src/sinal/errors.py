@@ -17,7 +17,9 @@ SinalError
 │   ├── DuplicateKey      # .constraint
 │   └── SchemaOutOfDate   # migrations not applied
 ├── WebhookError
-│   └── SignatureMismatch
+│   ├── SignatureMismatch
+│   ├── UnmappablePayload # sinal.integrations: .reason; the delivery is kept for replay
+│   └── DeliveryDeferred  # sinal.integrations: .until; processed again then
 └── RetryLater            # raised by an automation step; .delay in seconds
 ```
 """

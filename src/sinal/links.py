@@ -1,6 +1,10 @@
 """Tracked links: create them (for a contact, a campaign, an automation's message) and
 follow them (a redirect to the stored URL, and Link Clicked for the link's contact).
 
+Automation steps with ``track_links`` make theirs through `StepLinks`, the same
+`create_link` as ``POST /v1/links``, keyed by (execution, step, URL): a step run again
+after a failed send gets the same links back, never a second set.
+
 The rules (tokens, targets, preview fetchers, the click event) are pure, in
 `sinal.integrations.links`. A click on a link made without a contact is redirected and
 records nothing: an event needs a contact, and no later fact could name one for it (a
@@ -13,11 +17,12 @@ from __future__ import annotations
 import logging
 import unicodedata
 from typing import cast
-from uuid import UUID
+from uuid import UUID, uuid5
 
-from sinal.errors import FieldError, InvalidLink, SinalError, StoreError
+from sinal.errors import ConfigurationError, FieldError, InvalidLink, SinalError, StoreError
 from sinal.ids import new_id
 from sinal.integrations.links import (
+    MAX_CAMPAIGN_LENGTH,
     click_event,
     is_preview_fetcher,
     is_token,
@@ -25,15 +30,16 @@ from sinal.integrations.links import (
     target_url_problem,
 )
 from sinal.ledger import Ledger
-from sinal.store.automations import AutomationStore
+from sinal.store.automations import AutomationStore, Execution
 from sinal.store.messaging import Link, MessagingStore
 
-__all__ = ["MAX_CAMPAIGN_LENGTH", "create_link", "follow_link", "short_url"]
+__all__ = ["MAX_CAMPAIGN_LENGTH", "StepLinks", "create_link", "follow_link", "short_url"]
 
 log = logging.getLogger("sinal.links")
 
-MAX_CAMPAIGN_LENGTH = 200
 _TOKEN_ATTEMPTS = 5
+# The namespace of the ids of keyed links (uuid5 of account and key).
+_KEYED_LINKS = UUID("6f1b3c2e-5a4d-4e8f-9b7a-2c1d0e3f4a5b")
 
 
 def _store(ledger: Ledger) -> MessagingStore:
@@ -53,9 +59,13 @@ def create_link(
     contact_id: UUID | str | None = None,
     campaign: str | None = None,
     automation_execution_id: UUID | str | None = None,
+    key: str | None = None,
 ) -> Link:
     """A new tracked link to `url` (absolute http(s)); raises `InvalidLink` naming every
-    bad field (a contact or execution of another account is one that does not exist)."""
+    bad field (a contact or execution of another account is one that does not exist).
+
+    With a `key`, the account's link made with that key before (if any) is returned
+    instead of a new one: its id is derived from the key, its token still random."""
     errors: list[FieldError] = []
     problem = target_url_problem(url)
     if problem is not None:
@@ -65,15 +75,45 @@ def create_link(
     clean_campaign = _campaign(campaign, errors)
     if errors:
         raise InvalidLink(errors)
+    ident = new_id() if key is None else uuid5(_KEYED_LINKS, f"{account_id}:{key}")
     for _ in range(_TOKEN_ATTEMPTS):  # 96 random bits: a second attempt never happens
         link = Link(
-            account_id=account_id, id=new_id(), token=new_token(), url=url, contact_id=contact,
+            account_id=account_id, id=ident, token=new_token(), url=url, contact_id=contact,
             campaign=clean_campaign, automation_execution_id=execution,
             created_at=ledger.clock(),
         )  # fmt: skip
-        if _store(ledger).create_link(link):
-            return link
+        saved = _store(ledger).save_link(link)
+        if saved is not None:
+            return saved
     raise StoreError("no free link token found")
+
+
+class StepLinks:
+    """The tracked links of automation steps' messages (a step's `StepContext.links`): one
+    per (execution, step, URL), for the execution's contact, carrying the execution's id
+    and the campaign, with short URLs on `base_url` (SINAL_PUBLIC_URL)."""
+
+    def __init__(self, ledger: Ledger, base_url: str) -> None:
+        self.ledger = ledger
+        self.base_url = base_url.rstrip("/")
+
+    def __call__(
+        self, execution: Execution, step_index: int, url: str, campaign: str | None
+    ) -> str:
+        """The short URL standing for `url` in step `step_index`'s message (the same one
+        on every run of the step); raises `ConfigurationError` without a public URL."""
+        if not self.base_url:
+            raise ConfigurationError(
+                "tracked links need SINAL_PUBLIC_URL (the base of their short URLs) on the worker"
+            )
+        if url.startswith(f"{self.base_url}/l/"):
+            return url  # already one of ours: never a link to a link
+        link = create_link(
+            self.ledger, execution.account_id, url=url, contact_id=execution.contact_id,
+            campaign=campaign, automation_execution_id=execution.id,
+            key=f"automation:{execution.id}:{step_index}:{url}",
+        )  # fmt: skip
+        return short_url(self.base_url, link)
 
 
 def follow_link(

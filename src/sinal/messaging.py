@@ -10,9 +10,17 @@
   event commit together, so a redelivered message never opens a second one.
 - a status of a message sinal sent: the contact and whether it was a template come from
   the send event (the automation step's Message Sent / Template Sent whose entity_id is
-  the wamid), else from the recipient. The message's status row only moves forward and
-  the status event (once per wamid and status, with its own time) commit together.
-  ``sent`` moves the row but records no event: the sending step recorded Message Sent.
+  the wamid), else from the callback data the step sent with the message (Meta echoes it
+  in the statuses, so a status that outruns the step's commit still names them). The
+  message's status row only moves forward and the status event (once per wamid and
+  status, with its own time) commit together. ``sent`` moves the row but records no
+  event: the sending step recorded Message Sent.
+- a status of a message sinal knows nothing of (sent by another system, or by a step whose
+  record has not committed yet): the delivery is deferred (`DeliveryDeferred`) for the
+  integration's grace (`status_grace`, 60 s unless ``status_grace_seconds`` says otherwise)
+  while everything else in it is recorded at once. `sinal.webhooks.process_deferred`
+  processes it again when due: what was recorded stays once, and the statuses still
+  unknown are then recorded for the recipient, as Message Delivered / Read / Failed.
 
 Everything is idempotent: a redelivery or a replay records duplicates, never second
 events. Parts that cannot be mapped do not stop the rest; the delivery is then kept as
@@ -22,7 +30,7 @@ events. Parts that cannot be mapped do not stop the rest; the delivery is then k
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Final, cast
 from uuid import UUID
@@ -35,8 +43,13 @@ from sinal.catalog import (
 from sinal.errors import ConversationClosed, InvalidContact, InvalidEvent
 from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.integrations import parse_body
-from sinal.integrations.base import ContactRef, Mapped, UnmappablePayload
-from sinal.integrations.whatsapp import StatusUpdate, map_whatsapp, status_event
+from sinal.integrations.base import ContactRef, DeliveryDeferred, Mapped, UnmappablePayload
+from sinal.integrations.whatsapp import (
+    StatusUpdate,
+    map_whatsapp,
+    read_callback_data,
+    status_event,
+)
 from sinal.ledger import Ledger
 from sinal.store.automations import Integration
 from sinal.store.messaging import (
@@ -49,6 +62,7 @@ from sinal.store.messaging import (
 from sinal.store.webhooks import StoredDelivery
 
 __all__ = [
+    "DEFAULT_STATUS_GRACE",
     "assign_conversation",
     "close_conversation",
     "conversation_event",
@@ -56,6 +70,7 @@ __all__ = [
     "list_conversations",
     "messaging_store",
     "process_whatsapp",
+    "status_grace",
 ]
 
 SOURCE: Final = "whatsapp"
@@ -63,6 +78,8 @@ SOURCE: Final = "whatsapp"
 # and WhatsApp's system notices.
 _IGNORED_SKIPS: Final = frozenset({"unsupported_field", "system_message"})
 _MAX_REASON = 2000
+DEFAULT_STATUS_GRACE: Final = timedelta(seconds=60)
+MAX_STATUS_GRACE_SECONDS: Final = 3600
 
 
 def messaging_store(ledger: Ledger) -> MessagingStore:
@@ -73,11 +90,24 @@ def messaging_store(ledger: Ledger) -> MessagingStore:
 # --- WhatsApp deliveries -----------------------------------------------------------------
 
 
+def status_grace(integration: Integration) -> timedelta:
+    """How long a status of a message sinal has no record of waits for that record (the
+    sending step may not have committed yet) before it counts as another sender's."""
+    seconds = integration.settings.get("status_grace_seconds")
+    if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0:
+        return timedelta(seconds=min(seconds, MAX_STATUS_GRACE_SECONDS))
+    return DEFAULT_STATUS_GRACE
+
+
 def process_whatsapp(ledger: Ledger, integration: Integration, delivery: StoredDelivery) -> None:
     """Record one kept WhatsApp delivery (see the module docstring); raises
+    `DeliveryDeferred` when statuses in it wait for their messages' send records, else
     `UnmappablePayload` when the body, or any part of it, cannot be mapped."""
     batch = map_whatsapp(parse_body(delivery.body))
-    inbox = _Inbox(ledger, integration)
+    until = delivery.received_at + status_grace(integration)
+    # Only a first pass within the grace waits; a deferred delivery's next pass is final.
+    may_wait = delivery.due_at is None and ledger.clock() < until
+    inbox = _Inbox(ledger, integration, may_wait=may_wait)
     problems = [f"{s.kind} {s.item_id}: {s.reason}" for s in batch.skipped
                 if s.reason not in _IGNORED_SKIPS]  # fmt: skip
     for message in batch.messages:
@@ -87,6 +117,13 @@ def process_whatsapp(ledger: Ledger, integration: Integration, delivery: StoredD
     for update in batch.statuses:
         problems += inbox.attempt("status", update.wamid, update.phone_number_id,
                                   partial(inbox.apply_status, update))  # fmt: skip
+    if inbox.waiting:
+        waiting = list(dict.fromkeys(inbox.waiting))
+        detail = (f"statuses of {len(waiting)} message(s) sinal has no send record of yet: "
+                  + ", ".join(waiting[:5]) + (", ..." if len(waiting) > 5 else ""))  # fmt: skip
+        if problems:
+            detail += f"; {len(problems)} other part(s) not recorded: " + "; ".join(problems)
+        raise DeliveryDeferred(until, detail[:_MAX_REASON])
     if problems:
         detail = f"{len(problems)} part(s) not recorded: " + "; ".join(problems)
         raise UnmappablePayload("partly_unmappable", detail[:_MAX_REASON])
@@ -103,8 +140,10 @@ class _Skip(Exception):
 class _Inbox:
     """One delivery's processing: the integration, and the contacts resolved so far."""
 
-    def __init__(self, ledger: Ledger, integration: Integration) -> None:
+    def __init__(self, ledger: Ledger, integration: Integration, *, may_wait: bool) -> None:
         self.ledger = ledger
+        self.may_wait = may_wait  # statuses of unknown messages wait, instead of guessing
+        self.waiting: list[str] = []  # the wamids of those statuses
         self.store = messaging_store(ledger)
         self.integration = integration
         self.account_id = integration.account_id
@@ -175,10 +214,10 @@ class _Inbox:
         """Advance the message's status row and record its status event."""
         if update.rank is None:
             return  # a status sinal does not track (deleted, warning): nothing to record
-        sent = self.store.find_sent_message(self.account_id, update.wamid)
+        sent = self.sent_message(update)
         if sent is None:
-            # Not sent by sinal (or not recorded yet): the recipient is all we know.
-            sent = SentMessage(self.contact_for(update.recipient), is_template=False)
+            self.waiting.append(update.wamid)
+            return
         mapped = status_event(update, is_template=sent.is_template)
         event = None
         if mapped is not None:
@@ -195,6 +234,21 @@ class _Inbox:
             status_at=update.occurred_at, updated_at=self.ledger.clock(),
         )  # fmt: skip
         self.store.record_message_status(row, event)
+
+    def sent_message(self, update: StatusUpdate) -> SentMessage | None:
+        """To whom the message went and whether as a template: its send record, else the
+        callback data sinal sent with it; else None while waiting for the send record may
+        still help, and after that the recipient (not sent by sinal, as far as it knows)."""
+        sent = self.store.find_sent_message(self.account_id, update.wamid)
+        if sent is not None:
+            return sent
+        echoed = read_callback_data(update.callback_data)
+        # another account's contact id (or a deleted one) is one that does not exist
+        if echoed is not None and self.ledger.get_contact(self.account_id, echoed[0]) is not None:
+            return SentMessage(echoed[0], is_template=echoed[1])
+        if self.may_wait:
+            return None
+        return SentMessage(self.contact_for(update.recipient), is_template=False)
 
 
 # --- conversations -----------------------------------------------------------------------

@@ -4,7 +4,9 @@ processor; `sinal webhooks replay` processes kept deliveries again after a fix.
 A processor turns one stored delivery into events (and the rows that go with them: orders,
 checkouts, message statuses). It must be idempotent — a redelivery, or a replay, records
 duplicates, never second events — and raise `UnmappablePayload` for a verified payload it
-cannot map (kept with its reason).
+cannot map (kept with its reason), or `DeliveryDeferred` when part of it waits for a record
+that may still be committing: the delivery is then kept as ``deferred`` until its due
+time, and `process_deferred` (run periodically by the worker) processes it again.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import importlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from datetime import datetime
+from typing import Final, cast
 from uuid import UUID
 
 from sinal.ids import new_id
-from sinal.integrations.base import UnmappablePayload
+from sinal.integrations.base import DeliveryDeferred, UnmappablePayload
 from sinal.ledger import Ledger
 from sinal.store.automations import Integration
 from sinal.store.webhooks import DeliveryCursor, DeliveryStatus, StoredDelivery, WebhookStore
@@ -34,6 +37,8 @@ PROCESSORS: Mapping[str, str] = {
 }
 # Deliveries `replay` reads at a time.
 REPLAY_PAGE_SIZE = 500
+# Seconds a deferred delivery stays claimed by `process_deferred` (a crash: taken again).
+DEFERRED_LEASE: Final = 300.0
 # Kept with a delivery: what identifies and explains it; never credentials.
 _DROPPED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
@@ -63,7 +68,8 @@ def receive(
     body: bytes,
 ) -> Received:
     """Keep the delivery raw (once per delivery id), then process it if it is new or was
-    not processed yet (a redelivery after a failure gets another go)."""
+    not processed yet (a redelivery after a failure gets another go; a deferred one waits
+    for its due time)."""
     kept = {k.lower(): v for k, v in headers.items() if k.lower() not in _DROPPED_HEADERS}
     delivery, is_new = store_of(ledger).save_delivery(
         StoredDelivery(
@@ -75,6 +81,8 @@ def receive(
     )  # fmt: skip
     if delivery.status == "processed":
         return Received(delivery, is_new, "processed", None)
+    if delivery.status == "deferred":
+        return Received(delivery, is_new, "deferred", delivery.reason)
     status, reason = process(ledger, integration, delivery)
     return Received(delivery, is_new, status, reason)
 
@@ -85,8 +93,11 @@ def process(
     """Run the provider's processor on a kept delivery and record how it ended."""
     status: DeliveryStatus
     reason: str | None
+    due_at: datetime | None = None
     try:
         _processor(delivery.provider)(ledger, integration, delivery)
+    except DeliveryDeferred as exc:
+        status, reason, due_at = "deferred", exc.message, exc.until
     except UnmappablePayload as exc:
         status, reason = "unmappable", f"{exc.reason}: {exc.message}"
     except Exception as exc:  # kept with its reason for replay; the provider still gets 200
@@ -94,8 +105,26 @@ def process(
         status, reason = "failed", f"{type(exc).__name__}: {exc}"
     else:
         status, reason = "processed", None
-    store_of(ledger).finish_delivery(delivery.account_id, delivery.id, status, reason)
+    store_of(ledger).finish_delivery(delivery.account_id, delivery.id, status, reason, due_at)
     return status, reason
+
+
+def process_deferred(ledger: Ledger, now: datetime | None = None, *, limit: int = 500) -> int:
+    """Process up to `limit` deferred deliveries due at `now` (default: the ledger's clock)
+    once more, without waiting this time; how many were processed. Call it periodically."""
+    store = store_of(ledger)
+    due = store.claim_deferred(now or ledger.clock(), limit, DEFERRED_LEASE)
+    integrations: dict[UUID, Integration | None] = {}
+    for delivery in due:
+        if delivery.integration_id not in integrations:
+            integrations[delivery.integration_id] = store.find_integration(delivery.integration_id)
+        integration = integrations[delivery.integration_id]
+        if integration is None:  # kept as failed, for `sinal webhooks replay` to report
+            reason = "integration_deleted: its integration was deleted while it waited"
+            store.finish_delivery(delivery.account_id, delivery.id, "failed", reason)
+        else:
+            process(ledger, integration, delivery)
+    return len(due)
 
 
 def replay(

@@ -30,6 +30,7 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
         http_timeout=settings.http_timeout,
         allow_private_webhooks=settings.allow_private_webhooks,
         housekeeping_interval=settings.housekeeping_interval,
+        public_url=settings.public_url,
     )
 
 

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from uuid import uuid4
+
+import psycopg
 import pytest
 
+from sinal.ledger import connect
 from sinal.store.base import read_migrations
+from tests.conftest import PG_URL
 from tests.helpers import sql
 
 # table -> its primary key columns; every key starts with account_id (sharding by account)
@@ -18,6 +28,9 @@ EXPECTED_KEYS = {
     "rejections": ["account_id", "id"],
     "orders": ["account_id", "id"],
     "checkouts": ["account_id", "integration_id", "token"],
+    "webhook_deliveries": ["account_id", "id"],
+    "message_statuses": ["account_id", "wamid"],
+    "links": ["account_id", "id"],
 }
 EVENT_COLUMNS = {
     "id", "account_id", "contact_id", "metric_id", "metric_name", "properties", "value",
@@ -95,3 +108,73 @@ def test_migrations_are_numbered_alike_on_both_backends() -> None:
     sqlite_versions = [(v, n) for v, n, _ in read_migrations("sqlite")]
     postgres_versions = [(v, n) for v, n, _ in read_migrations("postgres")]
     assert sqlite_versions == postgres_versions
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database on each backend, no migration applied."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    request.getfixturevalue("pg_template")  # skips (or fails in CI) without PostgreSQL
+    name = f"sinal_empty_{os.getpid()}_{uuid4().hex[:8]}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield PG_URL.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _migrate_up_to(url: str, last: int) -> None:
+    """Apply the migrations up to `last` as that release's `sinal migrate` did."""
+    backend = "sqlite" if url.startswith("sqlite:") else "postgres"
+    scripts = [(v, n, text) for v, n, text in read_migrations(backend) if v <= last]
+    if backend == "sqlite":
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, "
+                     "name TEXT NOT NULL, applied_at TEXT NOT NULL)")  # fmt: skip
+        for version, name, text in scripts:
+            conn.executescript(text)
+            conn.execute("INSERT INTO schema_migrations VALUES (?, ?, '2026-01-01T00:00:00Z')",
+                         (version, name))  # fmt: skip
+        conn.commit()
+        conn.close()
+        return
+    with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute(
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, "
+            "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, name, text in scripts:
+            pg.execute(text.encode())
+            pg.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                       (version, name))  # fmt: skip
+
+
+def test_migration_0008_keeps_the_deliveries_kept_before_it(empty_url: str) -> None:
+    _migrate_up_to(empty_url, 7)
+    account, delivery, integration = str(uuid4()), str(uuid4()), str(uuid4())
+    sql(empty_url, "INSERT INTO webhook_deliveries (account_id, id, integration_id, provider, "
+        "topic, delivery_id, headers, body, received_at, status, reason, attempts) VALUES "
+        "(?, ?, ?, 'whatsapp', 'messages', 'digest-1', '{}', ?, '2026-01-01T00:00:00.000000Z', "
+        "'unmappable', 'partly_unmappable: x', 1)", account, delivery, integration,
+        b'{"object":"whatsapp_business_account"}')  # fmt: skip
+
+    with connect(empty_url) as ledger:
+        backend = "sqlite" if empty_url.startswith("sqlite:") else "postgres"
+        assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v > 7]
+        from sinal.webhooks import store_of
+
+        [kept] = store_of(ledger).list_deliveries(("unmappable",))
+    assert (str(kept.account_id), str(kept.id), str(kept.integration_id)) == (
+        account, delivery, integration
+    )  # fmt: skip
+    assert kept.body == b'{"object":"whatsapp_business_account"}'
+    assert (kept.status, kept.reason, kept.attempts, kept.due_at) == (
+        "unmappable", "partly_unmappable: x", 1, None
+    )  # fmt: skip
+    assert kept.received_at == datetime(2026, 1, 1, tzinfo=UTC)
+    assert _primary_key(empty_url, "webhook_deliveries") == ["account_id", "id"]
+    assert ["account_id", "integration_id", "delivery_id"] in _unique_keys(
+        empty_url, "webhook_deliveries"
+    )

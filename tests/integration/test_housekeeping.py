@@ -20,6 +20,7 @@ from sinal.commerce import derive_all_abandoned
 from sinal.errors import StoreError
 from sinal.housekeeping import TASKS, resolve
 from sinal.store.base import EventQuery
+from sinal.webhooks import process_deferred
 from tests.helpers import save_checkouts
 
 T0 = datetime(2026, 3, 2, 15, 0, tzinfo=UTC)
@@ -32,8 +33,8 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
-def test_the_registry_names_the_abandoned_checkout_drain() -> None:
-    assert [resolve(task) for task in TASKS] == [derive_all_abandoned]
+def test_the_registry_names_the_abandoned_checkout_drain_and_the_deferred_deliveries() -> None:
+    assert [resolve(task) for task in TASKS] == [derive_all_abandoned, process_deferred]
 
 
 def test_a_failing_task_is_logged_and_runs_again_while_the_worker_goes_on(

@@ -4,9 +4,10 @@ inbound messages, statuses (in and out of order, duplicated, of messages sinal s
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 
@@ -14,7 +15,9 @@ from sinal import webhooks
 from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.integrations.signatures import sign_whatsapp
+from sinal.integrations.whatsapp import whatsapp_delivery
 from sinal.messaging import messaging_store
+from sinal.store.automations import Integration
 from tests.helpers import count, sql
 from tests.integration.conftest import Api
 from tests.integration.whatsapp import (
@@ -22,7 +25,9 @@ from tests.integration.whatsapp import (
     PHONE_NUMBER_ID,
     VERIFY_TOKEN,
     connect_whatsapp,
+    deferred,
     deliver,
+    due_at,
     events,
     fixture_body,
     meta_bytes,
@@ -289,12 +294,28 @@ async def test_whatsapp_message_resent_after_its_conversation_closed_opens_none(
         ("status_failed", "Message Failed", FAILED),
     ],
 )
-async def test_whatsapp_each_status_is_an_event(
+async def test_whatsapp_status_of_an_unknown_message_is_recorded_once_after_the_grace(
     api: Api, fixture: str, metric: str, wamid: str
 ) -> None:
     wa = connect_whatsapp(api)
     raw = json.loads(fixture_body(fixture))["entry"][0]["changes"][0]["value"]["statuses"][0]
-    assert (await deliver(api, wa, fixture_body(fixture))).json()["status"] == "processed"
+    answer = (await deliver(api, wa, fixture_body(fixture))).json()
+    # sinal has no record of this wamid: its send may still be committing, so it waits
+    assert answer["status"] == "deferred"
+    assert wamid in answer["reason"]
+    assert events(api) == []  # not even a contact for the recipient, yet
+    due = due_at(api)
+    assert due == deferred(api)[0].received_at + timedelta(seconds=60)
+    redelivered = await deliver(api, wa, fixture_body(fixture))
+    assert redelivered.json()["status"] == "deferred"  # not processed early
+    assert webhooks.process_deferred(api.ledger, due - timedelta(seconds=1)) == 0
+    assert events(api) == []
+
+    assert webhooks.process_deferred(api.ledger, due) == 1
+    assert webhooks.process_deferred(api.ledger, due + timedelta(days=1)) == 0
+    assert (await deliver(api, wa, fixture_body(fixture))).json()["status"] == "duplicate"
+    [(status, reason)] = sql(api.url, "SELECT status, reason FROM webhook_deliveries")
+    assert (status, reason) == ("processed", None)
     [event] = events(api, metric)
     assert event.unique_event_id == f"whatsapp:message_{raw['status']}:{wamid}"
     assert event.occurred_at == _at(int(raw["timestamp"]))
@@ -308,7 +329,7 @@ async def test_whatsapp_each_status_is_an_event(
 
 
 async def test_whatsapp_sent_status_is_no_event_but_moves_the_status(api: Api) -> None:
-    wa = connect_whatsapp(api)
+    wa = connect_whatsapp(api, status_grace_seconds=0)  # records unknown messages at once
     await deliver(api, wa, fixture_body("status_sent"))
     assert [e.metric_name for e in events(api)] == ["Contact Created"]
     row = messaging_store(api.ledger).get_message_status(api.account.id, SENT)
@@ -317,7 +338,7 @@ async def test_whatsapp_sent_status_is_no_event_but_moves_the_status(api: Api) -
 
 
 async def test_whatsapp_failed_status_keeps_metas_error(api: Api) -> None:
-    wa = connect_whatsapp(api)
+    wa = connect_whatsapp(api, status_grace_seconds=0)
     await deliver(api, wa, fixture_body("status_failed"))
     props = _props(api, "Message Failed")
     assert (props["error_code"], props["error_title"]) == (131026, "Message undeliverable")
@@ -390,28 +411,39 @@ async def test_whatsapp_statuses_out_of_order_only_move_forward(api: Api) -> Non
     assert {(e.entity_id, e.metric_name) for e in whatsapp} - set(got) == {(OTHER, "Message Read")}
 
 
+async def _template_automation(api: Api) -> UUID:
+    """An automation sending template pedido_enviado on Order Fulfilled, and that event for
+    Caio (+55 21 97654-3210); his contact id."""
+    automation = await api.post("/v1/automations", {
+        "name": "Pedido enviado", "trigger_metric": "Order Fulfilled",
+        "steps": [{"type": "send_template", "name": "pedido_enviado", "language": "pt_BR",
+                   "parameters": ["{{ contact.name | first_name }}"]}],
+    })  # fmt: skip
+    assert automation.status_code == 201, automation.text
+    order = await api.post("/v1/events", {
+        "metric": "Order Fulfilled", "source": "shopify", "source_id": "5001",
+        "entity_type": "order", "contact": {"phone": "+55 21 97654-3210", "name": "Caio"},
+    })  # fmt: skip
+    assert order.status_code == 201, order.text
+    return UUID(order.json()["contact_id"])
+
+
+def _dispatch(api: Api) -> None:
+    dispatcher = Dispatcher(api.ledger, DispatchSettings(http_timeout=5, retry=RetryPolicy(2)))
+    try:
+        while dispatcher.run_once():
+            pass
+    finally:
+        dispatcher.close()
+
+
 async def test_whatsapp_statuses_of_a_template_an_automation_sent_reach_its_contact(
     api: Api,
 ) -> None:
     with whatsapp_server() as (wa_url, _server):
         wa = connect_whatsapp(api, api_base_url=wa_url)
-        automation = await api.post("/v1/automations", {
-            "name": "Pedido enviado", "trigger_metric": "Order Fulfilled",
-            "steps": [{"type": "send_template", "name": "pedido_enviado", "language": "pt_BR",
-                       "parameters": ["{{ contact.name | first_name }}"]}],
-        })  # fmt: skip
-        assert automation.status_code == 201, automation.text
-        order = await api.post("/v1/events", {
-            "metric": "Order Fulfilled", "source": "shopify", "source_id": "5001",
-            "entity_type": "order", "contact": {"phone": "+55 21 97654-3210", "name": "Caio"},
-        })  # fmt: skip
-        assert order.status_code == 201, order.text
-        dispatcher = Dispatcher(api.ledger, DispatchSettings(http_timeout=2, retry=RetryPolicy(2)))
-        try:
-            while dispatcher.run_once():
-                pass
-        finally:
-            dispatcher.close()
+        await _template_automation(api)
+        _dispatch(api)
     [sent] = events(api, "Template Sent")
     wamid = sent.entity_id
     assert wamid is not None
@@ -427,6 +459,172 @@ async def test_whatsapp_statuses_of_a_template_an_automation_sent_reach_its_cont
     row = messaging_store(api.ledger).get_message_status(api.account.id, wamid)
     assert row is not None
     assert (row.status, row.is_template) == ("read", True)
+
+
+def _meta_reports_before_answering(
+    api: Api, integration: Integration, *, echoes_callback: bool
+) -> tuple[list[webhooks.Received], Callable[[Any, int], None]]:
+    """Make the local WhatsApp API deliver the message's sent and delivered statuses to
+    sinal before it answers the send (so before the step can record anything), the way
+    Meta's webhooks can outrun its API's answer; what sinal made of each delivery."""
+    outcomes: list[webhooks.Received] = []
+
+    def report(request: Any, n: int) -> None:
+        wamid = f"wamid.LOCAL{n:08d}"  # what the server answers to request n
+        callback = request.get("biz_opaque_callback_data") if echoes_callback else None
+        body = meta_bytes(statuses((wamid, "sent", 1715362200), (wamid, "delivered", 1715362203),
+                                   recipient=request["to"], callback=callback))  # fmt: skip
+        described = whatsapp_delivery({}, body)
+        outcomes.append(webhooks.receive(
+            api.ledger, integration, topic=described.topic, delivery_id=described.delivery_id,
+            headers={}, body=body,
+        ))  # fmt: skip
+
+    return outcomes, report
+
+
+async def test_whatsapp_status_outrunning_the_send_is_a_template_status_by_its_callback_data(
+    api: Api,
+) -> None:
+    with whatsapp_server() as (wa_url, server):
+        wa = connect_whatsapp(api, api_base_url=wa_url)
+        contact_id = await _template_automation(api)
+        outcomes, report = _meta_reports_before_answering(api, wa, echoes_callback=True)
+        server.behaviour.before_answer = report
+        _dispatch(api)
+        [request] = server.bodies("/messages")
+    assert request["biz_opaque_callback_data"] == f"sinal:template:{contact_id}"
+    # recorded at once, before the step's Template Sent existed: no waiting needed
+    assert [o.status for o in outcomes] == ["processed"]
+    [delivered] = events(api, "Template Delivered")
+    [sent] = events(api, "Template Sent")
+    assert delivered.contact_id == sent.contact_id == contact_id
+    assert delivered.entity_id == sent.entity_id == "wamid.LOCAL00000000"
+    assert delivered.received_at < sent.received_at  # the status really was recorded first
+    assert events(api, "Message Delivered") == []
+    assert len(events(api, "Contact Created")) == 1  # the recipient's id made no new contact
+    row = messaging_store(api.ledger).get_message_status(api.account.id, sent.entity_id)
+    assert row is not None
+    assert (row.status, row.is_template, row.contact_id) == ("delivered", True, contact_id)
+
+
+async def test_whatsapp_status_outrunning_the_send_waits_for_its_template_sent_event(
+    api: Api,
+) -> None:
+    with whatsapp_server() as (wa_url, server):
+        wa = connect_whatsapp(api, api_base_url=wa_url)
+        contact_id = await _template_automation(api)
+        # Meta leaves the callback data out (or the message was sent before sinal sent it)
+        outcomes, report = _meta_reports_before_answering(api, wa, echoes_callback=False)
+        server.behaviour.before_answer = report
+        _dispatch(api)
+    assert [o.status for o in outcomes] == ["deferred"]
+    [sent] = events(api, "Template Sent")  # the step's record, committed after the status
+    assert [e.metric_name for e in events(api) if e.source == "whatsapp"] == []
+
+    assert webhooks.process_deferred(api.ledger, due_at(api)) == 1
+    [delivered] = events(api, "Template Delivered")
+    assert (delivered.contact_id, delivered.entity_id) == (contact_id, sent.entity_id)
+    assert delivered.occurred_at == _at(1715362203)  # its own time, not the pass's
+    assert events(api, "Message Delivered") == []
+    assert len(events(api, "Contact Created")) == 1
+    row = messaging_store(api.ledger).get_message_status(api.account.id, "wamid.LOCAL00000000")
+    assert row is not None
+    assert (row.status, row.is_template, row.contact_id) == ("delivered", True, contact_id)
+    # Meta redelivers the same statuses: duplicates, never second events
+    again = statuses(("wamid.LOCAL00000000", "delivered", 1715362203), recipient="5521976543210")
+    assert (await deliver(api, wa, meta_bytes(again))).json()["status"] == "processed"
+    assert len(events(api, "Template Delivered")) == 1
+
+
+async def test_whatsapp_messages_are_not_delayed_by_statuses_that_wait(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    payload = text_message("wamid.IN1", "5511987654321", "Chegou?", name="Ana")
+    value = payload["entry"][0]["changes"][0]["value"]
+    value["statuses"] = statuses(("wamid.OUT1", "read", 1715362290))["entry"][0]["changes"][0][
+        "value"]["statuses"]  # fmt: skip
+    answer = await deliver(api, wa, meta_bytes(payload))
+    assert answer.json()["status"] == "deferred"
+    assert sorted(e.metric_name for e in events(api)) == [
+        "Contact Created", "Conversation Opened", "Message Received"
+    ]  # fmt: skip
+
+    assert webhooks.process_deferred(api.ledger, due_at(api)) == 1
+    [read] = events(api, "Message Read")
+    [received] = events(api, "Message Received")
+    assert read.contact_id == received.contact_id
+    assert len(events(api, "Conversation Opened")) == 1
+    assert count(api.url, "contacts") == 1
+
+
+async def test_whatsapp_callback_data_naming_another_accounts_contact_is_not_trusted(
+    api: Api,
+) -> None:
+    other = api.ledger.create_account("Outra Loja")
+    theirs = api.ledger.create_contact(other.id, phone="+55 11 91234-5678")
+    wa = connect_whatsapp(api)
+    body = statuses(("wamid.X1", "delivered", 1715362203),
+                    callback=f"sinal:template:{theirs.id}")  # fmt: skip
+    assert (await deliver(api, wa, meta_bytes(body))).json()["status"] == "deferred"
+    assert webhooks.process_deferred(api.ledger, due_at(api)) == 1
+    [delivered] = events(api, "Message Delivered")  # the recipient, as for any unknown one
+    assert delivered.contact_id != theirs.id
+    assert events(api, account_id=other.id) == []
+
+
+async def test_whatsapp_the_worker_records_a_deferred_status_on_its_own(api: Api) -> None:
+    import asyncio
+
+    from sinal.config import Settings
+    from sinal.ledger import Ledger
+    from sinal.worker import start_worker_thread
+    from tests.helpers import DrivenClock
+
+    wa = connect_whatsapp(api)
+    assert (await deliver(api, wa, fixture_body("status_read"))).json()["status"] == "deferred"
+    clock = DrivenClock()
+    settings = Settings(database_url=api.url, housekeeping_interval=0.05,
+                        worker_poll_interval=0.05)  # fmt: skip
+    worker, stop = start_worker_thread(Ledger(api.ledger.store, clock=clock), settings)
+    try:
+        await asyncio.sleep(0.5)  # passes before the grace ends record nothing
+        assert events(api, "Message Read") == []
+        clock.advance(timedelta(seconds=61))
+        for _ in range(200):
+            if events(api, "Message Read"):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # more passes: still one
+    finally:
+        stop.set()
+        worker.join(timeout=15)
+    assert not worker.is_alive()
+    assert len(events(api, "Message Read")) == 1
+    [(status,)] = sql(api.url, "SELECT status FROM webhook_deliveries")
+    assert status == "processed"
+
+
+async def test_whatsapp_deferred_delivery_a_crash_interrupted_is_taken_again(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    await deliver(api, wa, fixture_body("status_read"))
+    due = due_at(api)
+    store = webhooks.store_of(api.ledger)
+    assert len(store.claim_deferred(due, 10, 30.0)) == 1  # ...and that process dies
+    assert webhooks.process_deferred(api.ledger, due) == 0  # still claimed
+    assert webhooks.process_deferred(api.ledger, due + timedelta(seconds=30)) == 1
+    assert len(events(api, "Message Read")) == 1
+
+
+@pytest.mark.parametrize("grace", [-1, 3601, 1.5, True, "60"])
+async def test_whatsapp_status_grace_must_be_whole_seconds_up_to_an_hour(
+    api: Api, grace: Any
+) -> None:
+    answer = await api.post("/v1/integrations", {
+        "kind": "whatsapp", "secret": APP_SECRET, "phone_number_id": PHONE_NUMBER_ID,
+        "access_token": "EAAG-test", "status_grace_seconds": grace,
+    })  # fmt: skip
+    assert answer.status_code == 422
+    assert [e["field"] for e in answer.json()["errors"]] == ["status_grace_seconds"]
 
 
 async def test_whatsapp_concurrent_messages_of_a_new_contact_open_one_conversation(

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from sinal import webhooks
 from sinal.automations.service import Automations
 from sinal.integrations.signatures import sign_whatsapp
 from sinal.store.automations import Integration
 from sinal.store.base import EventQuery, StoredEvent
+from sinal.store.webhooks import StoredDelivery
 from tests.integration.conftest import Api
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "whatsapp"
@@ -21,7 +24,7 @@ PHONE_NUMBER_ID = "106540352242922"
 WABA_ID = "102290129340398"
 
 
-def connect_whatsapp(api: Api, account_id: Any = None, **overrides: str) -> Integration:
+def connect_whatsapp(api: Api, account_id: Any = None, **overrides: Any) -> Integration:
     """The account's WhatsApp Cloud API connection, as `POST /v1/integrations` makes it."""
     data = {
         "kind": "whatsapp", "secret": APP_SECRET, "verify_token": VERIFY_TOKEN,
@@ -61,11 +64,15 @@ def text_message(
     return envelope({"contacts": contacts, "messages": [message]})
 
 
-def statuses(*items: tuple[str, str, int], recipient: str = "5511987654321") -> dict[str, Any]:
-    """A body with (wamid, status, timestamp) statuses, carrying only the recipient id."""
+def statuses(
+    *items: tuple[str, str, int], recipient: str = "5511987654321", callback: str | None = None
+) -> dict[str, Any]:
+    """A body with (wamid, status, timestamp) statuses, carrying only the recipient id (and
+    the `biz_opaque_callback_data` the message was sent with, if any)."""
+    echoed = {} if callback is None else {"biz_opaque_callback_data": callback}
     return envelope(
         {"statuses": [{"id": wamid, "status": status, "timestamp": str(when),
-                       "recipient_id": recipient} for wamid, status, when in items]}
+                       "recipient_id": recipient, **echoed} for wamid, status, when in items]}
     )  # fmt: skip
 
 
@@ -90,3 +97,15 @@ def events(api: Api, metric: str | None = None, account_id: Any = None) -> list[
     """The account's events (of one metric), oldest first."""
     query = EventQuery(account_id or api.account.id, metric_name=metric, limit=1000)
     return list(reversed(api.ledger.list_events(query)))
+
+
+def deferred(api: Api) -> list[StoredDelivery]:
+    """The deliveries kept as deferred, oldest first."""
+    return webhooks.store_of(api.ledger).list_deliveries(("deferred",), api.account.id)
+
+
+def due_at(api: Api) -> datetime:
+    """When the one deferred delivery is due."""
+    [delivery] = deferred(api)
+    assert delivery.due_at is not None
+    return delivery.due_at

@@ -129,6 +129,20 @@ def when(field: str, op: str, value: object) -> dict[str, object]:
             SendTemplate("pedido_pago", "en", ("{{ contact.name }}", "{{ event.value }}")),
         ),
         ({**TPL, "components": [BODY]}, SendTemplate("pedido_pago", "pt_BR", (), (BODY,))),
+        (
+            {**MSG, "text": "Veja https://x.com", "track_links": False},
+            SendMessage("Veja https://x.com"),
+        ),
+        ({**MSG, "text": "https://x.com", "track_links": True}, SendMessage("https://x.com", True)),
+        (
+            {**MSG, "text": "https://x.com", "track_links": True, "campaign": " Black  Friday "},
+            SendMessage("https://x.com", True, "Black  Friday"),
+        ),
+        (
+            {**TPL, "parameters": ["{{ event.properties.url }}"], "track_links": True},
+            SendTemplate("pedido_pago", "pt_BR", ("{{ event.properties.url }}",), (), True),
+        ),
+        ({**AI, "track_links": True, "campaign": "ia"}, AiRespond(None, None, None, True, "ia")),
         ({**TAG, "tag": " vip "}, AddTag("vip")),
         ({"type": "remove_tag", "tag": "carrinho-aberto"}, RemoveTag("carrinho-aberto")),
         ({"type": "close_conversation"}, CloseConversation()),
@@ -339,6 +353,24 @@ def components(*items: object) -> dict[str, object]:
         ),
         (components({"type": "body", "n": float("nan")}), ".components[0].n", "invalid_type"),
         (TAG, ".tag", "required"),
+        ({**MSG, "text": "oi", "track_links": "yes"}, ".track_links", "invalid_type"),
+        ({**MSG, "text": "oi", "track_links": 1}, ".track_links", "invalid_type"),
+        ({**MSG, "text": "oi", "campaign": "bf"}, ".campaign", "conflict"),
+        ({**MSG, "text": "oi", "track_links": True, "campaign": ""}, ".campaign", "empty"),
+        (
+            {**MSG, "text": "oi", "track_links": True, "campaign": "x" * 201},
+            ".campaign",
+            "too_long",
+        ),
+        (
+            {**MSG, "text": "oi", "track_links": True, "campaign": "a\tb"},
+            ".campaign",
+            "control_characters",
+        ),
+        ({**TPL, "components": [BODY], "track_links": True}, ".track_links", "conflict"),
+        ({**AI, "track_links": "true"}, ".track_links", "invalid_type"),
+        ({**AI, "campaign": "ia", "track_links": False}, ".campaign", "conflict"),
+        ({**TAG, "tag": "vip", "track_links": True}, ".track_links", "unknown_field"),
         ({**TAG, "tag": " "}, ".tag", "empty"),
         ({"type": "remove_tag", "tag": "x" * 65}, ".tag", "too_long"),
         ({"type": "remove_tag", "tag": ["vip"]}, ".tag", "invalid_type"),
@@ -617,6 +649,11 @@ _contact_conditions = st.one_of(
 )
 _steps = st.one_of(
     st.builds(lambda t: {"type": "send_message", "text": t}, _texts),
+    st.builds(
+        lambda t, c: {"type": "send_message", "text": t, "track_links": True, "campaign": c},
+        _texts,
+        _texts.filter(lambda s: len(s.strip()) <= 200),
+    ),
     st.builds(
         lambda t: {"type": "add_tag", "tag": t}, _texts.filter(lambda s: len(s.strip()) <= 64)
     ),

@@ -1,5 +1,5 @@
-"""Tracked links' pure rules (tokens, targets, preview fetchers, the click event) and a
-message status row's forward-only merge."""
+"""Tracked links' pure rules (tokens, targets, preview fetchers, the click event, the URLs
+of a message) and a message status row's forward-only merge."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import pytest
 from sinal.events import prepare
 from sinal.integrations.links import (
     click_event,
+    find_urls,
     is_preview_fetcher,
     is_token,
     new_token,
+    rewrite_urls,
     target_url_problem,
 )
 from sinal.store.messaging import MessageStatus
@@ -106,3 +108,66 @@ def test_message_status_only_moves_forward_and_failed_keeps_its_error() -> None:
         MessageStatus(uuid4(), "wamid.x", uuid4(), "sent", True, None, None, NOW, NOW)
     )
     assert (templated.status, templated.is_template) == ("sent", True)
+
+
+def _marked(text: str) -> str:
+    return rewrite_urls(text, lambda url: f"<{url}>")
+
+
+@pytest.mark.parametrize(
+    ("text", "marked"),
+    [
+        ("Seu pedido: https://loja.com.br/p/1042", "Seu pedido: <https://loja.com.br/p/1042>"),
+        ("Veja https://x.com/a.", "Veja <https://x.com/a>."),
+        ("Veja https://x.com/a... e mais", "Veja <https://x.com/a>... e mais"),
+        ("(https://x.com)", "(<https://x.com>)"),
+        ("(veja https://x.com/a).", "(veja <https://x.com/a>)."),
+        ("[https://x.com/a]", "[<https://x.com/a>]"),
+        ("https://pt.wikipedia.org/wiki/Real_(moeda)", "<https://pt.wikipedia.org/wiki/Real_(moeda)>"),
+        ("https://x.com/a?b=1&c=2, ok?", "<https://x.com/a?b=1&c=2>, ok?"),
+        ("Pronto! https://x.com/a!", "Pronto! <https://x.com/a>!"),
+        ("*https://x.com/promo*", "*<https://x.com/promo>*"),
+        ("_https://x.com/promo_", "_<https://x.com/promo>_"),
+        ('"https://x.com/a"', '"<https://x.com/a>"'),
+        ("«https://x.com/a»", "«<https://x.com/a>»"),
+        ("Link:https://x.com/a", "Link:<https://x.com/a>"),
+        ("HTTPS://X.COM/A", "<HTTPS://X.COM/A>"),
+        ("http://x.com/a\nhttps://y.com/b", "<http://x.com/a>\n<https://y.com/b>"),
+        ("https://x.com/#/carrinho?id=9", "<https://x.com/#/carrinho?id=9>"),
+        ("https://loja.com.br/promoção…", "<https://loja.com.br/promoção>…"),
+        ("https://x.com/r?u=https://y.com", "<https://x.com/r?u=https://y.com>"),
+    ],
+)  # fmt: skip
+def test_message_urls_leave_the_sentence_around_them_outside(text: str, marked: str) -> None:
+    assert _marked(text) == marked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "mailto:ajuda@loja.com.br",
+        "tel:+5511987654321",
+        "ftp://x.com/a",
+        "whatsapp://send?phone=5511987654321",
+        "wa.me/5511987654321",
+        "www.loja.com.br",
+        "xhttps://x.com",
+        "/r/https://x.com",
+        "https://",
+        "https://.",
+        "https://user:senha@x.com/a",
+        "https://x.com/" + "a" * 2048,
+        "Sem links aqui.",
+    ],
+)
+def test_message_text_without_an_http_url_to_track_is_unchanged(text: str) -> None:
+    assert find_urls(text) == []
+    assert _marked(text) == text
+
+
+def test_message_urls_are_found_in_order_with_their_spans() -> None:
+    text = "a https://x.com/1 b (https://y.com/2)."
+    assert [text[s:e] for s, e in find_urls(text)] == ["https://x.com/1", "https://y.com/2"]
+    seen: list[str] = []
+    rewrite_urls(text, lambda url: seen.append(url) or url)
+    assert seen == ["https://x.com/1", "https://y.com/2"]

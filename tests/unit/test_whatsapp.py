@@ -7,6 +7,7 @@ import functools
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 
@@ -30,7 +31,13 @@ from sinal.integrations import (
     whatsapp_delivery,
 )
 from sinal.integrations.base import ContactRef, Mapped
-from sinal.integrations.whatsapp import StatusUpdate, WhatsAppBatch, status_rank
+from sinal.integrations.whatsapp import (
+    StatusUpdate,
+    WhatsAppBatch,
+    read_callback_data,
+    sent_callback_data,
+    status_rank,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "whatsapp"
 ACCOUNT = "0192f5d0-1a2b-7c3d-8e4f-000000000001"
@@ -556,3 +563,29 @@ def test_a_location_with_mistyped_coordinates_keeps_the_rest() -> None:
     props = map_whatsapp(payload).messages[0].properties
     assert "latitude" not in props
     assert props["longitude"] == -46.6622
+
+
+@pytest.mark.parametrize("is_template", [True, False])
+def test_callback_data_sinal_sends_names_the_contact_and_kind(is_template: bool) -> None:
+    contact = UUID(CONTACT)
+    sent = sent_callback_data(contact, is_template=is_template)
+    assert len(sent) <= 512  # Meta's limit for biz_opaque_callback_data
+    assert read_callback_data(sent) == (contact, is_template)
+
+
+@pytest.mark.parametrize(
+    "echoed",
+    [None, "", "pedido-1042", "sinal", "sinal:template", "sinal:template:not-a-uuid",
+     f"sinal:campaign:{CONTACT}", f"other:template:{CONTACT}", f"SINAL:template:{CONTACT}"],
+)  # fmt: skip
+def test_callback_data_of_other_senders_names_nothing(echoed: str | None) -> None:
+    assert read_callback_data(echoed) is None
+
+
+def test_status_keeps_the_callback_data_meta_echoes() -> None:
+    payload = load("status_delivered")
+    payload["entry"][0]["changes"][0]["value"]["statuses"][0]["biz_opaque_callback_data"] = (
+        f"sinal:template:{CONTACT}"
+    )
+    [update] = map_whatsapp(payload).statuses
+    assert read_callback_data(update.callback_data) == (UUID(CONTACT), True)

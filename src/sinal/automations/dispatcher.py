@@ -47,6 +47,7 @@ from sinal.events import EmitEvent, prepare
 from sinal.failpoints import failpoint
 from sinal.housekeeping import Task, run_tasks
 from sinal.ledger import Ledger
+from sinal.links import StepLinks
 from sinal.store.automations import (
     Advance,
     AutomationRow,
@@ -86,6 +87,7 @@ class DispatchSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     http_timeout: float = 30.0
     allow_private_webhooks: bool = False
+    public_url: str = ""  # where tracked links point (`/l/{token}`); "" refuses track_links
     housekeeping_interval: float = 20.0  # seconds between housekeeping passes; 0: none
     housekeeping: tuple[str | Task, ...] | None = None  # None: sinal.housekeeping.TASKS
 
@@ -148,6 +150,7 @@ class Dispatcher:
         self._last_claim = 0.0
         self._pool: ThreadPoolExecutor | None = None
         self._integrations = _IntegrationCache(self.store, INTEGRATION_TTL)
+        self._links = StepLinks(ledger, self.settings.public_url)
         # the threads' step records share transactions (each still commits before it goes on)
         self._starts = _Combiner(self.store.start_steps)
         self._finishes = _Combiner(self.store.finish_steps)
@@ -379,6 +382,7 @@ class Dispatcher:
             change_tag=change_tag,
             close_conversation=lambda: self.store.close_open_conversation(account, contact),
             allow_private_webhooks=self.settings.allow_private_webhooks,
+            links=self._links,
         )
 
     def close(self) -> None:

@@ -10,6 +10,10 @@
            {"type": "add_tag", "tag": "comprou"}]}
 ```
 
+- `send_message`, `ai_respond` and `send_template` (its `parameters`) take
+  `"track_links": true` (default false): each http(s) URL of the rendered text is sent as
+  the short URL of a tracked link made for the execution's contact, whose clicks record
+  Link Clicked; `campaign` (default: the automation's name) names them.
 - Exactly one of `trigger_metric` (any metric name, custom too) and `trigger_type` (one of
   the seed's 8 event triggers, resolved through `TRIGGER_TO_METRIC`). `status` defaults
   to `active`; `filters` to none. 1 to 50 steps.
@@ -60,6 +64,7 @@ from sinal.catalog import TRIGGER_TO_METRIC, TRIGGER_TYPES
 from sinal.currencies import is_currency
 from sinal.errors import FieldError, _FieldErrors
 from sinal.events import MAX_METRIC_NAME
+from sinal.integrations.links import MAX_CAMPAIGN_LENGTH
 
 __all__ = [
     "MAX_CONDITIONS",
@@ -167,14 +172,17 @@ class Condition:
 
 @dataclass(frozen=True, slots=True)
 class SendMessage:
-    """Send a WhatsApp text; `text` is a template."""
+    """Send a WhatsApp text; `text` is a template. With `track_links`, its URLs go out as
+    tracked short links (of `campaign`, default the automation's name)."""
 
     text: str
+    track_links: bool = False
+    campaign: str | None = None
     type: ClassVar[Literal["send_message"]] = "send_message"
 
     def to_dict(self) -> dict[str, Any]:
         """The step as JSON-like data."""
-        return {"type": self.type, "text": self.text}
+        return {"type": self.type, "text": self.text, **_tracking_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +193,8 @@ class SendTemplate:
     language: str
     parameters: tuple[str, ...] = ()
     components: tuple[dict[str, Any], ...] = ()
+    track_links: bool = False  # in `parameters` (components go to Meta as given)
+    campaign: str | None = None
     type: ClassVar[Literal["send_template"]] = "send_template"
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,7 +204,7 @@ class SendTemplate:
             data["parameters"] = list(self.parameters)
         if self.components:
             data["components"] = list(self.components)
-        return data
+        return {**data, **_tracking_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +249,8 @@ class AiRespond:
     system_prompt: str | None = None
     prompt: str | None = None
     max_tokens: int | None = None
+    track_links: bool = False  # in the answer
+    campaign: str | None = None
     type: ClassVar[Literal["ai_respond"]] = "ai_respond"
 
     def to_dict(self) -> dict[str, Any]:
@@ -247,7 +259,7 @@ class AiRespond:
         for key in ("system_prompt", "prompt", "max_tokens"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
-        return data
+        return {**data, **_tracking_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +303,15 @@ class FilterStep:
     def to_dict(self) -> dict[str, Any]:
         """The step as JSON-like data."""
         return {"type": self.type, "conditions": [c.to_dict() for c in self.conditions]}
+
+
+def _tracking_dict(step: SendMessage | SendTemplate | AiRespond) -> dict[str, Any]:
+    """A sending step's link tracking, as JSON-like data (nothing when off)."""
+    if not step.track_links:
+        return {}
+    if step.campaign is None:
+        return {"track_links": True}
+    return {"track_links": True, "campaign": step.campaign}
 
 
 Step: TypeAlias = (
@@ -739,7 +760,21 @@ def _step(c: _Checker, at: str, raw: object) -> Step | None:
 
 def _send_message(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
     text = c.template(f"{at}.text", body.get("text"), MAX_TEXT, required=True, multiline=True)
-    return None if text is None else SendMessage(text)
+    track_links, campaign = _tracking(c, at, body)
+    return None if text is None else SendMessage(text, track_links, campaign)
+
+
+def _tracking(c: _Checker, at: str, body: Mapping[str, object]) -> tuple[bool, str | None]:
+    """A sending step's `track_links` (a boolean, default false) and `campaign`."""
+    raw = body.get("track_links", False)
+    if not isinstance(raw, bool):
+        c.fail(f"{at}.track_links", "invalid_type", "track_links must be true or false")
+    campaign = c.text(f"{at}.campaign", body.get("campaign"), MAX_CAMPAIGN_LENGTH,
+                      required=False)  # fmt: skip
+    if campaign is not None and raw is False:
+        c.fail(f"{at}.campaign", "conflict",
+               "campaign names the step's tracked links: set track_links to true")  # fmt: skip
+    return raw is True, campaign
 
 
 def _send_template(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
@@ -761,9 +796,13 @@ def _send_template(c: _Checker, at: str, body: Mapping[str, object]) -> Step | N
         text = c.template(f"{at}.parameters[{i}]", item, MAX_STRING_VALUE, required=True)
         parameters.append(text or "")
     components = _components(c, f"{at}.components", body.get("components", []))
+    track_links, campaign = _tracking(c, at, body)
+    if track_links and "components" in body:
+        c.fail(f"{at}.track_links", "conflict",
+               "track_links applies to parameters; components go to Meta as given")  # fmt: skip
     if name is None or language is None:
         return None
-    return SendTemplate(name, language, tuple(parameters), components)
+    return SendTemplate(name, language, tuple(parameters), components, track_links, campaign)
 
 
 def _components(c: _Checker, at: str, raw: object) -> tuple[dict[str, Any], ...]:
@@ -814,7 +853,8 @@ def _ai_respond(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None
     max_tokens = None
     if raw_tokens is not None:
         max_tokens = c.integer(f"{at}.max_tokens", raw_tokens, 1, MAX_MAX_TOKENS)
-    return AiRespond(prompts[0], prompts[1], max_tokens)
+    track_links, campaign = _tracking(c, at, body)
+    return AiRespond(prompts[0], prompts[1], max_tokens, track_links, campaign)
 
 
 def _webhook(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
@@ -900,14 +940,18 @@ def _filter_step(c: _Checker, at: str, body: Mapping[str, object]) -> Step | Non
     return FilterStep(conditions)
 
 
+_TRACKING_KEYS: Final = ("track_links", "campaign")
 _StepParser = Callable[[_Checker, str, Mapping[str, object]], Step | None]
 _STEP_PARSERS: Final[dict[str, tuple[tuple[str, ...], _StepParser]]] = {
-    "send_message": (("text",), _send_message),
-    "send_template": (("name", "language", "parameters", "components"), _send_template),
+    "send_message": (("text", *_TRACKING_KEYS), _send_message),
+    "send_template": (
+        ("name", "language", "parameters", "components", *_TRACKING_KEYS),
+        _send_template,
+    ),
     "add_tag": (("tag",), _tag_step(AddTag)),
     "remove_tag": (("tag",), _tag_step(RemoveTag)),
     "close_conversation": ((), _close_conversation),
-    "ai_respond": (("system_prompt", "prompt", "max_tokens"), _ai_respond),
+    "ai_respond": (("system_prompt", "prompt", "max_tokens", *_TRACKING_KEYS), _ai_respond),
     "webhook": (("url", "headers"), _webhook),
     "wait": (("seconds", "until"), _wait),
     "filter": (("conditions",), _filter_step),

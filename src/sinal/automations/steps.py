@@ -8,6 +8,10 @@ Failures are sorted by what a retry can do:
 - `StepFailed(retry=False)`: will never work as configured (no WhatsApp connection, 400).
 - `OutcomeUnknown`: the request left and no answer came back (timeout). It may have been
   delivered, so it is never resent blindly: the execution stops as `unknown`.
+
+Sending steps with ``track_links`` replace the URLs of their text with tracked short links
+before the send, through the context's `links` (`sinal.links.StepLinks`): keyed by
+(execution, step, URL), so a step run again after a failed send sends the same ones.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,9 +43,11 @@ from sinal.automations.model import (
     Webhook,
 )
 from sinal.automations.templates import render_text, render_value
-from sinal.errors import SinalError
+from sinal.errors import ConfigurationError, InvalidLink, SinalError, StoreError
 from sinal.events import EmitEvent, decimal_text
-from sinal.store.automations import Claim, Integration
+from sinal.integrations.links import rewrite_urls
+from sinal.integrations.whatsapp import sent_callback_data
+from sinal.store.automations import Claim, Execution, Integration
 
 DEFAULT_WHATSAPP_API = "https://graph.facebook.com/v21.0"
 
@@ -72,6 +78,17 @@ class StepOutcome:
     reason: str | None = None
 
 
+class LinkMaker(Protocol):
+    """Makes the tracked links of a step's message (`sinal.links.StepLinks`)."""
+
+    def __call__(
+        self, execution: Execution, step_index: int, url: str, campaign: str | None
+    ) -> str:
+        """The short URL standing for `url` in the step's message, the same on every run;
+        raises `ConfigurationError`, `InvalidLink` or `StoreError`."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class StepContext:
     """What a runner may use."""
@@ -84,6 +101,7 @@ class StepContext:
     change_tag: Callable[[str, bool, EmitEvent], None]  # (tag, add, event) in one transaction
     close_conversation: Callable[[], Any]  # -> closed conversation id or None
     allow_private_webhooks: bool = False
+    links: LinkMaker | None = None  # None: steps with track_links fail (not retried)
 
     @property
     def template_data(self) -> dict[str, object]:
@@ -133,10 +151,12 @@ def _send_message(step: Any, ctx: StepContext) -> StepOutcome:
     text = render_text(step.text, ctx.template_data)
     if not text.strip():
         raise StepFailed("the message rendered empty", retry=False)
+    links = _Links(ctx, step.track_links, step.campaign)
+    text = links.track(text)
     payload = {"type": "text", "text": {"preview_url": False, "body": text}}
     wamid, phone = _whatsapp_send(ctx, payload)
     return StepOutcome(
-        result={"wamid": wamid, "text": text},
+        result={"wamid": wamid, "text": text, **links.result()},
         emit=ctx.event(c.METRIC_MESSAGE_SENT, entity_type="message", entity_id=wamid,
                        properties={"phone": phone, "wa_message_id": wamid, "text": text}),
     )  # fmt: skip
@@ -147,15 +167,18 @@ def _send_template(step: Any, ctx: StepContext) -> StepOutcome:
     data = ctx.template_data
     rendered = render_value(list(step.components), data)
     components: list[Any] = list(rendered) if isinstance(rendered, list) else []
+    links = _Links(ctx, step.track_links, step.campaign)
     if step.parameters:
-        parameters = [{"type": "text", "text": render_text(p, data)} for p in step.parameters]
-        components.append({"type": "body", "parameters": parameters})
+        texts = [links.track(render_text(p, data)) for p in step.parameters]
+        components.append({"type": "body", "parameters": [{"type": "text", "text": t}
+                                                          for t in texts]})  # fmt: skip
     template: dict[str, Any] = {"name": step.name, "language": {"code": step.language}}
     if components:
         template["components"] = components
-    wamid, phone = _whatsapp_send(ctx, {"type": "template", "template": template})
+    wamid, phone = _whatsapp_send(ctx, {"type": "template", "template": template},
+                                  is_template=True)  # fmt: skip
     return StepOutcome(
-        result={"wamid": wamid, "template": step.name},
+        result={"wamid": wamid, "template": step.name, **links.result()},
         emit=ctx.event(c.METRIC_TEMPLATE_SENT, entity_type="message", entity_id=wamid,
                        properties={"phone": phone, "wa_message_id": wamid,
                                    "template_name": step.name, "language": step.language}),
@@ -167,6 +190,7 @@ def _ai_respond(step: Any, ctx: StepContext) -> StepOutcome:
     ai = ctx.integrations("ai")
     if ai is None:
         raise StepFailed("the account has no AI connection (POST /v1/integrations)", retry=False)
+    links = _Links(ctx, step.track_links, step.campaign)
     data = ctx.template_data
     question = render_text(step.prompt, data) if step.prompt else _event_text(ctx)
     messages = [{"role": "user", "content": question}]
@@ -184,10 +208,12 @@ def _ai_respond(step: Any, ctx: StepContext) -> StepOutcome:
     if not reply:
         raise StepFailed("the AI endpoint answered with an empty message", retry=True)
     # the AI call is harmless to repeat; from here on the send is the side effect
+    reply = links.track(reply)
     payload = {"type": "text", "text": {"preview_url": False, "body": reply}}
     wamid, phone = _whatsapp_send(ctx, payload)
     return StepOutcome(
-        result={"wamid": wamid, "text": reply, "model": ai.settings.get("model")},
+        result={"wamid": wamid, "text": reply, "model": ai.settings.get("model"),
+                **links.result()},
         emit=ctx.event(c.METRIC_AI_RESPONSE_SENT, entity_type="message", entity_id=wamid,
                        properties={"phone": phone, "wa_message_id": wamid, "text": reply}),
     )  # fmt: skip
@@ -264,8 +290,48 @@ _RUNNERS: Mapping[str, Callable[[Any, StepContext], StepOutcome]] = {
 }
 
 
-def _whatsapp_send(ctx: StepContext, message: dict[str, Any]) -> tuple[str, str]:
-    """POST {api_base_url}/{phone_number_id}/messages; the returned wamid and the phone."""
+class _Links:
+    """A sending step's tracked links: `track` swaps the URLs of a text for short links
+    (when the step tracks them); `result` lists what it made, for the step's record."""
+
+    def __init__(self, ctx: StepContext, enabled: bool, campaign: str | None) -> None:
+        if enabled and ctx.links is None:
+            raise StepFailed("this worker cannot make tracked links (track_links)", retry=False)
+        self.ctx = ctx
+        self.enabled = enabled
+        self.campaign = campaign or ctx.claim.automation.name
+        self.made: dict[str, str] = {}  # url -> short URL
+
+    def track(self, text: str) -> str:
+        """`text`, its http(s) URLs replaced by tracked short links when the step asks."""
+        return rewrite_urls(text, self._short) if self.enabled else text
+
+    def result(self) -> dict[str, Any]:
+        """The links made, as the step's result shows them."""
+        if not self.made:
+            return {}
+        return {"links": [{"url": url, "short_url": short} for url, short in self.made.items()]}
+
+    def _short(self, url: str) -> str:
+        assert self.ctx.links is not None
+        try:
+            short = self.ctx.links(self.ctx.claim.execution, self.ctx.index, url, self.campaign)
+        except StoreError as exc:  # nothing was sent yet: trying again is safe
+            raise StepFailed(f"could not record a tracked link: {exc}", retry=True) from exc
+        except (ConfigurationError, InvalidLink) as exc:
+            raise StepFailed(f"could not make a tracked link: {exc}", retry=False) from exc
+        if short != url:
+            self.made[url] = short
+        return short
+
+
+def _whatsapp_send(
+    ctx: StepContext, message: dict[str, Any], *, is_template: bool = False
+) -> tuple[str, str]:
+    """POST {api_base_url}/{phone_number_id}/messages; the returned wamid and the phone.
+
+    The message carries callback data naming the contact and its kind: Meta echoes it in
+    the message's statuses, which may arrive before this step's send event is recorded."""
     wa = ctx.integrations("whatsapp")
     if wa is None:
         raise StepFailed("the account has no WhatsApp connection (POST /v1/integrations)",
@@ -275,8 +341,9 @@ def _whatsapp_send(ctx: StepContext, message: dict[str, Any]) -> tuple[str, str]
         raise StepFailed("the contact has no phone number", retry=False)
     base = str(wa.settings.get("api_base_url") or DEFAULT_WHATSAPP_API).rstrip("/")
     url = f"{base}/{wa.settings.get('phone_number_id')}/messages"
+    callback = sent_callback_data(ctx.claim.execution.contact_id, is_template=is_template)
     body = {"messaging_product": "whatsapp", "recipient_type": "individual",
-            "to": phone.lstrip("+"), **message}  # fmt: skip
+            "to": phone.lstrip("+"), **message, "biz_opaque_callback_data": callback}  # fmt: skip
     answer = _post_json(ctx, url, body, wa.secrets.get("access_token"))
     try:
         return str(answer["messages"][0]["id"]), phone

@@ -6,7 +6,8 @@ Nothing here does I/O. The HTTP edge, for each delivery:
 2. ``*_delivery(headers, body)`` → `Delivery` whose ``delivery_id`` keys the raw body store;
 3. ``parse_body(body)`` and ``normalize_shopify(topic, payload)`` / ``normalize_yampi(payload)``
    / ``map_whatsapp(payload)`` → events (`Mapped`), order row, checkout; or
-   `UnmappablePayload` (``.reason``) to keep with the raw body and replay later;
+   `UnmappablePayload` (``.reason``) to keep with the raw body and replay later, or
+   `DeliveryDeferred` (``.until``) to process it again once what it waits for is recorded;
 4. per `Mapped`: find or create the contact from ``.contact`` (or through ``.order_id``),
    then ``ledger.emit(mapped.to_emit(account_id=..., contact_id=..., integration_id=...))``.
 """
@@ -19,6 +20,7 @@ from sinal.integrations.base import (
     CheckoutRef,
     ContactRef,
     Delivery,
+    DeliveryDeferred,
     Mapped,
     Normalized,
     OrderRef,
@@ -65,6 +67,7 @@ __all__ = [
     "CheckoutRef",
     "ContactRef",
     "Delivery",
+    "DeliveryDeferred",
     "Mapped",
     "Normalized",
     "OrderRef",

@@ -25,6 +25,7 @@ __all__ = [
     "CheckoutRef",
     "ContactRef",
     "Delivery",
+    "DeliveryDeferred",
     "Mapped",
     "Normalized",
     "OrderRef",
@@ -62,6 +63,20 @@ class UnmappablePayload(WebhookError):
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}"
+
+
+class DeliveryDeferred(WebhookError):
+    """Part of a verified delivery waits for a record that may still be committing (a
+    status that outran the record of its message's send): process it again at `until`.
+    What could be recorded was; a later pass records the rest, or gives up waiting."""
+
+    def __init__(self, until: datetime, message: str) -> None:
+        super().__init__(until, message)  # both in args: survives pickling to a worker
+        self.until = until
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"deferred until {self.until.isoformat()}: {self.message}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,6 +4,12 @@ A link's short URL ends in ``/l/{token}``; the token is random (96 bits), so a s
 cannot be guessed from another. A click is redirected to the URL stored with the link —
 never to one taken from the request — and recorded as Link Clicked (source ``tracking``).
 
+Automation steps that track their links (``track_links``) replace each http(s) URL of
+their message with a short URL: `rewrite_urls` finds them as a reader would, leaving
+sentence punctuation, WhatsApp's formatting marks and unbalanced closing brackets outside
+(``(https://x.com/a).`` → ``https://x.com/a``), and other schemes (``mailto:``, ``tel:``)
+alone.
+
 Link-preview fetchers (WhatsApp's ``WhatsApp/…``, Facebook's ``facebookexternalhit`` and
 ``Facebot``, and the other chat apps' bots) fetch a link as soon as it is sent: they are
 redirected like anyone, but they are not clicks. Two clicks are two events, except that
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 from urllib.parse import urlsplit
@@ -24,13 +31,16 @@ from sinal.catalog import METRIC_LINK_CLICKED
 from sinal.events import EmitEvent
 
 __all__ = [
+    "MAX_CAMPAIGN_LENGTH",
     "MAX_URL_LENGTH",
     "SOURCE",
     "TOKEN_LENGTH",
     "click_event",
+    "find_urls",
     "is_preview_fetcher",
     "is_token",
     "new_token",
+    "rewrite_urls",
     "target_url_problem",
 ]
 
@@ -39,6 +49,15 @@ TOKEN_BYTES: Final = 12  # 96 random bits
 TOKEN_LENGTH: Final = 16  # base64url of 12 bytes, no padding
 MAX_URL_LENGTH: Final = 2048  # what every browser and WhatsApp still open
 MAX_USER_AGENT: Final = 512
+MAX_CAMPAIGN_LENGTH: Final = 200
+
+# An http(s) URL in a message: from its scheme (not glued to a letter, digit or path before
+# it; "_" may open italics) to the first space or character a URL never holds raw; `_trim`
+# then takes back the tail.
+_URL_IN_TEXT = re.compile(r"(?<![^\W_])(?<!/)https?://[^\s<>\"`]+", re.IGNORECASE)
+# Ends a sentence or a WhatsApp format (*bold*, _italic_, ~strike~) rather than the URL.
+_TRAILING: Final = frozenset(".,;:!?'\"*_~…»”’")
+_OPENERS: Final = {")": "(", "]": "[", "}": "{"}
 
 _TOKEN = re.compile(rf"[A-Za-z0-9_-]{{{TOKEN_LENGTH}}}")
 # Matched case-insensitively anywhere in the User-Agent, except WhatsApp's, which is a
@@ -84,6 +103,42 @@ def target_url_problem(url: str) -> str | None:
     if parts.username is not None or parts.password is not None:
         return "the URL must not carry a user name or password"
     return None
+
+
+def find_urls(text: str) -> list[tuple[int, int]]:
+    """The (start, end) spans of the http(s) URLs in a message that could be a link's
+    target; trailing punctuation and unbalanced closing brackets stay outside."""
+    spans: list[tuple[int, int]] = []
+    for match in _URL_IN_TEXT.finditer(text):
+        start = match.start()
+        end = start + len(_trim(match.group()))
+        if target_url_problem(text[start:end]) is None:
+            spans.append((start, end))
+    return spans
+
+
+def rewrite_urls(text: str, replace: Callable[[str], str]) -> str:
+    """`text` with each URL `find_urls` finds replaced by `replace(url)`."""
+    parts: list[str] = []
+    done = 0
+    for start, end in find_urls(text):
+        parts += [text[done:start], replace(text[start:end])]
+        done = end
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def _trim(url: str) -> str:
+    """`url` without what ends the sentence around it: punctuation, format marks, and a
+    closing bracket it did not open (a Wikipedia ``/Foo_(bar)`` keeps its own)."""
+    while url:
+        last = url[-1]
+        opener = _OPENERS.get(last)
+        if last in _TRAILING or (opener is not None and url.count(last) > url.count(opener)):
+            url = url[:-1]
+        else:
+            break
+    return url
 
 
 def is_preview_fetcher(user_agent: str | None) -> bool:

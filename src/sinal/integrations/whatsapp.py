@@ -9,6 +9,9 @@ A body holds ``entry[].changes[]``; each ``messages`` change carries ``value.con
   ``status_event(update, is_template=...)`` (or ``batch.status_events(is_template)``).
   Each status is recorded once per wamid (``whatsapp:message_{status}:{wamid}``); the
   message's current status only moves forward, see `advance_status`.
+- Messages sinal sends carry `sent_callback_data` (Meta's ``biz_opaque_callback_data``),
+  which Meta echoes in their statuses: `read_callback_data` tells the contact and whether
+  it was a template even when the status outruns the record of the send.
 
 One malformed message or status does not sink its batch: it lands in `WhatsAppBatch.skipped`
 with a reason. A malformed envelope raises `UnmappablePayload`.
@@ -21,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
+from uuid import UUID
 
 from sinal.catalog import (
     METRIC_MESSAGE_DELIVERED,
@@ -41,6 +45,8 @@ __all__ = [
     "WhatsAppBatch",
     "advance_status",
     "map_whatsapp",
+    "read_callback_data",
+    "sent_callback_data",
     "status_event",
     "status_metric",
     "status_rank",
@@ -54,6 +60,10 @@ OBJECT: Final = "whatsapp_business_account"
 # A message's status only moves up: sent < delivered < read. Failed outranks them all and
 # stays (its error with it): a late "delivered" must not hide that the message failed.
 STATUS_RANK: Final[Mapping[str, int]] = {"sent": 1, "delivered": 2, "read": 3, "failed": 4}
+
+# biz_opaque_callback_data of the messages sinal sends: "sinal:{template|message}:{contact}".
+_CALLBACK_PREFIX: Final = "sinal"
+_CALLBACK_KINDS: Final[Mapping[str, bool]] = {"template": True, "message": False}
 
 _MEDIA_TYPES: Final = frozenset({"image", "video", "audio", "document", "sticker"})
 
@@ -180,6 +190,26 @@ def status_metric(status: str, is_template: bool) -> str | None:
     if status == "failed":
         return METRIC_MESSAGE_FAILED  # the catalog has no "Template Failed"
     return None
+
+
+def sent_callback_data(contact_id: UUID, *, is_template: bool) -> str:
+    """The ``biz_opaque_callback_data`` sinal sends with a message: Meta returns it in the
+    message's statuses, so they name the contact and the kind before the send is recorded."""
+    kind = "template" if is_template else "message"
+    return f"{_CALLBACK_PREFIX}:{kind}:{contact_id}"
+
+
+def read_callback_data(text: str | None) -> tuple[UUID, bool] | None:
+    """(contact id, is_template) from a status's callback data that sinal sent; None for
+    anything else (no data, another sender's, malformed)."""
+    prefix, _, rest = (text or "").partition(":")
+    kind, _, contact = rest.partition(":")
+    if prefix != _CALLBACK_PREFIX or kind not in _CALLBACK_KINDS:
+        return None
+    try:
+        return UUID(contact), _CALLBACK_KINDS[kind]
+    except ValueError:
+        return None
 
 
 def status_event(

@@ -172,8 +172,10 @@ class MessagingStore(Protocol):
         when the agent changes; a closed one comes back unchanged. None if there is none."""
         ...
 
-    def create_link(self, link: Link) -> bool:
-        """Insert a tracked link; False (nothing written) when its token is taken."""
+    def save_link(self, link: Link) -> Link | None:
+        """Insert a tracked link unless the account has one with its id; the stored link
+        (the earlier one, when the id was taken), or None (nothing written) when its token
+        is another link's."""
         ...
 
     def find_link(self, token: str) -> Link | None:

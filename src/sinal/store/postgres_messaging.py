@@ -248,19 +248,36 @@ class PostgresMessaging:
 
     # -- tracked links -------------------------------------------------------------------
 
-    def create_link(self, link: Link) -> bool:
-        """Insert, unless another link (of any account) has the token."""
+    def save_link(self, link: Link) -> Link | None:
+        """Insert, unless the account has a link with its id (returned) or another link
+        (of any account) has the token (None)."""
         k = link
-        with self._tx() as conn:
+
+        def work(conn: Conn) -> Link | None:
+            row = conn.execute(
+                f"SELECT {_LINK_COLUMNS} FROM links WHERE account_id = %s AND id = %s",
+                (k.account_id, k.id),
+            ).fetchone()
+            if row is not None:
+                return Link(*row)
             taken = conn.execute("SELECT 1 FROM links WHERE token = %s", (k.token,)).fetchone()
             if taken is not None:
-                return False
-            conn.execute(
-                f"INSERT INTO links ({_LINK_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                return None
+            # A concurrent insert of the same id makes this one wait for it, then do nothing.
+            row = conn.execute(
+                f"INSERT INTO links ({_LINK_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                f"ON CONFLICT (account_id, id) DO NOTHING RETURNING {_LINK_COLUMNS}",
                 (k.account_id, k.id, k.token, k.url, k.contact_id, k.campaign,
                  k.automation_execution_id, k.created_at),
-            )  # fmt: skip
-        return True
+            ).fetchone()  # fmt: skip
+            if row is None:
+                row = conn.execute(
+                    f"SELECT {_LINK_COLUMNS} FROM links WHERE account_id = %s AND id = %s",
+                    (k.account_id, k.id),
+                ).fetchone()
+            return None if row is None else Link(*row)
+
+        return self._retrying(work)
 
     def find_link(self, token: str) -> Link | None:
         """The one link with this token; None when none (or, never in practice, two)."""

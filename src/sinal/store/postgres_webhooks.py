@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -15,7 +16,7 @@ from sinal.store.webhooks import DeliveryCursor, DeliveryStatus, StoredDelivery
 
 _COLUMNS = (
     "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
-    "status, reason, attempts, processed_at"
+    "status, reason, attempts, processed_at, due_at"
 )
 
 
@@ -41,12 +42,12 @@ class PostgresWebhooks:
         with self._conn() as conn:
             row = conn.execute(
                 f"INSERT INTO webhook_deliveries ({_COLUMNS}) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 f"ON CONFLICT (account_id, integration_id, delivery_id) DO NOTHING "
                 f"RETURNING {_COLUMNS}",
                 (d.account_id, d.id, d.integration_id, d.provider, d.topic, d.delivery_id,
                  Jsonb(d.headers), d.body, d.received_at, d.status, d.reason, d.attempts,
-                 d.processed_at),
+                 d.processed_at, d.due_at),
             ).fetchone()  # fmt: skip
             if row is not None:
                 return _delivery(row), True
@@ -59,16 +60,36 @@ class PostgresWebhooks:
         return _delivery(earlier), False
 
     def finish_delivery(
-        self, account_id: UUID, delivery_id: UUID, status: DeliveryStatus, reason: str | None
+        self,
+        account_id: UUID,
+        delivery_id: UUID,
+        status: DeliveryStatus,
+        reason: str | None,
+        due_at: datetime | None = None,
     ) -> None:
-        """Record how processing ended."""
+        """Record how processing ended (a deferred delivery's due time with it)."""
         with self._conn() as conn:
             conn.execute(
                 "UPDATE webhook_deliveries SET status = %s, reason = %s, "
-                "attempts = attempts + 1, processed_at = now() "
+                "attempts = attempts + 1, processed_at = now(), due_at = coalesce(%s, due_at) "
                 "WHERE account_id = %s AND id = %s",
-                (status, reason, account_id, delivery_id),
+                (status, reason, due_at, account_id, delivery_id),
             )
+
+    def claim_deferred(self, now: datetime, limit: int, lease: float) -> list[StoredDelivery]:
+        """Due deferred deliveries, pushed `lease` seconds ahead; SKIP LOCKED: concurrent
+        callers take different ones."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "WITH due AS (SELECT account_id, id FROM webhook_deliveries "
+                "WHERE status = 'deferred' AND due_at <= %s ORDER BY due_at LIMIT %s "
+                "FOR UPDATE SKIP LOCKED) "
+                "UPDATE webhook_deliveries SET due_at = %s "
+                "WHERE (account_id, id) IN (SELECT account_id, id FROM due) "
+                f"RETURNING {_COLUMNS}",
+                (now, limit, now + timedelta(seconds=lease)),
+            ).fetchall()
+        return sorted((_delivery(r) for r in rows), key=lambda d: (d.received_at, d.id))
 
     def list_deliveries(
         self,

@@ -227,18 +227,25 @@ class SQLiteMessaging:
 
     # -- tracked links -------------------------------------------------------------------
 
-    def create_link(self, link: Link) -> bool:
-        """Insert, unless another link (of any account) has the token."""
+    def save_link(self, link: Link) -> Link | None:
+        """Insert, unless the account has a link with its id (returned) or another link
+        (of any account) has the token (None)."""
         k = link
         with self._write() as conn:
+            row = conn.execute(
+                f"SELECT {_LINK_COLUMNS} FROM links WHERE account_id = ? AND id = ?",
+                (str(k.account_id), str(k.id)),
+            ).fetchone()
+            if row is not None:
+                return _link_row(row)
             if conn.execute("SELECT 1 FROM links WHERE token = ?", (k.token,)).fetchone():
-                return False
+                return None
             conn.execute(
                 f"INSERT INTO links ({_LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (str(k.account_id), str(k.id), k.token, k.url, _opt(k.contact_id), k.campaign,
                  _opt(k.automation_execution_id), _ts(k.created_at)),
             )  # fmt: skip
-        return True
+        return link
 
     def find_link(self, token: str) -> Link | None:
         """The one link with this token; None when none (or, never in practice, two)."""
@@ -246,13 +253,7 @@ class SQLiteMessaging:
             rows = conn.execute(
                 f"SELECT {_LINK_COLUMNS} FROM links WHERE token = ? LIMIT 2", (token,)
             ).fetchall()
-        if len(rows) != 1:
-            return None
-        r = rows[0]
-        return Link(
-            UUID(r[0]), UUID(r[1]), r[2], r[3], _opt_uuid(r[4]), r[5], _opt_uuid(r[6]),
-            _parse(r[7]),
-        )  # fmt: skip
+        return _link_row(rows[0]) if len(rows) == 1 else None
 
 
 def _opt(value: UUID | None) -> str | None:
@@ -277,6 +278,13 @@ def _conversation_row(r: Sequence[Any]) -> Conversation:
     return Conversation(
         UUID(r[0]), UUID(r[1]), UUID(r[2]), r[3], r[4], _parse(r[5]),
         None if r[6] is None else _parse(r[6]),
+    )  # fmt: skip
+
+
+def _link_row(r: Sequence[Any]) -> Link:
+    return Link(
+        UUID(r[0]), UUID(r[1]), r[2], r[3], _opt_uuid(r[4]), r[5], _opt_uuid(r[6]),
+        _parse(r[7]),
     )  # fmt: skip
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import AbstractContextManager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -16,7 +16,7 @@ from sinal.store.webhooks import DeliveryCursor, DeliveryStatus, StoredDelivery
 
 _COLUMNS = (
     "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
-    "status, reason, attempts, processed_at"
+    "status, reason, attempts, processed_at, due_at"
 )
 
 
@@ -49,12 +49,12 @@ class SQLiteWebhooks:
         with self._write() as conn:
             row = conn.execute(
                 f"INSERT INTO webhook_deliveries ({_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 f"ON CONFLICT (account_id, integration_id, delivery_id) DO NOTHING "
                 f"RETURNING {_COLUMNS}",
                 (str(d.account_id), str(d.id), str(d.integration_id), d.provider, d.topic,
                  d.delivery_id, dumps_json(d.headers), d.body, ts(d.received_at), d.status,
-                 d.reason, d.attempts, None if d.processed_at is None else ts(d.processed_at)),
+                 d.reason, d.attempts, _opt_ts(d.processed_at), _opt_ts(d.due_at)),
             ).fetchone()  # fmt: skip
             if row is not None:
                 return _delivery(row), True
@@ -66,17 +66,37 @@ class SQLiteWebhooks:
         return _delivery(earlier), False
 
     def finish_delivery(
-        self, account_id: UUID, delivery_id: UUID, status: DeliveryStatus, reason: str | None
+        self,
+        account_id: UUID,
+        delivery_id: UUID,
+        status: DeliveryStatus,
+        reason: str | None,
+        due_at: datetime | None = None,
     ) -> None:
-        """Record how processing ended."""
+        """Record how processing ended (a deferred delivery's due time with it)."""
         from sinal.store.sqlite import ts
 
         with self._write() as conn:
             conn.execute(
                 "UPDATE webhook_deliveries SET status = ?, reason = ?, attempts = attempts + 1, "
-                "processed_at = ? WHERE account_id = ? AND id = ?",
-                (status, reason, ts(datetime.now(UTC)), str(account_id), str(delivery_id)),
-            )
+                "processed_at = ?, due_at = coalesce(?, due_at) WHERE account_id = ? AND id = ?",
+                (status, reason, ts(datetime.now(UTC)), _opt_ts(due_at), str(account_id),
+                 str(delivery_id)),
+            )  # fmt: skip
+
+    def claim_deferred(self, now: datetime, limit: int, lease: float) -> list[StoredDelivery]:
+        """Due deferred deliveries, pushed `lease` seconds ahead (one writer: no race)."""
+        from sinal.store.sqlite import ts
+
+        with self._write() as conn:
+            rows = conn.execute(
+                "UPDATE webhook_deliveries SET due_at = ? WHERE (account_id, id) IN ("
+                "SELECT account_id, id FROM webhook_deliveries "
+                "WHERE status = 'deferred' AND due_at <= ? ORDER BY due_at LIMIT ?) "
+                f"RETURNING {_COLUMNS}",
+                (ts(now + timedelta(seconds=lease)), ts(now), limit),
+            ).fetchall()
+        return sorted((_delivery(r) for r in rows), key=lambda d: (d.received_at, d.id))
 
     def list_deliveries(
         self,
@@ -128,4 +148,11 @@ def _delivery(row: Any) -> StoredDelivery:
         UUID(row[0]), UUID(row[1]), UUID(row[2]), row[3], row[4], row[5], orjson.loads(row[6]),
         bytes(row[7]), parse_ts(row[8]), row[9], row[10], row[11],
         None if row[12] is None else parse_ts(row[12]),
+        None if row[13] is None else parse_ts(row[13]),
     )  # fmt: skip
+
+
+def _opt_ts(when: datetime | None) -> str | None:
+    from sinal.store.sqlite import ts
+
+    return None if when is None else ts(when)

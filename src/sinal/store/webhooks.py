@@ -9,7 +9,8 @@ from uuid import UUID
 
 from sinal.store.automations import Integration
 
-DeliveryStatus = Literal["received", "processed", "unmappable", "failed"]
+# deferred: part of it waits for a record that may still come; processed again at due_at.
+DeliveryStatus = Literal["received", "processed", "unmappable", "failed", "deferred"]
 # Where a page of deliveries ended: the last one's (received_at, id).
 DeliveryCursor = tuple[datetime, UUID]
 
@@ -31,6 +32,7 @@ class StoredDelivery:
     reason: str | None
     attempts: int
     processed_at: datetime | None
+    due_at: datetime | None = None  # set when it was deferred: when it is processed again
 
 
 class WebhookStore(Protocol):
@@ -46,9 +48,20 @@ class WebhookStore(Protocol):
         ...
 
     def finish_delivery(
-        self, account_id: UUID, delivery_id: UUID, status: DeliveryStatus, reason: str | None
+        self,
+        account_id: UUID,
+        delivery_id: UUID,
+        status: DeliveryStatus,
+        reason: str | None,
+        due_at: datetime | None = None,
     ) -> None:
-        """Record how processing ended (and count the attempt)."""
+        """Record how processing ended (and count the attempt); a deferred delivery's
+        `due_at` is when it is processed again."""
+        ...
+
+    def claim_deferred(self, now: datetime, limit: int, lease: float) -> list[StoredDelivery]:
+        """Deferred deliveries due at `now`, oldest first, each pushed `lease` seconds ahead
+        so concurrent callers take different ones (and one a crash interrupted comes back)."""
         ...
 
     def list_deliveries(

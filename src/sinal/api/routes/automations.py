@@ -46,7 +46,10 @@ class AutomationIn(BaseModel):
     `add_tag` / `remove_tag` {tag}, `close_conversation`, `ai_respond` {system_prompt,
     prompt, max_tokens}, `webhook` {url, headers}, `wait` {seconds | until}, `filter`
     {conditions}. Texts are templates: `{{ event.properties.order_number }}`,
-    `{{ contact.name | first_name }}`, `{{ event.value | money }}`."""
+    `{{ contact.name | first_name }}`, `{{ event.value | money }}`. `send_message`,
+    `ai_respond` and `send_template` (its parameters) also take `track_links: true`: their
+    http(s) URLs go out as tracked short links (on SINAL_PUBLIC_URL) whose clicks record
+    Link Clicked for the contact, named by `campaign` (default: the automation's name)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -66,8 +69,9 @@ class AutomationPatch(BaseModel):
 
 class IntegrationIn(BaseModel):
     """A connection. whatsapp: secret (app secret), verify_token, phone_number_id,
-    access_token, api_base_url. ai: base_url, model, api_key. shopify / yampi: secret
-    (and abandon_after_minutes for shopify). Secrets are never returned."""
+    access_token, api_base_url, status_grace_seconds. ai: base_url, model, api_key.
+    shopify / yampi: secret (and abandon_after_minutes for shopify). Secrets are never
+    returned."""
 
     model_config = ConfigDict(extra="allow")
 

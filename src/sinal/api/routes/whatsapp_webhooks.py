@@ -3,7 +3,9 @@
 A delivery is verified over the raw bytes as received (Meta escapes non-ASCII text as
 ``\\uXXXX``; re-serialized JSON would never match), kept raw once per delivery, processed
 (`sinal.messaging.process_whatsapp`) and answered 200 — also when a part of it cannot be
-mapped (it is kept, with its reason, for `sinal webhooks replay`): Meta retries anything
+mapped (it is kept, with its reason, for `sinal webhooks replay`) and when statuses in it
+wait for their send to be recorded (``deferred``: the rest is recorded at once; the worker
+processes it again after the integration's ``status_grace_seconds``): Meta retries anything
 else for days. A bad signature is answered 401 and nothing is stored.
 """
 
@@ -35,7 +37,8 @@ class WebhookAck(BaseModel):
 
     status: str = Field(
         description="processed, duplicate (a redelivery of a processed one), "
-        "unmappable or failed (both kept with their reason, for replay)"
+        "deferred (statuses in it wait for the record of their message's send; processed "
+        "again when due), unmappable or failed (both kept with their reason, for replay)"
     )
     delivery_id: str
     reason: str | None
