@@ -81,20 +81,23 @@ _MEASURES = {
 # with a regex, and the JSON properties are full of quotes. The statement's whitespace is
 # collapsed below so that it stays under psycopg's 4,096-character limit for caching (and
 # so preparing) a query.
-_RECORD_SQL = """
-WITH input AS (
-    SELECT * FROM unnest(
-        %(ord)b::int[], %(id)b::uuid[], %(account_id)b::uuid[], %(contact_id)b::uuid[],
-        %(metric_name)b::text[], %(display_name)b::text[], %(category)b::text[],
-        %(is_system)b::bool[], %(properties)b::text[], %(value)b::numeric[],
-        %(currency)b::text[], %(source)b::text[], %(source_id)b::text[],
-        %(integration_id)b::uuid[], %(unique_event_id)b::text[], %(entity_type)b::text[],
-        %(entity_id)b::text[], %(execution_id)b::uuid[], %(occurred_at)b::timestamptz[],
-        %(received_at)b::timestamptz[], %(metric_id)b::uuid[]
-    ) AS t(ord, id, account_id, contact_id, metric_name, display_name, category, is_system,
-           properties, value, currency, source, source_id, integration_id, unique_event_id,
-           entity_type, entity_id, execution_id, occurred_at, received_at, metric_id)
-),
+# The batch's rows, as one array per column (`unnest`), or one row of scalars: psycopg
+# dumps an array per parameter, which for a single event costs more than the statement.
+_INPUT_COLUMNS = (
+    ("ord", "int"), ("id", "uuid"), ("account_id", "uuid"), ("contact_id", "uuid"),
+    ("metric_name", "text"), ("display_name", "text"), ("category", "text"),
+    ("is_system", "bool"), ("properties", "text"), ("value", "numeric"), ("currency", "text"),
+    ("source", "text"), ("source_id", "text"), ("integration_id", "uuid"),
+    ("unique_event_id", "text"), ("entity_type", "text"), ("entity_id", "text"),
+    ("execution_id", "uuid"), ("occurred_at", "timestamptz"), ("received_at", "timestamptz"),
+    ("metric_id", "uuid"),
+)  # fmt: skip
+_INPUT_MANY = "SELECT * FROM unnest({}) AS t({})".format(
+    ", ".join(f"%({name})b::{kind}[]" for name, kind in _INPUT_COLUMNS),
+    ", ".join(name for name, _ in _INPUT_COLUMNS),
+)
+_INPUT_ONE = "SELECT " + ", ".join(f"%({name})b::{kind} AS {name}" for name, kind in _INPUT_COLUMNS)
+_RECORD_BODY = """
 known AS (
     SELECT i.* FROM input i
     JOIN contacts c ON c.account_id = i.account_id AND c.id = i.contact_id
@@ -161,7 +164,8 @@ LEFT JOIN known k ON k.ord = i.ord
 LEFT JOIN stored s ON s.account_id = i.account_id AND s.id = i.id
 ORDER BY i.ord
 """
-_RECORD_SQL = " ".join(_RECORD_SQL.split())
+_RECORD_SQL = " ".join(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}".split())
+_RECORD_ONE_SQL = " ".join(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}".split())
 
 _DUPLICATES_SQL = """
 SELECT e.account_id, e.unique_event_id, e.id, e.metric_name, e.properties, e.value,
@@ -363,11 +367,11 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         """Store a batch in one statement (see the module docstring)."""
         if not events:
             return []
-        params = _record_params(events)
+        query, params = _record_statement(events)
         for attempt in range(_ATTEMPTS):
             try:
                 with self._conn() as conn:
-                    rows = conn.execute(_RECORD_SQL, params).fetchall()
+                    rows = conn.execute(query, params).fetchall()
                     duplicates = [
                         events[ord_] for ord_, created, known in rows if known and not created
                     ]
@@ -733,7 +737,7 @@ def _record_in(
     conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
 ) -> list[Outcome]:
     """Record events inside the caller's transaction (the same statement as `record`)."""
-    rows = conn.execute(_RECORD_SQL, _record_params(events)).fetchall()
+    rows = conn.execute(*_record_statement(events)).fetchall()
     duplicates = [events[o] for o, created, known in rows if known and not created]
     stored = PostgresStore._stored_payloads(conn, duplicates)
     return [_outcome(events[o], created, known, stored) for o, created, known in rows]
@@ -767,31 +771,28 @@ def _api_key(r: Sequence[Any]) -> ApiKey:
     return ApiKey(r[0], r[1], r[2], r[3], r[4], tuple(r[5]), r[6], r[7])
 
 
-def _record_params(events: Sequence[PreparedEvent]) -> dict[str, Any]:
-    return {
-        "ord": list(range(len(events))),
-        "id": [e.id for e in events],
-        "account_id": [e.account_id for e in events],
-        "contact_id": [e.contact_id for e in events],
-        "metric_name": [e.metric_name for e in events],
-        "display_name": [e.display_name for e in events],
-        "category": [str(e.category) for e in events],
-        "is_system": [e.is_system for e in events],
-        "properties": [e.properties_json for e in events],
-        "value": [e.value for e in events],
-        "currency": [e.currency for e in events],
-        "source": [e.source for e in events],
-        "source_id": [e.source_id for e in events],
-        "integration_id": [e.integration_id for e in events],
-        "unique_event_id": [e.unique_event_id for e in events],
-        "entity_type": [e.entity_type for e in events],
-        "entity_id": [e.entity_id for e in events],
-        "execution_id": [e.automation_execution_id for e in events],
-        "occurred_at": [e.occurred_at for e in events],
-        "received_at": [e.received_at for e in events],
-        "metric_id": [metric_id(e.account_id, e.metric_name) for e in events],
-        "schema_version": SCHEMA_VERSION,
-    }
+def _record_statement(events: Sequence[PreparedEvent]) -> tuple[str, dict[str, Any]]:
+    """The record statement for `events` and its parameters (scalars for a lone event)."""
+    names = [name for name, _ in _INPUT_COLUMNS]
+    rows = [_input_row(i, e) for i, e in enumerate(events)]
+    if len(rows) == 1:
+        query, params = _RECORD_ONE_SQL, dict(zip(names, rows[0], strict=True))
+    else:
+        query = _RECORD_SQL
+        params = dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
+    params["schema_version"] = SCHEMA_VERSION
+    return query, params
+
+
+def _input_row(ord_: int, e: PreparedEvent) -> tuple[Any, ...]:
+    """One event as the statement's input columns, in `_INPUT_COLUMNS` order."""
+    return (
+        ord_, e.id, e.account_id, e.contact_id, e.metric_name, e.display_name, str(e.category),
+        e.is_system, e.properties_json, e.value, e.currency, e.source, e.source_id,
+        e.integration_id, e.unique_event_id, e.entity_type, e.entity_id,
+        e.automation_execution_id, e.occurred_at, e.received_at,
+        metric_id(e.account_id, e.metric_name),
+    )  # fmt: skip
 
 
 def _outcome(
