@@ -30,7 +30,8 @@ class Settings:
     host: str = _setting("127.0.0.1", "address `sinal serve` listens on")
     port: int = _setting(8000, "port `sinal serve` listens on")
     public_url: str = _setting(
-        "", "base of tracked links' short URLs (https://sin.al); default: the request's own"
+        "",
+        "public base URL (https://sin.al) of short links and webhook URLs; default: the request's",
     )
     workers: int = _setting(1, "server processes (`sinal serve`); each runs its own group commit")
     auth_cache_ttl: float = _setting(
