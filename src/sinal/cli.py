@@ -429,5 +429,6 @@ def main() -> None:
     try:
         app()
     except SinalError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        # soft_wrap: one line however narrow the terminal (or log) is, for grep and for CI
+        err_console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise SystemExit(1) from exc

@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from sinal.errors import ConfigurationError
 
@@ -75,6 +76,8 @@ class Settings:
             raw = env.get(env_name(f.name))
             if raw is not None:
                 values[f.name] = _convert(f.name, f.type, raw)
+        if "public_url" in values:
+            values["public_url"] = _public_url(values["public_url"])
         return cls(**values)
 
     def with_overrides(self, **overrides: Any) -> Settings:
@@ -111,3 +114,32 @@ def _convert(name: str, kind: object, raw: str) -> Any:
     if not value >= 0:  # negative or NaN
         raise ConfigurationError(f"{env_name(name)}={raw!r} must be a non-negative number")
     return value
+
+
+def _public_url(raw: str) -> str:
+    """SINAL_PUBLIC_URL checked, without its trailing slash ("" stays unset). Short links
+    and webhook URLs are built on it: a bare `sin.al` would make them relative."""
+    url = raw.strip()
+    if url and not _is_base_url(url):
+        raise ConfigurationError(
+            f"{env_name('public_url')}={raw!r} must be an absolute http:// or https:// URL "
+            "with a host and no query or fragment, e.g. https://sin.al"
+        )
+    return url.rstrip("/")
+
+
+def _is_base_url(url: str) -> bool:
+    """An http(s) URL with a host and maybe a port and a path (a proxy's prefix)."""
+    parts = urlsplit(url)
+    try:
+        _ = parts.port  # a malformed or out-of-range port raises
+    except ValueError:
+        return False
+    return (
+        parts.scheme.lower() in ("http", "https")
+        and bool(parts.hostname)
+        and "?" not in url
+        and "#" not in url
+        and url.isprintable()
+        and not any(c.isspace() for c in url)
+    )

@@ -59,3 +59,19 @@ def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
     result = run(url, "migrate")
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_cli_malformed_public_url_is_one_line_naming_the_setting(
+    command: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # a narrow log: no wrapping
+    env["SINAL_PUBLIC_URL"] = "sin.al"
+    result = subprocess.run([*SINAL, command], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr == (
+        "error: SINAL_PUBLIC_URL='sin.al' must be an absolute http:// or https:// URL with a "
+        "host and no query or fragment, e.g. https://sin.al\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # refused before opening (or creating) a database
