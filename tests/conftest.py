@@ -84,6 +84,21 @@ def database_url(request: pytest.FixtureRequest) -> str:
     return url
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database on each backend, no migration applied."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    request.getfixturevalue("pg_template")  # skips (or fails in CI) without PostgreSQL
+    name = f"sinal_empty_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield _admin_url(name)
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 def ledger(database_url: str) -> Iterator[Ledger]:
     """A ledger on a fresh database, on each backend."""

@@ -39,15 +39,24 @@ DatabaseOption = Annotated[
 ]
 
 
-def open_ledger(database_url: str | None) -> Ledger:
-    """The ledger for a command: --database-url, else SINAL_DATABASE_URL, else the default."""
-    return connect(database_url or Settings.from_env().database_url)
+def open_ledger(database_url: str | None, *, is_migrating: bool = False) -> Ledger:
+    """The ledger for a command: --database-url, else SINAL_DATABASE_URL, else the default.
+    `SchemaOutOfDate` (run `sinal migrate`) unless its migrations are applied, or the command
+    applies them itself (`is_migrating`): a raw "no such table" helps nobody."""
+    ledger = connect(database_url or Settings.from_env().database_url)
+    if not is_migrating:
+        try:
+            ledger.check_schema()
+        except BaseException:
+            ledger.close()
+            raise
+    return ledger
 
 
 @app.command()
 def migrate(database_url: DatabaseOption = None) -> None:
     """Apply pending schema migrations (idempotent) and print the schema version."""
-    with open_ledger(database_url) as ledger:
+    with open_ledger(database_url, is_migrating=True) as ledger:
         applied = ledger.migrate()
         version = ledger.schema_version()
     if applied:
@@ -94,7 +103,7 @@ def demo(database_url: DatabaseOption = None) -> None:
     """Create an account and contacts, emit a realistic sequence, and show what was stored."""
     from sinal.demo import run_demo
 
-    with open_ledger(database_url) as ledger:
+    with open_ledger(database_url, is_migrating=True) as ledger:
         ledger.migrate()
         run_demo(ledger, console)
 
@@ -429,5 +438,6 @@ def main() -> None:
     try:
         app()
     except SinalError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        # soft_wrap: one line however narrow the terminal (or log) is, for grep and for CI
+        err_console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         raise SystemExit(1) from exc

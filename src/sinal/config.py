@@ -10,6 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from sinal.errors import ConfigurationError
 
@@ -30,7 +31,8 @@ class Settings:
     host: str = _setting("127.0.0.1", "address `sinal serve` listens on")
     port: int = _setting(8000, "port `sinal serve` listens on")
     public_url: str = _setting(
-        "", "base of tracked links' short URLs (https://sin.al); default: the request's own"
+        "",
+        "public base URL (https://sin.al) of short links and webhook URLs; default: the request's",
     )
     workers: int = _setting(1, "server processes (`sinal serve`); each runs its own group commit")
     auth_cache_ttl: float = _setting(
@@ -74,6 +76,8 @@ class Settings:
             raw = env.get(env_name(f.name))
             if raw is not None:
                 values[f.name] = _convert(f.name, f.type, raw)
+        if "public_url" in values:
+            values["public_url"] = _public_url(values["public_url"])
         return cls(**values)
 
     def with_overrides(self, **overrides: Any) -> Settings:
@@ -110,3 +114,32 @@ def _convert(name: str, kind: object, raw: str) -> Any:
     if not value >= 0:  # negative or NaN
         raise ConfigurationError(f"{env_name(name)}={raw!r} must be a non-negative number")
     return value
+
+
+def _public_url(raw: str) -> str:
+    """SINAL_PUBLIC_URL checked, without its trailing slash ("" stays unset). Short links
+    and webhook URLs are built on it: a bare `sin.al` would make them relative."""
+    url = raw.strip()
+    if url and not _is_base_url(url):
+        raise ConfigurationError(
+            f"{env_name('public_url')}={raw!r} must be an absolute http:// or https:// URL "
+            "with a host and no query or fragment, e.g. https://sin.al"
+        )
+    return url.rstrip("/")
+
+
+def _is_base_url(url: str) -> bool:
+    """An http(s) URL with a host and maybe a port and a path (a proxy's prefix)."""
+    parts = urlsplit(url)
+    try:
+        _ = parts.port  # a malformed or out-of-range port raises
+    except ValueError:
+        return False
+    return (
+        parts.scheme.lower() in ("http", "https")
+        and bool(parts.hostname)
+        and "?" not in url
+        and "#" not in url
+        and url.isprintable()
+        and not any(c.isspace() for c in url)
+    )

@@ -33,6 +33,7 @@ from sinal.errors import (
     InvalidContact,
     InvalidEvent,
     InvalidQuery,
+    SchemaOutOfDate,
 )
 from sinal.events import (
     Clock,
@@ -64,6 +65,7 @@ from sinal.store.base import (
     Store,
     StoredEvent,
     SummaryRow,
+    latest_schema_version,
 )
 
 MAX_BATCH = 1000
@@ -86,6 +88,15 @@ class Ledger:
     def schema_version(self) -> int:
         """The applied schema version."""
         return self.store.schema_version()
+
+    def check_schema(self) -> None:
+        """`SchemaOutOfDate` while migrations this code needs are not applied."""
+        latest = latest_schema_version(getattr(self.store, "backend", "sqlite"))
+        version = self.store.schema_version()
+        if version < latest:
+            raise SchemaOutOfDate(
+                f"schema version {version}, this code needs {latest}: run `sinal migrate`"
+            )
 
     def create_account(self, name: str, *, timezone: str = DEFAULT_TIMEZONE) -> Account:
         """Create an account (a tenant)."""

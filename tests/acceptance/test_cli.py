@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sinal.store.base import latest_schema_version
 from tests.helpers import count, sql
 
 SINAL = [sys.executable, "-m", "sinal"]
@@ -59,3 +60,79 @@ def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
     result = run(url, "migrate")
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_cli_malformed_public_url_is_one_line_naming_the_setting(
+    command: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # a narrow log: no wrapping
+    env["SINAL_PUBLIC_URL"] = "sin.al"
+    result = subprocess.run([*SINAL, command], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr == (
+        "error: SINAL_PUBLIC_URL='sin.al' must be an absolute http:// or https:// URL with a "
+        "host and no query or fragment, e.g. https://sin.al\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # refused before opening (or creating) a database
+
+
+ACCOUNT = "0192a3b4-c5d6-7e8f-9a0b-1c2d3e4f5a6b"
+NEEDS_SCHEMA = [  # every command that reads or writes the database but does not migrate it
+    ["webhooks", "replay"],
+    ["executions", "retry"],
+    ["rebuild-summaries"],
+    ["accounts", "create", "--name", "Loja da Ana"],
+    ["accounts", "list"],
+    ["keys", "create", "--account", ACCOUNT],
+    ["keys", "list", "--account", ACCOUNT],
+    ["keys", "revoke", ACCOUNT],
+]
+
+
+def _tables(url: str) -> list[tuple[object, ...]]:
+    if url.startswith("sqlite:"):
+        return sql(url, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    return sql(url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+
+
+@pytest.mark.parametrize("command", NEEDS_SCHEMA, ids=" ".join)
+def test_cli_on_a_database_never_migrated_says_to_run_migrate(
+    empty_url: str, command: list[str]
+) -> None:
+    result = run(empty_url, *command)
+
+    assert result.returncode == 1
+    latest = latest_schema_version(empty_url.split(":", 1)[0])
+    assert result.stderr == (
+        f"error: schema version 0, this code needs {latest}: run `sinal migrate`\n"
+    )
+    assert result.stdout == ""
+    assert _tables(empty_url) == []  # nothing written, not even half a schema
+
+
+def test_cli_replay_works_once_the_database_is_migrated(empty_url: str) -> None:
+    assert run(empty_url, "webhooks", "replay").returncode == 1
+    assert run(empty_url, "migrate").returncode == 0
+
+    replayed = run(empty_url, "webhooks", "replay")
+
+    assert replayed.returncode == 0, replayed.stderr
+    assert "replayed 0 deliveries: nothing to do" in replayed.stdout
+
+
+def test_cli_on_a_database_behind_this_code_says_to_run_migrate(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    assert run(url, "migrate").returncode == 0
+    latest = latest_schema_version("sqlite")
+    # as an older release left it: its newest migration not applied yet
+    sql(url, "DELETE FROM schema_migrations WHERE version = ?", latest)
+    previous = sql(url, "SELECT max(version) FROM schema_migrations")[0][0]
+
+    result = run(url, "webhooks", "replay")
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"error: schema version {previous}, this code needs {latest}: run `sinal migrate`\n"
+    )

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from uuid import uuid4
 
 import psycopg
 import pytest
 
+from sinal.errors import SchemaOutOfDate
 from sinal.ledger import connect
-from sinal.store.base import read_migrations
-from tests.conftest import PG_URL
+from sinal.store.base import latest_schema_version, read_migrations
 from tests.helpers import sql
 
 # table -> its primary key columns; every key starts with account_id (sharding by account)
@@ -110,21 +107,6 @@ def test_migrations_are_numbered_alike_on_both_backends() -> None:
     assert sqlite_versions == postgres_versions
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database on each backend, no migration applied."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'empty.db'}"
-        return
-    request.getfixturevalue("pg_template")  # skips (or fails in CI) without PostgreSQL
-    name = f"sinal_empty_{os.getpid()}_{uuid4().hex[:8]}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield PG_URL.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def _migrate_up_to(url: str, last: int) -> None:
     """Apply the migrations up to `last` as that release's `sinal migrate` did."""
     backend = "sqlite" if url.startswith("sqlite:") else "postgres"
@@ -178,3 +160,16 @@ def test_migration_0008_keeps_the_deliveries_kept_before_it(empty_url: str) -> N
     assert ["account_id", "integration_id", "delivery_id"] in _unique_keys(
         empty_url, "webhook_deliveries"
     )
+
+
+def test_check_schema_refuses_a_database_behind_this_code(empty_url: str) -> None:
+    latest = latest_schema_version("sqlite" if empty_url.startswith("sqlite:") else "postgres")
+    expected = f"^schema version 0, this code needs {latest}: run `sinal migrate`$"
+    with connect(empty_url) as ledger, pytest.raises(SchemaOutOfDate, match=expected):
+        ledger.check_schema()
+    _migrate_up_to(empty_url, 7)
+    with connect(empty_url) as ledger:
+        with pytest.raises(SchemaOutOfDate, match=f"^schema version 7, this code needs {latest}"):
+            ledger.check_schema()
+        ledger.migrate()
+        ledger.check_schema()  # current: no error

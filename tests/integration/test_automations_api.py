@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
-from tests.integration.conftest import Api
+from sinal.ledger import Ledger
+from tests.integration.conftest import Api, running_api
 from tests.servers import whatsapp_server
 
 pytestmark = pytest.mark.anyio
@@ -117,6 +119,55 @@ async def test_invalid_automation_is_422_naming_the_field(
     assert response.status_code == 422
     assert response.headers["content-type"] == "application/problem+json"
     assert fields <= {e["field"] for e in response.json()["errors"]}
+
+
+# The kinds a provider calls back, and what each needs besides its secret.
+CALLED_BACK: dict[str, dict[str, str]] = {
+    "shopify": {},
+    "yampi": {},
+    "whatsapp": {"verify_token": "v", "phone_number_id": "1234", "access_token": "EAAG"},
+}
+
+
+async def _webhook_urls(api: Api, kind: str, **headers: str) -> tuple[str, list[str]]:
+    """The integration's id and its webhook_url as created, read alone and listed."""
+    body = {"kind": kind, "secret": "s", **CALLED_BACK[kind]}
+    made = await api.client.post("/v1/integrations", json=body, headers=headers)
+    assert made.status_code == 201, made.text
+    ident = made.json()["id"]
+    one = await api.client.get(f"/v1/integrations/{ident}", headers=headers)
+    listed = (await api.client.get("/v1/integrations", headers=headers)).json()["data"]
+    [in_list] = [i for i in listed if i["id"] == ident]
+    return ident, [made.json()["webhook_url"], one.json()["webhook_url"], in_list["webhook_url"]]
+
+
+@pytest.fixture
+async def proxied_api(database_url: str, ledger_at: Ledger) -> AsyncIterator[Api]:
+    """An app whose public address (SINAL_PUBLIC_URL) is not the host it is reached on."""
+    public = "https://crm.lojadaana.com.br/sinal/"
+    async for running in running_api(database_url, ledger_at, public_url=public):
+        yield running
+
+
+@pytest.mark.parametrize("kind", CALLED_BACK)
+async def test_integration_webhook_url_is_on_the_public_url_when_set(
+    proxied_api: Api, kind: str
+) -> None:
+    # as a reverse proxy forwards it: to the internal address
+    ident, urls = await _webhook_urls(proxied_api, kind, Host="10.0.3.7:8000")
+    expected = f"https://crm.lojadaana.com.br/sinal/webhooks/{kind}/{ident}"
+    assert urls == [expected] * 3
+
+
+async def test_integration_webhook_url_is_on_the_request_host_without_a_public_url(
+    api: Api,
+) -> None:
+    ident, urls = await _webhook_urls(api, "shopify")
+    assert urls == [f"http://sinal.test/webhooks/shopify/{ident}"] * 3
+    ai = await api.post("/v1/integrations", {"kind": "ai", "base_url": "https://ai.example",
+                                             "model": "m"})  # fmt: skip
+    assert ai.status_code == 201, ai.text
+    assert "webhook_url" not in ai.json()  # nothing calls an AI integration back
 
 
 async def test_invalid_integration_is_422_naming_the_field(api: Api) -> None:

@@ -64,6 +64,12 @@ class Service:
             max_delay=settings.group_commit_max_delay,
         )
 
+    def public_base_url(self, request: Request) -> str:
+        """The base of the URLs this service hands out (short links, webhook URLs):
+        SINAL_PUBLIC_URL when set (behind a proxy the request's host is an internal one),
+        else the request's own base URL; never with a trailing slash."""
+        return (self.settings.public_url or str(request.base_url)).rstrip("/")
+
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run blocking ledger work in a worker thread: the event loop never waits on I/O."""
         return await asyncio.to_thread(fn, *args, **kwargs)

@@ -393,6 +393,11 @@ def read_migrations(backend: str) -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
+def latest_schema_version(backend: str) -> int:
+    """The version of the newest migration this code has for a store's `backend`."""
+    return max(v for v, _, _ in read_migrations("sqlite" if backend == "sqlite" else "postgres"))
+
+
 def compare_summaries(
     account_id: UUID, truth: dict[tuple[Any, str], Any], kept: dict[tuple[Any, str], Any]
 ) -> RebuildReport:

@@ -96,12 +96,13 @@ def _automations(request: Request) -> Automations:
     responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
 )
 async def create_integration(request: Request) -> Response:
-    """The answer has the integration's webhook URL (for WhatsApp, Shopify, Yampi)."""
+    """The answer has the integration's webhook URL (for WhatsApp, Shopify, Yampi), on
+    SINAL_PUBLIC_URL when set, else on this request's URL."""
     svc = service(request)
     key = await svc.authorize(request, "admin")
     data = await read_json(request, MAX_BODY)
     made = await svc.run(_automations(request).create_integration, key.account_id, data)
-    return json_response(integration_view(made, _base(request)), 201)
+    return json_response(integration_view(made, svc.public_base_url(request)), 201)
 
 
 @router.get(
@@ -114,7 +115,8 @@ async def list_integrations(request: Request) -> Response:
     svc = service(request)
     key = await svc.authorize(request, "admin")
     found = await svc.run(_automations(request).store.list_integrations, key.account_id)
-    return json_response({"data": [integration_view(i, _base(request)) for i in found]})
+    base = svc.public_base_url(request)
+    return json_response({"data": [integration_view(i, base) for i in found]})
 
 
 @router.get(
@@ -130,7 +132,7 @@ async def get_integration(request: Request, integration_id: str) -> Response:
     found = await _owned(
         request, store.get_integration, key.account_id, integration_id, "integration"
     )
-    return json_response(integration_view(found, _base(request)))
+    return json_response(integration_view(found, svc.public_base_url(request)))
 
 
 @router.delete(
@@ -301,7 +303,3 @@ async def _owned(
     if found is None:
         raise NotFound(f"no {what} {raw_id}")
     return found
-
-
-def _base(request: Request) -> str:
-    return str(request.base_url).rstrip("/")

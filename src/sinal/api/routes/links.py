@@ -73,8 +73,7 @@ async def create_link(request: Request) -> Response:
         contact_id=body.contact_id, campaign=body.campaign,
         automation_execution_id=body.automation_execution_id,
     )  # fmt: skip
-    base = svc.settings.public_url or str(request.base_url)
-    return json_response(link_view(link, base), 201)
+    return json_response(link_view(link, svc.public_base_url(request)), 201)
 
 
 @router.get(

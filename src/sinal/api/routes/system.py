@@ -13,7 +13,7 @@ from sinal.api.openapi import body_of
 from sinal.api.service import service
 from sinal.api.views import account_view, json_response
 from sinal.errors import AccountNotFound, StoreError
-from sinal.store.base import read_migrations
+from sinal.store.base import latest_schema_version
 
 router = APIRouter()
 _NOT_READY = Problem(503, "not-ready", "The service is not ready")
@@ -36,7 +36,7 @@ async def readyz(request: Request) -> Response:
     """503 while the database cannot be reached or `sinal migrate` has not been run."""
     svc = service(request)
     backend = getattr(svc.ledger.store, "backend", "sqlite")
-    latest = max(v for v, _, _ in read_migrations("postgres" if backend != "sqlite" else backend))
+    latest = latest_schema_version(backend)
     try:
         version = await svc.run(svc.ledger.schema_version)
     except StoreError:
