@@ -302,9 +302,18 @@ class PostgresAutomations:
         """Claim due executions for `lease` seconds: one statement claims them and joins what
         they need (automation, event, contact, tags), a second reads their step records."""
         with self._conn() as conn:
-            rows = conn.execute(
-                _claim_layout()[0], {"worker": worker, "lease": lease, "limit": limit}
-            ).fetchall()
+            # A queue's index fills with entries of executions no longer due (claimed,
+            # finished) until VACUUM. A plain index scan in `run_at` order marks those it
+            # finds dead so the next claims skip them; a bitmap scan (the planner's choice
+            # when its statistics lag behind the churn) visits every one of them, every
+            # time: 18,000 entries and 12 ms per claim after 17 s at 1,000 executions/s.
+            # The pipeline sends BEGIN, SET LOCAL, the claim and COMMIT in one round trip.
+            with conn.pipeline(), conn.transaction():
+                conn.execute("SET LOCAL enable_bitmapscan = off")
+                cur = conn.execute(
+                    _claim_layout()[0], {"worker": worker, "lease": lease, "limit": limit}
+                )
+            rows = cur.fetchall()
             if not rows:
                 return []
             # read after the claim committed: only the holder writes a held execution's steps
@@ -525,6 +534,10 @@ def _claim_layout() -> tuple[str, tuple[int, int, int, int]]:
     contact and tags (the event and contact columns live in postgres.py, which imports us)."""
     from sinal.store.postgres import _CONTACT_COLUMNS, _EVENT_COLUMNS
 
+    # Each claimed execution looks its rows up by their whole primary key (LATERAL ...
+    # LIMIT 1 keeps the planner from flattening them into joins): on statistics that lag
+    # behind a growing table, the joins were planned as a scan of the account's events
+    # per claimed execution, a claim costing more with every event stored.
     parts = (EXECUTION_COLUMNS, AUTOMATION_COLUMNS, _EVENT_COLUMNS, _CONTACT_COLUMNS)
     a, b, c, d = itertools.accumulate(len(p.split(",")) for p in parts)
     statement = f"""
@@ -543,9 +556,12 @@ SELECT {_qualified(EXECUTION_COLUMNS, "x")}, {_qualified(AUTOMATION_COLUMNS, "a"
        array(SELECT t.tag FROM contact_tags t
              WHERE t.account_id = x.account_id AND t.contact_id = x.contact_id ORDER BY t.tag)
 FROM claimed x
-JOIN automations a ON a.account_id = x.account_id AND a.id = x.automation_id
-JOIN events ev ON ev.account_id = x.account_id AND ev.id = x.event_id
-JOIN contacts c ON c.account_id = x.account_id AND c.id = x.contact_id
+CROSS JOIN LATERAL (SELECT * FROM automations
+                    WHERE account_id = x.account_id AND id = x.automation_id LIMIT 1) a
+CROSS JOIN LATERAL (SELECT * FROM events
+                    WHERE account_id = x.account_id AND id = x.event_id LIMIT 1) ev
+CROSS JOIN LATERAL (SELECT * FROM contacts
+                    WHERE account_id = x.account_id AND id = x.contact_id LIMIT 1) c
 ORDER BY x.run_at
 """
     return statement, (a, b, c, d)
