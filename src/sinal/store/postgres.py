@@ -100,7 +100,8 @@ _INPUT_ONE = "SELECT " + ", ".join(f"%({name})b::{kind} AS {name}" for name, kin
 _RECORD_BODY = """
 known AS (
     SELECT i.* FROM input i
-    JOIN contacts c ON c.account_id = i.account_id AND c.id = i.contact_id
+    CROSS JOIN LATERAL (SELECT 1 FROM contacts c
+                        WHERE c.account_id = i.account_id AND c.id = i.contact_id LIMIT 1) c
 ),
 new_metrics AS (
     INSERT INTO metrics (account_id, id, name, display_name, category, source, is_system)
@@ -167,12 +168,17 @@ ORDER BY i.ord
 _RECORD_SQL = " ".join(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}".split())
 _RECORD_ONE_SQL = " ".join(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}".split())
 
+# Rows looked up by a whole key go through `LATERAL (... LIMIT 1)`, which the planner
+# cannot flatten into a join: planned on statistics older than the table's growth (a new
+# install, a burst), a join can scan a whole account's rows per key, and a prepared
+# statement keeps that plan until the next ANALYZE.
 _DUPLICATES_SQL = """
 SELECT e.account_id, e.unique_event_id, e.id, e.metric_name, e.properties, e.value,
        e.currency, e.occurred_at
-FROM events e
-JOIN unnest(%b::uuid[], %b::text[]) AS k(account_id, unique_event_id)
-  ON e.account_id = k.account_id AND e.unique_event_id = k.unique_event_id
+FROM unnest(%b::uuid[], %b::text[]) AS k(account_id, unique_event_id)
+CROSS JOIN LATERAL (SELECT * FROM events
+                    WHERE account_id = k.account_id AND unique_event_id = k.unique_event_id
+                    LIMIT 1) e
 """
 
 

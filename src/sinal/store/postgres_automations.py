@@ -266,9 +266,10 @@ class PostgresAutomations:
             events = [
                 StoredEvent(*r)
                 for r in conn.execute(
-                    f"SELECT {_qualified(_EVENT_COLUMNS, 'e')} FROM events e "
-                    "JOIN unnest(%s::uuid[], %s::uuid[]) AS k(a, i) "
-                    "ON e.account_id = k.a AND e.id = k.i ORDER BY e.received_at, e.id",
+                    f"SELECT {_qualified(_EVENT_COLUMNS, 'e')} "
+                    "FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) CROSS JOIN LATERAL "
+                    "(SELECT * FROM events WHERE account_id = k.a AND id = k.i LIMIT 1) e "
+                    "ORDER BY e.received_at, e.id",
                     (accounts, ids),
                 )
             ]
@@ -517,9 +518,10 @@ def _steps_of(
 ) -> dict[UUID, tuple[StepRecord, ...]]:
     """The step records of many executions, by execution id."""
     rows = conn.execute(
-        f"SELECT s.execution_id, {_qualified(STEP_COLUMNS, 's')} FROM execution_steps s "
-        "JOIN unnest(%s::uuid[], %s::uuid[]) AS k(a, i) "
-        "ON s.account_id = k.a AND s.execution_id = k.i ORDER BY s.execution_id, s.step_index",
+        f"SELECT s.execution_id, {_qualified(STEP_COLUMNS, 's')} "
+        "FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) CROSS JOIN LATERAL "
+        "(SELECT * FROM execution_steps WHERE account_id = k.a AND execution_id = k.i "
+        " OFFSET 0) s ORDER BY s.execution_id, s.step_index",  # OFFSET 0: not flattened
         ([a for a, _ in executions], [i for _, i in executions]),
     ).fetchall()
     found: dict[UUID, list[StepRecord]] = {}
