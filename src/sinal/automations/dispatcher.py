@@ -84,6 +84,11 @@ class DispatchSettings:
     # records share a commit: this is what a worker's throughput grows with.
     concurrency: int = 32
     poll_interval: float = 1.0  # the fallback when no NOTIFY arrives
+    # Seconds at least between two fan-outs a NOTIFY asks for: every committed batch of
+    # events notifies, and a fan-out per commit costs the worker more than the events'
+    # own work (a fifth of `sinal serve`'s CPU at 2,500 events/s); waiting gathers them.
+    # A full batch goes on at once.
+    fan_out_interval: float = 0.05
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     http_timeout: float = 30.0
     allow_private_webhooks: bool = False
@@ -148,6 +153,7 @@ class Dispatcher:
         self._claims_due = threading.Event()
         self._claims_due.set()
         self._last_claim = 0.0
+        self._fanned_at = 0.0  # monotonic time of the last fan-out
         self._pool: ThreadPoolExecutor | None = None
         self._integrations = _IntegrationCache(self.store, INTEGRATION_TTL)
         self._links = StepLinks(ledger, self.settings.public_url)
@@ -191,7 +197,10 @@ class Dispatcher:
                 busy = False
                 stop.wait(self.settings.poll_interval)
             if not busy:
-                self._wake.wait(self.settings.poll_interval)
+                timeout = self.settings.poll_interval
+                if self._outbox_due.is_set():  # held back by fan_out_interval
+                    timeout = min(timeout, max(self._fan_out_wait(), 0.001))
+                self._wake.wait(timeout)
                 self._wake.clear()
         wait(running)
         if listener is not None:
@@ -208,13 +217,15 @@ class Dispatcher:
         without LISTEN), then top the threads up; whether more work is likely waiting."""
         running.difference_update([f for f in running if f.done()])
         more = False
-        if self._outbox_due.is_set() or not self._listening:
+        if (self._outbox_due.is_set() or not self._listening) and self._fan_out_wait() <= 0:
             self._outbox_due.clear()  # before: a NOTIFY from now on sets it again
+            self._fanned_at = time.monotonic()
             fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
             if fanned.executions:
                 self._claims_due.set()
             if fanned.events >= self.settings.fan_out_batch:  # a full batch: more may wait
                 self._outbox_due.set()
+                self._fanned_at = 0.0
                 more = True
         # Keep up to one claim queued per thread and claim in batches (not one per freed
         # thread): the threads never starve and the claim query is amortized.
@@ -237,6 +248,12 @@ class Dispatcher:
             future.add_done_callback(lambda _: self._wake.set())  # a thread freed up
             running.add(future)
         return more or len(claims) == room  # fewer than asked: none due until woken
+
+    def _fan_out_wait(self) -> float:
+        """Seconds until a notified fan-out may run (polling without LISTEN: none)."""
+        if not self._listening:
+            return 0.0
+        return self._fanned_at + self.settings.fan_out_interval - time.monotonic()
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:
