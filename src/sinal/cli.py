@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sinal.config import Settings
-from sinal.errors import SinalError
+from sinal.errors import SchemaOutOfDate, SinalError, StoreError
 from sinal.ledger import Ledger, connect
 
 app = typer.Typer(
@@ -340,6 +340,12 @@ def worker(database_url: DatabaseOption = None) -> None:
     settings = Settings.from_env().with_overrides(database_url=database_url)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(message)s")
     with connect(settings.database_url) as ledger:
+        try:
+            ledger.check_schema()  # SchemaOutOfDate: "run `sinal migrate`", exit 1
+        except SchemaOutOfDate:
+            raise
+        except StoreError:  # not reachable yet: the worker's loop waits for the database
+            pass
         run_worker(ledger, settings)
 
 

@@ -88,6 +88,7 @@ NEEDS_SCHEMA = [  # every command that reads or writes the database but does not
     ["keys", "create", "--account", ACCOUNT],
     ["keys", "list", "--account", ACCOUNT],
     ["keys", "revoke", ACCOUNT],
+    ["worker"],  # instead of logging a missing table on every poll
 ]
 
 
