@@ -3,8 +3,10 @@ the store's own methods; a clock tests drive."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, cast
@@ -15,6 +17,16 @@ import psycopg
 from sinal.automations.service import Automations
 from sinal.ledger import Ledger
 from sinal.store.commerce import CheckoutUpdate, CommerceStore
+
+
+async def settle(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    """Wait until `condition()` holds (a worker thread got there), then a little more, so
+    that a second, wrong, effect would have had its chance to happen too."""
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
 
 
 def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:

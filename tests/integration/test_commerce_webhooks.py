@@ -28,7 +28,7 @@ from sinal.integrations import sign_shopify, sign_yampi, yampi
 from sinal.ledger import Ledger
 from sinal.store.base import EventQuery, StoredEvent
 from sinal.worker import start_worker_thread
-from tests.helpers import DrivenClock, count, sql
+from tests.helpers import DrivenClock, count, settle, sql
 from tests.integration.conftest import Api
 from tests.servers import whatsapp_server
 
@@ -527,11 +527,7 @@ async def test_the_worker_derives_the_abandonment_on_its_own_and_the_cart_automa
             assert events(api, "Checkout Abandoned") == []
 
             clock.advance(timedelta(minutes=30))
-            for _ in range(200):
-                if wa.bodies("/messages"):
-                    break
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)  # more passes: still one
+            await settle(lambda: wa.bodies("/messages"))  # and more passes: still one
         finally:
             stop.set()
             worker.join(timeout=15)

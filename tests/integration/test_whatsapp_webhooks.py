@@ -3,6 +3,7 @@ inbound messages, statuses (in and out of order, duplicated, of messages sinal s
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -14,11 +15,14 @@ import pytest
 from sinal import webhooks
 from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.config import Settings
 from sinal.integrations.signatures import sign_whatsapp
 from sinal.integrations.whatsapp import whatsapp_delivery
+from sinal.ledger import Ledger
 from sinal.messaging import messaging_store
 from sinal.store.automations import Integration
-from tests.helpers import count, sql
+from sinal.worker import start_worker_thread
+from tests.helpers import DrivenClock, count, settle, sql
 from tests.integration.conftest import Api
 from tests.integration.whatsapp import (
     APP_SECRET,
@@ -573,13 +577,6 @@ async def test_whatsapp_callback_data_naming_another_accounts_contact_is_not_tru
 
 
 async def test_whatsapp_the_worker_records_a_deferred_status_on_its_own(api: Api) -> None:
-    import asyncio
-
-    from sinal.config import Settings
-    from sinal.ledger import Ledger
-    from sinal.worker import start_worker_thread
-    from tests.helpers import DrivenClock
-
     wa = connect_whatsapp(api)
     assert (await deliver(api, wa, fixture_body("status_read"))).json()["status"] == "deferred"
     clock = DrivenClock()
@@ -590,11 +587,7 @@ async def test_whatsapp_the_worker_records_a_deferred_status_on_its_own(api: Api
         await asyncio.sleep(0.5)  # passes before the grace ends record nothing
         assert events(api, "Message Read") == []
         clock.advance(timedelta(seconds=61))
-        for _ in range(200):
-            if events(api, "Message Read"):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # more passes: still one
+        await settle(lambda: events(api, "Message Read"))  # and more passes: still one
     finally:
         stop.set()
         worker.join(timeout=15)
@@ -630,8 +623,6 @@ async def test_whatsapp_status_grace_must_be_whole_seconds_up_to_an_hour(
 async def test_whatsapp_concurrent_messages_of_a_new_contact_open_one_conversation(
     api: Api,
 ) -> None:
-    import asyncio
-
     wa = connect_whatsapp(api)
     bodies = [meta_bytes(text_message(f"wamid.C{i}", "5511912345678", f"msg {i}", name="Rui",
                                       timestamp=1715360000 + i)) for i in range(8)]  # fmt: skip
