@@ -109,22 +109,34 @@ def process(
     return status, reason
 
 
-def process_deferred(ledger: Ledger, now: datetime | None = None, *, limit: int = 500) -> int:
-    """Process up to `limit` deferred deliveries due at `now` (default: the ledger's clock)
-    once more, without waiting this time; how many were processed. Call it periodically."""
+def process_deferred(
+    ledger: Ledger, now: datetime | None = None, *, limit: int = 500, max_rounds: int = 20
+) -> int:
+    """Process the deferred deliveries due at `now` (default: the ledger's clock) once more,
+    without waiting this time, `limit` claimed at a time until fewer than that are due (at
+    most `max_rounds` claims: the rest waits for the next call); how many were processed.
+    The worker's housekeeping task: statuses of messages other systems send all pass here,
+    so one call must keep up with more than one page."""
     store = store_of(ledger)
-    due = store.claim_deferred(now or ledger.clock(), limit, DEFERRED_LEASE)
+    now = now or ledger.clock()
     integrations: dict[UUID, Integration | None] = {}
-    for delivery in due:
-        if delivery.integration_id not in integrations:
-            integrations[delivery.integration_id] = store.find_integration(delivery.integration_id)
-        integration = integrations[delivery.integration_id]
-        if integration is None:  # kept as failed, for `sinal webhooks replay` to report
-            reason = "integration_deleted: its integration was deleted while it waited"
-            store.finish_delivery(delivery.account_id, delivery.id, "failed", reason)
-        else:
-            process(ledger, integration, delivery)
-    return len(due)
+    processed = 0
+    for _ in range(max_rounds):
+        due = store.claim_deferred(now, limit, DEFERRED_LEASE)
+        for delivery in due:
+            if delivery.integration_id not in integrations:
+                found = store.find_integration(delivery.integration_id)
+                integrations[delivery.integration_id] = found
+            integration = integrations[delivery.integration_id]
+            if integration is None:  # kept as failed, for `sinal webhooks replay` to report
+                reason = "integration_deleted: its integration was deleted while it waited"
+                store.finish_delivery(delivery.account_id, delivery.id, "failed", reason)
+            else:
+                process(ledger, integration, delivery)
+        processed += len(due)
+        if len(due) < limit:
+            break
+    return processed
 
 
 def replay(

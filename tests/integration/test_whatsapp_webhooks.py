@@ -597,6 +597,20 @@ async def test_whatsapp_the_worker_records_a_deferred_status_on_its_own(api: Api
     assert status == "processed"
 
 
+async def test_whatsapp_deferred_deliveries_are_drained_a_page_at_a_time(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    for i in range(7):
+        body = meta_bytes(statuses((f"wamid.D{i}", "delivered", 1715362200 + i)))
+        assert (await deliver(api, wa, body)).json()["status"] == "deferred"
+    due = max(d.due_at for d in deferred(api) if d.due_at is not None)
+
+    assert webhooks.process_deferred(api.ledger, due, limit=3, max_rounds=2) == 6
+    assert len(deferred(api)) == 1  # the rest waits for the next call
+    assert webhooks.process_deferred(api.ledger, due, limit=3) == 1
+    assert deferred(api) == []
+    assert len(events(api, "Message Delivered")) == 7
+
+
 async def test_whatsapp_deferred_delivery_a_crash_interrupted_is_taken_again(api: Api) -> None:
     wa = connect_whatsapp(api)
     await deliver(api, wa, fixture_body("status_read"))
