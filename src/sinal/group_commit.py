@@ -2,7 +2,10 @@
 
 Each caller's event is validated at once (bad input fails fast, alone), then waits in a
 queue; the queue is flushed as one `record` call when it holds `max_batch` events or its
-oldest event has waited `max_delay` seconds. Every caller is answered only after the
+oldest event has waited `max_delay` seconds — if fewer than `max_inflight` transactions
+are in flight. Otherwise it keeps filling, and the first transaction to finish takes it:
+under load, batches grow instead of queueing up as many small transactions, each with
+its own round trips, commit and NOTIFY. Every caller is answered only after the
 transaction holding its event has committed, so an acknowledged event is durable.
 """
 
@@ -38,9 +41,9 @@ class GroupCommitter:
         self.max_batch = max_batch
         self.max_delay = max_delay
         self._pending = _Pending()
+        self.max_inflight = max_inflight
         self._timer: asyncio.TimerHandle | None = None
-        self._inflight = asyncio.Semaphore(max_inflight)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # the transactions in flight
 
     async def emit(self, event: EmitEvent) -> EmitResult:
         """Record one event; raises `InvalidEvent` at once for malformed input."""
@@ -55,24 +58,34 @@ class GroupCommitter:
         return await future
 
     def _flush(self) -> None:
+        """Start transactions for what waits, `max_batch` each, while slots are free; with
+        none free, what waits goes with the next transaction to finish."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._pending = self._pending, _Pending()
-        if batch.events:
+        while self._pending.events and len(self._tasks) < self.max_inflight:
+            waiting = self._pending
+            batch = _Pending(waiting.events[: self.max_batch], waiting.futures[: self.max_batch])
+            self._pending = _Pending(
+                waiting.events[self.max_batch :], waiting.futures[self.max_batch :]
+            )
             task = asyncio.get_running_loop().create_task(self._commit(batch))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._pending.events:
+            self._flush()
 
     async def _commit(self, batch: _Pending) -> None:
-        async with self._inflight:
-            try:
-                results = await asyncio.to_thread(self.ledger.record_prepared, batch.events)
-            except Exception as exc:  # every waiter must hear about the failure
-                for future in batch.futures:
-                    if not future.done():
-                        future.set_exception(exc)
-                return
+        try:
+            results = await asyncio.to_thread(self.ledger.record_prepared, batch.events)
+        except Exception as exc:  # every waiter must hear about the failure
+            for future in batch.futures:
+                if not future.done():
+                    future.set_exception(exc)
+            return
         for future, result in zip(batch.futures, results, strict=True):
             if not future.done():
                 future.set_result(result)
@@ -82,3 +95,4 @@ class GroupCommitter:
         self._flush()
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._flush()

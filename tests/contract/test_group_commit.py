@@ -1,0 +1,131 @@
+"""Group commit on both backends: every caller answered after its transaction committed,
+with its own result; batches grow while the transactions in flight are busy."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+import sinal
+from sinal import EmitEvent, EmitResult, InvalidEvent, Ledger
+from sinal.events import PreparedEvent
+from sinal.group_commit import GroupCommitter
+from sinal.ids import new_id
+from tests.helpers import count, sql
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class WatchedLedger(Ledger):
+    """The real ledger, recording the size of each transaction and holding the first one
+    until `release` is set (a slow commit, while more requests arrive)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(ledger.store, clock=ledger.clock)
+        self.sizes: list[int] = []
+        self.release = threading.Event()
+
+    def record_prepared(self, events: Sequence[PreparedEvent]) -> list[EmitResult]:
+        self.sizes.append(len(events))
+        if len(self.sizes) == 1:
+            self.release.wait(10)
+        return super().record_prepared(events)
+
+
+@pytest.fixture
+def account(ledger: Ledger) -> sinal.Account:
+    return ledger.create_account(name="Loja")
+
+
+def paid(account: sinal.Account, contact: sinal.Contact, n: int) -> EmitEvent:
+    return EmitEvent(account_id=account.id, contact_id=contact.id, metric_name="Order Paid",
+                     source="shopify", entity_type="order", source_id=str(n))  # fmt: skip
+
+
+async def test_while_the_slot_is_busy_arrivals_wait_and_go_in_one_transaction(
+    ledger: Ledger, account: sinal.Account, database_url: str
+) -> None:
+    contact = ledger.create_contact(account.id, phone="+5511987654321")
+    watched = WatchedLedger(ledger)
+    committer = GroupCommitter(watched, max_delay=0.001, max_inflight=1)
+
+    first = asyncio.create_task(committer.emit(paid(account, contact, 0)))
+    while not watched.sizes:  # the first transaction has started, and hangs
+        await asyncio.sleep(0.001)
+    later = []
+    for wave in range(4):  # arrivals over many timer periods
+        later += [asyncio.create_task(committer.emit(paid(account, contact, 1 + wave * 10 + n)))
+                  for n in range(10)]  # fmt: skip
+        await asyncio.sleep(0.01)
+    assert watched.sizes == [1]  # nothing else started meanwhile
+    assert not first.done()
+    watched.release.set()
+
+    results = [await first, *[await task for task in later]]
+    assert watched.sizes == [1, 40]
+    assert [r.status for r in results] == ["created"] * 41
+    assert len({r.event_id for r in results}) == 41
+    assert count(database_url, "events") == 41
+    await committer.drain()
+
+
+async def test_a_batch_never_exceeds_max_batch(
+    ledger: Ledger, account: sinal.Account, database_url: str
+) -> None:
+    contact = ledger.create_contact(account.id, phone="+5511987654321")
+    watched = WatchedLedger(ledger)
+    watched.release.set()
+    committer = GroupCommitter(watched, max_batch=7, max_delay=0.001, max_inflight=2)
+
+    results = await asyncio.gather(*(committer.emit(paid(account, contact, n)) for n in range(50)))
+
+    assert sum(watched.sizes) == 50
+    assert max(watched.sizes) <= 7
+    assert [r.status for r in results] == ["created"] * 50
+    assert count(database_url, "events") == 50
+
+
+async def test_each_caller_gets_its_own_answer_in_a_shared_transaction(
+    ledger: Ledger, account: sinal.Account
+) -> None:
+    contact = ledger.create_contact(account.id, phone="+5511987654321")
+    committer = GroupCommitter(ledger, max_delay=0.01)
+    other = EmitEvent(account_id=account.id, contact_id=new_id(),
+                      metric_name="Order Paid", source="shopify")  # fmt: skip
+
+    created, again, unknown = await asyncio.gather(
+        committer.emit(paid(account, contact, 1)),
+        committer.emit(paid(account, contact, 1)),
+        committer.emit(other),
+    )
+
+    assert created.status == "created"
+    assert (again.status, again.event_id) == ("duplicate", created.event_id)
+    assert (unknown.status, unknown.reason) == ("rejected", "contact_not_found")
+    with pytest.raises(InvalidEvent):  # at once, alone, before any queue
+        await committer.emit(replace(paid(account, contact, 2), metric_name=""))
+
+
+async def test_a_failed_transaction_fails_every_caller_in_it(
+    ledger: Ledger, account: sinal.Account, database_url: str
+) -> None:
+    contact = ledger.create_contact(account.id, phone="+5511987654321")
+    committer = GroupCommitter(ledger, max_delay=0.01)
+    cascade = "" if database_url.startswith("sqlite") else " CASCADE"
+    sql(database_url, f"DROP TABLE outbox{cascade}")  # the transaction cannot commit now
+
+    outcomes = await asyncio.gather(
+        *(committer.emit(paid(account, contact, n)) for n in range(3)), return_exceptions=True
+    )
+
+    assert all(isinstance(o, sinal.StoreError) for o in outcomes), outcomes
+    assert count(database_url, "events") == 0  # and nothing of it was written
