@@ -26,6 +26,8 @@ from sinal.integrations.base import OrderRef, merge_order_status
 from sinal.store.base import Outcome
 
 __all__ = [
+    "CHECKOUT_COLUMNS",
+    "ORDER_COLUMNS",
     "Checkout",
     "CheckoutUpdate",
     "CommerceStore",
@@ -35,6 +37,17 @@ __all__ = [
     "merge_checkout",
     "merge_order",
 ]
+
+# Column lists both backends select, in the order the records' fields take them.
+ORDER_COLUMNS = (
+    "account_id, id, provider, integration_id, external_id, number, status, provider_status, "
+    "total, refunded, currency, checkout_token, cart_token, contact_id, source_updated_at, "
+    "created_at, updated_at"
+)
+CHECKOUT_COLUMNS = (
+    "account_id, integration_id, token, provider, contact_id, recovery_url, total, currency, "
+    "details, updated_at, due_at, completed_at, abandoned_at, recovered_at"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,16 @@ from sinal.store.base import Outcome
 
 ConversationStatus = Literal["open", "closed"]
 
+# Column lists both backends select, in the order the records' fields take them.
+STATUS_COLUMNS = (
+    "account_id, wamid, contact_id, status, is_template, error_code, error_title, status_at, "
+    "updated_at"
+)
+CONVERSATION_COLUMNS = "account_id, id, contact_id, status, assigned_to, opened_at, closed_at"
+LINK_COLUMNS = (
+    "account_id, id, token, url, contact_id, campaign, automation_execution_id, created_at"
+)
+
 # The metrics of a message sinal sent (entity_type "message", entity_id = wamid).
 SENT_METRICS = (
     METRIC_MESSAGE_SENT,
@@ -184,7 +194,10 @@ class MessagingStore(Protocol):
 
 
 __all__ = [
+    "CONVERSATION_COLUMNS",
+    "LINK_COLUMNS",
     "SENT_METRICS",
+    "STATUS_COLUMNS",
     "TEMPLATE_METRICS",
     "BuildConversationEvent",
     "BuildOpenedEvent",

@@ -22,6 +22,8 @@ from sinal.events import PreparedEvent
 from sinal.ids import new_id
 from sinal.store.base import Outcome
 from sinal.store.commerce import (
+    CHECKOUT_COLUMNS,
+    ORDER_COLUMNS,
     BuildCheckoutEvent,
     Checkout,
     CheckoutUpdate,
@@ -35,15 +37,6 @@ from sinal.store.commerce import (
 Conn = psycopg.Connection[TupleRow]
 T = TypeVar("T")
 
-_ORDER_COLUMNS = (
-    "account_id, id, provider, integration_id, external_id, number, status, provider_status, "
-    "total, refunded, currency, checkout_token, cart_token, contact_id, source_updated_at, "
-    "created_at, updated_at"
-)
-_CHECKOUT_COLUMNS = (
-    "account_id, integration_id, token, provider, contact_id, recovery_url, total, currency, "
-    "details, updated_at, due_at, completed_at, abandoned_at, recovered_at"
-)
 _ORDER_KEY = "account_id = %s AND integration_id = %s AND external_id = %s"
 _CHECKOUT_KEY = "account_id = %s AND integration_id = %s AND token = %s"
 # Does an order of the integration carry this token (it completed the checkout)?
@@ -68,7 +61,7 @@ class PostgresCommerce:
         """The integration's order with this provider id, or None."""
         with self._conn() as conn:
             row = conn.execute(
-                f"SELECT {_ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY}",
+                f"SELECT {ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY}",
                 (account_id, integration_id, external_id),
             ).fetchone()
         return None if row is None else Order(*row)
@@ -86,7 +79,7 @@ class PostgresCommerce:
 
         def work(conn: Conn) -> OrderSaved:
             found = conn.execute(
-                f"SELECT {_ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY} FOR UPDATE", key
+                f"SELECT {ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY} FOR UPDATE", key
             ).fetchone()
             current = None if found is None else Order(*found)
             outcomes = _record_in(conn, events) if events else []
@@ -115,7 +108,7 @@ class PostgresCommerce:
 
         def work(conn: Conn) -> list[Outcome]:
             found = conn.execute(
-                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
+                f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
             ).fetchone()
             current = None if found is None else Checkout(*found)
             has_order = conn.execute(_HAS_ORDER, (*key, u.token)).fetchone() is not None
@@ -130,7 +123,7 @@ class PostgresCommerce:
         """One checkout, or None."""
         with self._conn() as conn:
             row = conn.execute(
-                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY}",
+                f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY}",
                 (account_id, integration_id, token),
             ).fetchone()
         return None if row is None else Checkout(*row)
@@ -139,7 +132,7 @@ class PostgresCommerce:
         """Checkouts due for abandonment at `now`, oldest due first."""
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE due_at IS NOT NULL "
+                f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE due_at IS NOT NULL "
                 "AND abandoned_at IS NULL AND completed_at IS NULL AND due_at <= %s "
                 "ORDER BY due_at LIMIT %s",
                 (now, limit),
@@ -161,7 +154,7 @@ class PostgresCommerce:
 
         def work(conn: Conn) -> Outcome | None:
             found = conn.execute(
-                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
+                f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
             ).fetchone()
             checkout = None if found is None else Checkout(*found)
             if checkout is None or not _is_due(checkout, now):
@@ -195,7 +188,7 @@ def _write_order(conn: Conn, order: Order, *, is_new: bool) -> None:
     o = order
     if is_new:
         conn.execute(
-            f"INSERT INTO orders ({_ORDER_COLUMNS}) VALUES "
+            f"INSERT INTO orders ({ORDER_COLUMNS}) VALUES "
             "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (o.account_id, o.id, o.provider, o.integration_id, o.external_id, o.number,
              o.status, o.provider_status, o.total, o.refunded, o.currency, o.checkout_token,
@@ -220,7 +213,7 @@ def _write_checkout(conn: Conn, checkout: Checkout, *, is_new: bool) -> None:
     )  # fmt: skip
     if is_new:
         conn.execute(
-            f"INSERT INTO checkouts ({_CHECKOUT_COLUMNS}) VALUES "
+            f"INSERT INTO checkouts ({CHECKOUT_COLUMNS}) VALUES "
             "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (c.account_id, c.integration_id, c.token, *values),
         )

@@ -14,7 +14,10 @@ from sinal.events import PreparedEvent
 from sinal.ids import new_id
 from sinal.store.base import Outcome
 from sinal.store.messaging import (
+    CONVERSATION_COLUMNS,
+    LINK_COLUMNS,
     SENT_METRICS,
+    STATUS_COLUMNS,
     TEMPLATE_METRICS,
     BuildConversationEvent,
     BuildOpenedEvent,
@@ -27,15 +30,6 @@ from sinal.store.messaging import (
 
 Conn = psycopg.Connection[TupleRow]
 T = TypeVar("T")
-
-_STATUS_COLUMNS = (
-    "account_id, wamid, contact_id, status, is_template, error_code, error_title, status_at, "
-    "updated_at"
-)
-_CONVERSATION_COLUMNS = "account_id, id, contact_id, status, assigned_to, opened_at, closed_at"
-_LINK_COLUMNS = (
-    "account_id, id, token, url, contact_id, campaign, automation_execution_id, created_at"
-)
 
 
 def _record(conn: Conn, events: Sequence[PreparedEvent]) -> list[Outcome]:
@@ -96,9 +90,9 @@ class PostgresMessaging:
             # The partial unique index (one open per contact) decides a race: the loser
             # waits for the winner's commit, then inserts nothing.
             row = conn.execute(
-                f"INSERT INTO conversations ({_CONVERSATION_COLUMNS}) "
+                f"INSERT INTO conversations ({CONVERSATION_COLUMNS}) "
                 "VALUES (%s, %s, %s, 'open', NULL, %s, NULL) "
-                f"ON CONFLICT DO NOTHING RETURNING {_CONVERSATION_COLUMNS}",
+                f"ON CONFLICT DO NOTHING RETURNING {CONVERSATION_COLUMNS}",
                 (message.account_id, new_id(), message.contact_id, message.occurred_at),
             ).fetchone()
             if row is None:
@@ -136,9 +130,9 @@ class PostgresMessaging:
 
         def work(conn: Conn) -> MessageStatus:
             row = conn.execute(
-                f"INSERT INTO message_statuses ({_STATUS_COLUMNS}) "
+                f"INSERT INTO message_statuses ({STATUS_COLUMNS}) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                f"ON CONFLICT DO NOTHING RETURNING {_STATUS_COLUMNS}",
+                f"ON CONFLICT DO NOTHING RETURNING {STATUS_COLUMNS}",
                 (s.account_id, s.wamid, s.contact_id, s.status, s.is_template, s.error_code,
                  s.error_title, s.status_at, s.updated_at),
             ).fetchone()  # fmt: skip
@@ -153,7 +147,7 @@ class PostgresMessaging:
     @staticmethod
     def _advance_status(conn: Conn, status: MessageStatus) -> MessageStatus:
         row = conn.execute(
-            f"SELECT {_STATUS_COLUMNS} FROM message_statuses "
+            f"SELECT {STATUS_COLUMNS} FROM message_statuses "
             "WHERE account_id = %s AND wamid = %s FOR UPDATE",
             (status.account_id, status.wamid),
         ).fetchone()
@@ -174,7 +168,7 @@ class PostgresMessaging:
         """A message's current status."""
         with self._conn() as conn:
             row = conn.execute(
-                f"SELECT {_STATUS_COLUMNS} FROM message_statuses "
+                f"SELECT {STATUS_COLUMNS} FROM message_statuses "
                 "WHERE account_id = %s AND wamid = %s",
                 (account_id, wamid),
             ).fetchone()
@@ -192,7 +186,7 @@ class PostgresMessaging:
         q = query
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE account_id = %s "
+                f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE account_id = %s "
                 "AND (%s::uuid IS NULL OR contact_id = %s) AND (%s::text IS NULL OR status = %s) "
                 "AND (%s::uuid IS NULL OR id < %s) ORDER BY id DESC LIMIT %s",
                 (q.account_id, q.contact_id, q.contact_id, q.status, q.status, q.before,
@@ -211,7 +205,7 @@ class PostgresMessaging:
                 return before
             row = conn.execute(
                 "UPDATE conversations SET status = 'closed', closed_at = now() "
-                f"WHERE account_id = %s AND id = %s RETURNING {_CONVERSATION_COLUMNS}",
+                f"WHERE account_id = %s AND id = %s RETURNING {CONVERSATION_COLUMNS}",
                 (account_id, conversation_id),
             ).fetchone()
             assert row is not None
@@ -236,7 +230,7 @@ class PostgresMessaging:
                 return before
             row = conn.execute(
                 "UPDATE conversations SET assigned_to = %s "
-                f"WHERE account_id = %s AND id = %s RETURNING {_CONVERSATION_COLUMNS}",
+                f"WHERE account_id = %s AND id = %s RETURNING {CONVERSATION_COLUMNS}",
                 (agent, account_id, conversation_id),
             ).fetchone()
             assert row is not None
@@ -255,7 +249,7 @@ class PostgresMessaging:
 
         def work(conn: Conn) -> Link | None:
             row = conn.execute(
-                f"SELECT {_LINK_COLUMNS} FROM links WHERE account_id = %s AND id = %s",
+                f"SELECT {LINK_COLUMNS} FROM links WHERE account_id = %s AND id = %s",
                 (k.account_id, k.id),
             ).fetchone()
             if row is not None:
@@ -265,14 +259,14 @@ class PostgresMessaging:
                 return None
             # A concurrent insert of the same id makes this one wait for it, then do nothing.
             row = conn.execute(
-                f"INSERT INTO links ({_LINK_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                f"ON CONFLICT (account_id, id) DO NOTHING RETURNING {_LINK_COLUMNS}",
+                f"INSERT INTO links ({LINK_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                f"ON CONFLICT (account_id, id) DO NOTHING RETURNING {LINK_COLUMNS}",
                 (k.account_id, k.id, k.token, k.url, k.contact_id, k.campaign,
                  k.automation_execution_id, k.created_at),
             ).fetchone()  # fmt: skip
             if row is None:
                 row = conn.execute(
-                    f"SELECT {_LINK_COLUMNS} FROM links WHERE account_id = %s AND id = %s",
+                    f"SELECT {LINK_COLUMNS} FROM links WHERE account_id = %s AND id = %s",
                     (k.account_id, k.id),
                 ).fetchone()
             return None if row is None else Link(*row)
@@ -283,7 +277,7 @@ class PostgresMessaging:
         """The one link with this token; None when none (or, never in practice, two)."""
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_LINK_COLUMNS} FROM links WHERE token = %s LIMIT 2", (token,)
+                f"SELECT {LINK_COLUMNS} FROM links WHERE token = %s LIMIT 2", (token,)
             ).fetchall()
         return Link(*rows[0]) if len(rows) == 1 else None
 
@@ -292,7 +286,7 @@ def _conversation(
     conn: Conn, account_id: UUID, conversation_id: UUID, *, lock: bool
 ) -> Conversation | None:
     row: Any = conn.execute(
-        f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE account_id = %s AND id = %s"
+        f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE account_id = %s AND id = %s"
         + (" FOR UPDATE" if lock else ""),
         (account_id, conversation_id),
     ).fetchone()

@@ -12,11 +12,11 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from sinal.store.automations import Integration
-from sinal.store.webhooks import DeliveryCursor, DeliveryStatus, StoredDelivery
-
-_COLUMNS = (
-    "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
-    "status, reason, attempts, processed_at, due_at"
+from sinal.store.webhooks import (
+    DELIVERY_COLUMNS,
+    DeliveryCursor,
+    DeliveryStatus,
+    StoredDelivery,
 )
 
 
@@ -41,10 +41,10 @@ class PostgresWebhooks:
         d = delivery
         with self._conn() as conn:
             row = conn.execute(
-                f"INSERT INTO webhook_deliveries ({_COLUMNS}) "
+                f"INSERT INTO webhook_deliveries ({DELIVERY_COLUMNS}) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 f"ON CONFLICT (account_id, integration_id, delivery_id) DO NOTHING "
-                f"RETURNING {_COLUMNS}",
+                f"RETURNING {DELIVERY_COLUMNS}",
                 (d.account_id, d.id, d.integration_id, d.provider, d.topic, d.delivery_id,
                  Jsonb(d.headers), d.body, d.received_at, d.status, d.reason, d.attempts,
                  d.processed_at, d.due_at),
@@ -52,7 +52,7 @@ class PostgresWebhooks:
             if row is not None:
                 return _delivery(row), True
             earlier = conn.execute(
-                f"SELECT {_COLUMNS} FROM webhook_deliveries "
+                f"SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries "
                 "WHERE account_id = %s AND integration_id = %s AND delivery_id = %s",
                 (d.account_id, d.integration_id, d.delivery_id),
             ).fetchone()
@@ -86,7 +86,7 @@ class PostgresWebhooks:
                 "FOR UPDATE SKIP LOCKED) "
                 "UPDATE webhook_deliveries SET due_at = %s "
                 "WHERE (account_id, id) IN (SELECT account_id, id FROM due) "
-                f"RETURNING {_COLUMNS}",
+                f"RETURNING {DELIVERY_COLUMNS}",
                 (now, limit, now + timedelta(seconds=lease)),
             ).fetchall()
         return sorted((_delivery(r) for r in rows), key=lambda d: (d.received_at, d.id))
@@ -105,7 +105,7 @@ class PostgresWebhooks:
             params += after
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE {where} "
+                f"SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE {where} "
                 "ORDER BY received_at, id LIMIT %s",
                 (*params, limit),
             ).fetchall()

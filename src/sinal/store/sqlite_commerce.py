@@ -16,6 +16,8 @@ from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.store.base import Outcome
 from sinal.store.commerce import (
+    CHECKOUT_COLUMNS,
+    ORDER_COLUMNS,
     BuildCheckoutEvent,
     Checkout,
     CheckoutUpdate,
@@ -26,15 +28,6 @@ from sinal.store.commerce import (
     merge_order,
 )
 
-_ORDER_COLUMNS = (
-    "account_id, id, provider, integration_id, external_id, number, status, provider_status, "
-    "total, refunded, currency, checkout_token, cart_token, contact_id, source_updated_at, "
-    "created_at, updated_at"
-)
-_CHECKOUT_COLUMNS = (
-    "account_id, integration_id, token, provider, contact_id, recovery_url, total, currency, "
-    "details, updated_at, due_at, completed_at, abandoned_at, recovered_at"
-)
 _ORDER_KEY = "account_id = ? AND integration_id = ? AND external_id = ?"
 _CHECKOUT_KEY = "account_id = ? AND integration_id = ? AND token = ?"
 _HAS_ORDER = (
@@ -111,7 +104,7 @@ class SQLiteCommerce:
         """Checkouts due for abandonment at `now`, oldest due first."""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE due_at IS NOT NULL "
+                f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE due_at IS NOT NULL "
                 "AND abandoned_at IS NULL AND completed_at IS NULL AND due_at <= ? "
                 "ORDER BY due_at LIMIT ?",
                 (_ts(now), limit),
@@ -158,13 +151,13 @@ def _is_due(checkout: Checkout, now: datetime) -> bool:
 
 
 def _find_order(conn: sqlite3.Connection, key: tuple[str, str, str]) -> Order | None:
-    row = conn.execute(f"SELECT {_ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY}", key).fetchone()
+    row = conn.execute(f"SELECT {ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY}", key).fetchone()
     return None if row is None else _order(row)
 
 
 def _find_checkout(conn: sqlite3.Connection, key: tuple[str, str, str]) -> Checkout | None:
     row = conn.execute(
-        f"SELECT {_CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY}", key
+        f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY}", key
     ).fetchone()
     return None if row is None else _checkout(row)
 
@@ -172,7 +165,7 @@ def _find_checkout(conn: sqlite3.Connection, key: tuple[str, str, str]) -> Check
 def _write_order(conn: sqlite3.Connection, order: Order) -> None:
     o = order
     conn.execute(
-        f"INSERT INTO orders ({_ORDER_COLUMNS}) VALUES "
+        f"INSERT INTO orders ({ORDER_COLUMNS}) VALUES "
         "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (account_id, id) DO UPDATE SET number = excluded.number, "
         "status = excluded.status, provider_status = excluded.provider_status, "
@@ -190,7 +183,7 @@ def _write_order(conn: sqlite3.Connection, order: Order) -> None:
 def _write_checkout(conn: sqlite3.Connection, checkout: Checkout) -> None:
     c = checkout
     conn.execute(
-        f"INSERT INTO checkouts ({_CHECKOUT_COLUMNS}) VALUES "
+        f"INSERT INTO checkouts ({CHECKOUT_COLUMNS}) VALUES "
         "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (account_id, integration_id, token) DO UPDATE SET "
         "provider = excluded.provider, contact_id = excluded.contact_id, "

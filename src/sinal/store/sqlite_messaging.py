@@ -13,7 +13,10 @@ from sinal.events import PreparedEvent
 from sinal.ids import new_id
 from sinal.store.base import Outcome
 from sinal.store.messaging import (
+    CONVERSATION_COLUMNS,
+    LINK_COLUMNS,
     SENT_METRICS,
+    STATUS_COLUMNS,
     TEMPLATE_METRICS,
     BuildConversationEvent,
     BuildOpenedEvent,
@@ -22,15 +25,6 @@ from sinal.store.messaging import (
     Link,
     MessageStatus,
     SentMessage,
-)
-
-_STATUS_COLUMNS = (
-    "account_id, wamid, contact_id, status, is_template, error_code, error_title, status_at, "
-    "updated_at"
-)
-_CONVERSATION_COLUMNS = "account_id, id, contact_id, status, assigned_to, opened_at, closed_at"
-_LINK_COLUMNS = (
-    "account_id, id, token, url, contact_id, campaign, automation_execution_id, created_at"
 )
 
 
@@ -99,9 +93,9 @@ class SQLiteMessaging:
             if outcome.kind != "created":
                 return outcome, None
             row = conn.execute(
-                f"INSERT INTO conversations ({_CONVERSATION_COLUMNS}) "
+                f"INSERT INTO conversations ({CONVERSATION_COLUMNS}) "
                 "VALUES (?, ?, ?, 'open', NULL, ?, NULL) "
-                f"ON CONFLICT DO NOTHING RETURNING {_CONVERSATION_COLUMNS}",
+                f"ON CONFLICT DO NOTHING RETURNING {CONVERSATION_COLUMNS}",
                 (str(message.account_id), str(new_id()), str(message.contact_id),
                  _ts(message.occurred_at)),
             ).fetchone()  # fmt: skip
@@ -138,14 +132,13 @@ class SQLiteMessaging:
         s = status
         with self._write() as conn:
             row = conn.execute(
-                f"SELECT {_STATUS_COLUMNS} FROM message_statuses "
-                "WHERE account_id = ? AND wamid = ?",
+                f"SELECT {STATUS_COLUMNS} FROM message_statuses WHERE account_id = ? AND wamid = ?",
                 (str(s.account_id), s.wamid),
             ).fetchone()
             current = s if row is None else _status_row(row).advanced_by(s)
             if row is None or current != _status_row(row):
                 conn.execute(
-                    f"INSERT OR REPLACE INTO message_statuses ({_STATUS_COLUMNS}) "
+                    f"INSERT OR REPLACE INTO message_statuses ({STATUS_COLUMNS}) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (str(current.account_id), current.wamid, str(current.contact_id),
                      current.status, int(current.is_template), current.error_code,
@@ -159,8 +152,7 @@ class SQLiteMessaging:
         """A message's current status."""
         with self._read() as conn:
             row = conn.execute(
-                f"SELECT {_STATUS_COLUMNS} FROM message_statuses "
-                "WHERE account_id = ? AND wamid = ?",
+                f"SELECT {STATUS_COLUMNS} FROM message_statuses WHERE account_id = ? AND wamid = ?",
                 (str(account_id), wamid),
             ).fetchone()
         return None if row is None else _status_row(row)
@@ -179,7 +171,7 @@ class SQLiteMessaging:
         before = None if q.before is None else str(q.before)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE account_id = ? "
+                f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE account_id = ? "
                 "AND (? IS NULL OR contact_id = ?) AND (? IS NULL OR status = ?) "
                 "AND (? IS NULL OR id < ?) ORDER BY id DESC LIMIT ?",
                 (str(q.account_id), contact, contact, q.status, q.status, before, before,
@@ -197,7 +189,7 @@ class SQLiteMessaging:
                 return before
             row = conn.execute(
                 "UPDATE conversations SET status = 'closed', closed_at = ? "
-                f"WHERE account_id = ? AND id = ? RETURNING {_CONVERSATION_COLUMNS}",
+                f"WHERE account_id = ? AND id = ? RETURNING {CONVERSATION_COLUMNS}",
                 (_ts(datetime.now(UTC)), str(account_id), str(conversation_id)),
             ).fetchone()
             after = _conversation_row(row)
@@ -218,7 +210,7 @@ class SQLiteMessaging:
                 return before
             row = conn.execute(
                 "UPDATE conversations SET assigned_to = ? "
-                f"WHERE account_id = ? AND id = ? RETURNING {_CONVERSATION_COLUMNS}",
+                f"WHERE account_id = ? AND id = ? RETURNING {CONVERSATION_COLUMNS}",
                 (agent, str(account_id), str(conversation_id)),
             ).fetchone()
             after = _conversation_row(row)
@@ -233,7 +225,7 @@ class SQLiteMessaging:
         k = link
         with self._write() as conn:
             row = conn.execute(
-                f"SELECT {_LINK_COLUMNS} FROM links WHERE account_id = ? AND id = ?",
+                f"SELECT {LINK_COLUMNS} FROM links WHERE account_id = ? AND id = ?",
                 (str(k.account_id), str(k.id)),
             ).fetchone()
             if row is not None:
@@ -241,7 +233,7 @@ class SQLiteMessaging:
             if conn.execute("SELECT 1 FROM links WHERE token = ?", (k.token,)).fetchone():
                 return None
             conn.execute(
-                f"INSERT INTO links ({_LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (str(k.account_id), str(k.id), k.token, k.url, _opt(k.contact_id), k.campaign,
                  _opt(k.automation_execution_id), _ts(k.created_at)),
             )  # fmt: skip
@@ -251,7 +243,7 @@ class SQLiteMessaging:
         """The one link with this token; None when none (or, never in practice, two)."""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_LINK_COLUMNS} FROM links WHERE token = ? LIMIT 2", (token,)
+                f"SELECT {LINK_COLUMNS} FROM links WHERE token = ? LIMIT 2", (token,)
             ).fetchall()
         return _link_row(rows[0]) if len(rows) == 1 else None
 
@@ -268,7 +260,7 @@ def _conversation(
     conn: sqlite3.Connection, account_id: UUID, conversation_id: UUID
 ) -> Conversation | None:
     row = conn.execute(
-        f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE account_id = ? AND id = ?",
+        f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE account_id = ? AND id = ?",
         (str(account_id), str(conversation_id)),
     ).fetchone()
     return None if row is None else _conversation_row(row)

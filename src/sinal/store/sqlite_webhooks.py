@@ -12,11 +12,11 @@ import orjson
 
 from sinal.events import dumps_json
 from sinal.store.automations import Integration
-from sinal.store.webhooks import DeliveryCursor, DeliveryStatus, StoredDelivery
-
-_COLUMNS = (
-    "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
-    "status, reason, attempts, processed_at, due_at"
+from sinal.store.webhooks import (
+    DELIVERY_COLUMNS,
+    DeliveryCursor,
+    DeliveryStatus,
+    StoredDelivery,
 )
 
 
@@ -48,10 +48,10 @@ class SQLiteWebhooks:
         d = delivery
         with self._write() as conn:
             row = conn.execute(
-                f"INSERT INTO webhook_deliveries ({_COLUMNS}) "
+                f"INSERT INTO webhook_deliveries ({DELIVERY_COLUMNS}) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 f"ON CONFLICT (account_id, integration_id, delivery_id) DO NOTHING "
-                f"RETURNING {_COLUMNS}",
+                f"RETURNING {DELIVERY_COLUMNS}",
                 (str(d.account_id), str(d.id), str(d.integration_id), d.provider, d.topic,
                  d.delivery_id, dumps_json(d.headers), d.body, ts(d.received_at), d.status,
                  d.reason, d.attempts, _opt_ts(d.processed_at), _opt_ts(d.due_at)),
@@ -59,7 +59,7 @@ class SQLiteWebhooks:
             if row is not None:
                 return _delivery(row), True
             earlier = conn.execute(
-                f"SELECT {_COLUMNS} FROM webhook_deliveries "
+                f"SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries "
                 "WHERE account_id = ? AND integration_id = ? AND delivery_id = ?",
                 (str(d.account_id), str(d.integration_id), d.delivery_id),
             ).fetchone()
@@ -93,7 +93,7 @@ class SQLiteWebhooks:
                 "UPDATE webhook_deliveries SET due_at = ? WHERE (account_id, id) IN ("
                 "SELECT account_id, id FROM webhook_deliveries "
                 "WHERE status = 'deferred' AND due_at <= ? ORDER BY due_at LIMIT ?) "
-                f"RETURNING {_COLUMNS}",
+                f"RETURNING {DELIVERY_COLUMNS}",
                 (ts(now + timedelta(seconds=lease)), ts(now), limit),
             ).fetchall()
         return sorted((_delivery(r) for r in rows), key=lambda d: (d.received_at, d.id))
@@ -114,7 +114,7 @@ class SQLiteWebhooks:
             params += (ts(after[0]), str(after[1]))
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM webhook_deliveries WHERE {where} "
+                f"SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE {where} "
                 "ORDER BY received_at, id LIMIT ?",
                 (*params, limit),
             ).fetchall()

@@ -13,6 +13,11 @@ from sinal.store.automations import Integration
 DeliveryStatus = Literal["received", "processed", "unmappable", "failed", "deferred"]
 # Where a page of deliveries ended: the last one's (received_at, id).
 DeliveryCursor = tuple[datetime, UUID]
+# The columns both backends select, in the order `StoredDelivery`'s fields take them.
+DELIVERY_COLUMNS = (
+    "account_id, id, integration_id, provider, topic, delivery_id, headers, body, received_at, "
+    "status, reason, attempts, processed_at, due_at"
+)
 
 
 @dataclass(frozen=True, slots=True)
