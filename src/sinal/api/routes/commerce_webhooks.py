@@ -13,8 +13,6 @@ signature over the raw body bytes proves the sender. In order:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Literal
 
 from fastapi import APIRouter, Request
@@ -22,11 +20,10 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from sinal import webhooks
-from sinal.api.body import read_raw
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.service import Service, service
-from sinal.api.views import json_response, parse_path_id
-from sinal.integrations import Delivery
+from sinal.api.signed_webhooks import Provider, receive_signed
+from sinal.api.views import parse_path_id
 from sinal.integrations.shopify import shopify_delivery
 from sinal.integrations.signatures import (
     SHOPIFY_SIGNATURE_HEADER,
@@ -51,22 +48,8 @@ class WebhookReceipt(BaseModel):
     reason: str | None = None  # why it is unmappable or failed; kept for replay
 
 
-Verify = Callable[[str, bytes, str | None], None]
-Describe = Callable[[Mapping[str, str], bytes], Delivery]
-
-
-@dataclass(frozen=True, slots=True)
-class _Provider:
-    """How one provider signs and identifies its deliveries."""
-
-    kind: str
-    verify: Verify
-    signature_header: str
-    describe: Describe
-
-
-_SHOPIFY = _Provider("shopify", verify_shopify, SHOPIFY_SIGNATURE_HEADER, shopify_delivery)
-_YAMPI = _Provider("yampi", verify_yampi, YAMPI_SIGNATURE_HEADER, yampi_delivery)
+_SHOPIFY = Provider("shopify", verify_shopify, SHOPIFY_SIGNATURE_HEADER, shopify_delivery, MAX_BODY)
+_YAMPI = Provider("yampi", verify_yampi, YAMPI_SIGNATURE_HEADER, yampi_delivery, MAX_BODY)
 
 
 @router.post(
@@ -91,25 +74,10 @@ async def yampi_webhook(request: Request, integration_id: str) -> Response:
     return await _receive(request, integration_id, _YAMPI)
 
 
-async def _receive(request: Request, integration_id: str, provider: _Provider) -> Response:
+async def _receive(request: Request, integration_id: str, provider: Provider) -> Response:
     svc = service(request)
     integration = await _integration(svc, integration_id, provider.kind)
-    body = await read_raw(request, MAX_BODY)
-    secret = integration.secrets.get("secret") or ""
-    provider.verify(secret, body, request.headers.get(provider.signature_header))
-    headers = dict(request.headers)
-    delivery = provider.describe(headers, body)
-    received = await svc.run(
-        webhooks.receive, svc.ledger, integration, topic=delivery.topic,
-        delivery_id=delivery.delivery_id, headers=headers, body=body,
-    )  # fmt: skip
-    was_done = not received.is_new and received.delivery.status == "processed"
-    answer = {
-        "status": "duplicate" if was_done else received.status,
-        "delivery_id": str(received.delivery.id),
-        "reason": received.reason,
-    }
-    return json_response(answer)
+    return await receive_signed(svc, request, integration, provider)
 
 
 async def _integration(svc: Service, raw_id: str, kind: str) -> Integration:

@@ -19,10 +19,10 @@ from pydantic import BaseModel, Field
 from starlette.responses import PlainTextResponse, Response
 
 from sinal import webhooks
-from sinal.api.body import read_raw
 from sinal.api.errors import NotFound, VerificationFailed, problem_responses
 from sinal.api.service import Service, service
-from sinal.api.views import json_response, parse_path_id
+from sinal.api.signed_webhooks import Provider, receive_signed
+from sinal.api.views import parse_path_id
 from sinal.integrations.signatures import WHATSAPP_SIGNATURE_HEADER, verify_whatsapp
 from sinal.integrations.whatsapp import verify_challenge, whatsapp_delivery
 from sinal.store.automations import Integration
@@ -30,6 +30,9 @@ from sinal.store.automations import Integration
 router = APIRouter(tags=["webhooks"])
 # Meta batches at most a few hundred small changes per delivery.
 MAX_BODY = 1024 * 1024
+_WHATSAPP = Provider(
+    "whatsapp", verify_whatsapp, WHATSAPP_SIGNATURE_HEADER, whatsapp_delivery, MAX_BODY
+)
 
 
 class WebhookAck(BaseModel):
@@ -84,22 +87,7 @@ async def receive_delivery(request: Request, integration_id: str) -> Response:
     secret). Redeliveries are recognised and recorded once."""
     svc = service(request)
     integration = await _integration(svc, integration_id)
-    body = await read_raw(request, MAX_BODY)
-    secret = str(integration.secrets.get("secret") or "")
-    verify_whatsapp(secret, body, request.headers.get(WHATSAPP_SIGNATURE_HEADER))
-    headers = dict(request.headers)
-    delivery = whatsapp_delivery(headers, body)
-    received = await svc.run(
-        webhooks.receive, svc.ledger, integration, topic=delivery.topic,
-        delivery_id=delivery.delivery_id, headers=headers, body=body,
-    )  # fmt: skip
-    was_done = not received.is_new and received.delivery.status == "processed"
-    answer = {
-        "status": "duplicate" if was_done else received.status,
-        "delivery_id": str(received.delivery.id),
-        "reason": received.reason,
-    }
-    return json_response(answer)
+    return await receive_signed(svc, request, integration, _WHATSAPP)
 
 
 async def _integration(svc: Service, raw: str) -> Integration:

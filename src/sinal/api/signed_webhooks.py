@@ -1,0 +1,56 @@
+"""What every signed webhook route does once it has found its integration: read the raw
+body, check the provider's signature over those bytes, keep the delivery once per
+delivery id, process it (`sinal.webhooks`), and answer 200 with what became of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sinal import webhooks
+from sinal.api.body import read_raw
+from sinal.api.service import Service
+from sinal.api.views import json_response
+from sinal.integrations import Delivery
+from sinal.store.automations import Integration
+
+Verify = Callable[[str, bytes, str | None], None]  # raises SignatureMismatch
+Describe = Callable[[Mapping[str, str], bytes], Delivery]
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """How one provider signs and identifies its deliveries."""
+
+    kind: str
+    verify: Verify
+    signature_header: str
+    describe: Describe
+    max_body: int  # bytes read at most (413 beyond), before anything is verified
+
+
+async def receive_signed(
+    svc: Service, request: Request, integration: Integration, provider: Provider
+) -> Response:
+    """413 past `max_body`, 401 on a missing or wrong signature (nothing stored), else the
+    delivery kept and processed: "processed", "duplicate" (a redelivery of a processed
+    one), or the status and reason `sinal.webhooks.receive` ended it with."""
+    body = await read_raw(request, provider.max_body)
+    secret = str(integration.secrets.get("secret") or "")
+    provider.verify(secret, body, request.headers.get(provider.signature_header))
+    headers = dict(request.headers)
+    delivery = provider.describe(headers, body)
+    received = await svc.run(
+        webhooks.receive, svc.ledger, integration, topic=delivery.topic,
+        delivery_id=delivery.delivery_id, headers=headers, body=body,
+    )  # fmt: skip
+    was_done = not received.is_new and received.delivery.status == "processed"
+    answer = {
+        "status": "duplicate" if was_done else received.status,
+        "delivery_id": str(received.delivery.id),
+        "reason": received.reason,
+    }
+    return json_response(answer)
