@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -44,6 +45,23 @@ def wait_ready(base: str, proc: subprocess.Popen[str], timeout: float = 30) -> N
             pass
         time.sleep(0.1)
     raise AssertionError("sinal serve did not become ready")
+
+
+@contextmanager
+def serving(env: dict[str, str], cwd: Path) -> Iterator[str]:
+    """`sinal serve` on a free port, ready; its base URL. Stopped (SIGTERM) on exit."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [SINAL, "serve", "--port", str(port)], env=env, cwd=cwd, text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
 
 
 @pytest.fixture
@@ -126,39 +144,28 @@ def test_serve_demo_prints_a_key_and_a_curl_line_that_works(tmp_path: Path) -> N
 def test_serve_runs_automations_in_its_own_worker(env: dict[str, str], tmp_path: Path) -> None:
     from tests.servers import whatsapp_server
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     env = {**env, "SINAL_WORKER_POLL_INTERVAL": "0.2"}
     account = cli(env, "accounts", "create", "--name", "Loja")
     key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "ingest,read,admin")
     headers = {"Authorization": f"Bearer {key['key']}"}
-    proc = subprocess.Popen(
-        [SINAL, "serve", "--port", str(port)], env=env, cwd=tmp_path, text=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_ready(base, proc)
-        with whatsapp_server() as (wa_url, wa):
-            made = httpx.post(f"{base}/v1/integrations", headers=headers, json={
-                "kind": "whatsapp", "secret": "s", "phone_number_id": "77",
-                "access_token": "t", "api_base_url": wa_url})  # fmt: skip
-            assert made.status_code == 201, made.text
-            step = {"type": "send_message", "text": "Obrigado, {{ contact.name }}!"}
-            automation = httpx.post(f"{base}/v1/automations", headers=headers, json={
-                "name": "oi", "trigger_metric": "Order Paid", "steps": [step]})  # fmt: skip
-            assert automation.status_code == 201, automation.text
-            sent = httpx.post(f"{base}/v1/events", headers=headers, json={
-                "metric": "Order Paid", "source": "shopify", "source_id": "9",
-                "contact": {"phone": "+55 11 98765-4321", "name": "Ana"}})  # fmt: skip
-            assert sent.status_code == 201, sent.text
-            deadline = time.monotonic() + 30
-            while not wa.requests and time.monotonic() < deadline:
-                time.sleep(0.1)
-            [message] = wa.bodies("/77/messages")
-            assert message["text"]["body"] == "Obrigado, Ana!"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+    with serving(env, tmp_path) as base, whatsapp_server() as (wa_url, wa):
+        made = httpx.post(f"{base}/v1/integrations", headers=headers, json={
+            "kind": "whatsapp", "secret": "s", "phone_number_id": "77",
+            "access_token": "t", "api_base_url": wa_url})  # fmt: skip
+        assert made.status_code == 201, made.text
+        step = {"type": "send_message", "text": "Obrigado, {{ contact.name }}!"}
+        automation = httpx.post(f"{base}/v1/automations", headers=headers, json={
+            "name": "oi", "trigger_metric": "Order Paid", "steps": [step]})  # fmt: skip
+        assert automation.status_code == 201, automation.text
+        sent = httpx.post(f"{base}/v1/events", headers=headers, json={
+            "metric": "Order Paid", "source": "shopify", "source_id": "9",
+            "contact": {"phone": "+55 11 98765-4321", "name": "Ana"}})  # fmt: skip
+        assert sent.status_code == 201, sent.text
+        deadline = time.monotonic() + 30
+        while not wa.requests and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [message] = wa.bodies("/77/messages")
+        assert message["text"]["body"] == "Obrigado, Ana!"
 
 
 @pytest.mark.slow
@@ -169,8 +176,6 @@ def test_serve_records_an_abandoned_checkout_with_no_command_run(
 
     from sinal.integrations import sign_shopify
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     env = {**env, "SINAL_HOUSEKEEPING_INTERVAL": "0.2"}
     account = cli(env, "accounts", "create", "--name", "Loja")
     key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "read,admin")
@@ -180,12 +185,7 @@ def test_serve_records_an_abandoned_checkout_with_no_command_run(
     # last updated 10 minutes ago; the shortest delay (5 minutes) has passed
     checkout["updated_at"] = (datetime.now(UTC) - timedelta(minutes=10)).isoformat()
     body = json.dumps(checkout).encode()
-    proc = subprocess.Popen(
-        [SINAL, "serve", "--port", str(port)], env=env, cwd=tmp_path, text=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_ready(base, proc)
+    with serving(env, tmp_path) as base:
         made = httpx.post(f"{base}/v1/integrations", headers=headers, json={
             "kind": "shopify", "secret": "shpss_1", "abandon_after_minutes": 5})  # fmt: skip
         assert made.status_code == 201, made.text
@@ -201,9 +201,6 @@ def test_serve_records_an_abandoned_checkout_with_no_command_run(
             listed = httpx.get(f"{base}/v1/events", headers=headers,
                                params={"metric": "Checkout Abandoned"})  # fmt: skip
             found = listed.json()["data"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
 
     [abandoned] = found
     assert abandoned["properties"]["checkout_url"].endswith("/recover?key=8d2e6f0a1b9c4d7e")
