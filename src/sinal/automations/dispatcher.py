@@ -146,10 +146,10 @@ class Dispatcher:
         self._outbox_due = threading.Event()  # set: the outbox may hold rows to fan out
         self._outbox_due.set()
         self._listening = False  # True once NOTIFY says when the outbox fills
-        # set: executions may be due. Cleared by each claim that comes back short, so a
-        # thread freeing up does not cost a claim query unless there is a backlog; set
-        # again by NOTIFY, by our own fan-out, or once a poll interval has passed (waits
-        # and retries falling due notify nobody).
+        # set: executions may be due. Cleared as a claim starts and set again only by a
+        # full claim (a backlog), a NOTIFY, or our own fan-out, so a thread freeing up
+        # costs no claim query otherwise; `_last_claim` adds one claim per poll interval
+        # (waits and retries falling due notify nobody).
         self._claims_due = threading.Event()
         self._claims_due.set()
         self._last_claim = 0.0
