@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -349,3 +351,122 @@ def test_module_level_emit_event_uses_sinal_database_url(
     finally:
         ledger.close()
         monkeypatch.setattr(sinal, "_default", None)
+
+
+def _mixed_batch(
+    account: sinal.Account, contacts: list[sinal.Contact], extra_metric: str | None
+) -> list[EmitEvent]:
+    """400-odd events of every kind, deterministic: new, repeated (same and other
+    payload), keyless, invalid, of an unknown contact, and a repeat whose first is rejected
+    (in a batch, a repeat is answered like its first: an unknown contact comes first)."""
+    rng = random.Random(7)
+    metrics = [sinal.METRIC_ORDER_PAID, sinal.METRIC_MESSAGE_SENT, sinal.METRIC_LINK_CLICKED]
+    if extra_metric is not None:
+        metrics.append(extra_metric)
+    events, retried = [], []
+    for i in range(400):
+        uid = rng.randrange(150)  # about one in three repeats an earlier id
+        event = EmitEvent(
+            account_id=account.id,
+            contact_id=contacts[uid % len(contacts)].id,
+            metric_name=metrics[uid % len(metrics)],
+            properties={"n": uid, "variant": rng.randrange(2)},
+            value=Decimal(uid) / 4,
+            source="test",
+            source_id=None if i % 17 == 0 else f"id-{uid}",
+            occurred_at=T0 + timedelta(minutes=rng.randrange(-500, 500)),
+        )
+        if i % 23 == 0:
+            event = replace(event, currency="??")  # invalid
+        elif i % 29 == 0:  # unknown contact; a valid repeat of it comes last
+            event = replace(event, contact_id=uuid.uuid4(), source_id=f"lost-{i}")
+            retried.append(replace(event, contact_id=contacts[0].id))
+        events.append(event)
+    return events + retried
+
+
+def _answers(results: list[sinal.EmitResult]) -> list[tuple[object, ...]]:
+    """What a result says, with event ids replaced by the index of their first answer."""
+    first: dict[object, int] = {}
+    return [
+        (
+            r.status, r.reason, r.differs, r.unique_event_id,
+            None if r.event_id is None else first.setdefault(r.event_id, i),
+        )
+        for i, r in enumerate(results)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("new_metric", [False, True], ids=["known-metrics", "new-metric"])
+def test_a_batch_of_many_chunks_answers_like_one_event_at_a_time(
+    ledger: Ledger, database_url: str, monkeypatch: pytest.MonkeyPatch, new_metric: bool
+) -> None:
+    """emit_many sends a big batch in chunks (on PostgreSQL, pipelined once its metrics
+    are known); its answers, rows and summaries match emitting each event in turn."""
+    pipelined = []
+    if not database_url.startswith("sqlite:"):
+        from sinal.store.postgres import PostgresStore
+
+        real = PostgresStore._record_pipelined
+        monkeypatch.setattr(
+            PostgresStore,
+            "_record_pipelined",
+            lambda self, *a: pipelined.append(1) or real(self, *a),
+        )
+    tenants = []
+    for name in ("Lote", "Um a um"):
+        account = ledger.create_account(name)
+        contacts = [ledger.create_contact(account.id, external_id=f"c{i}") for i in range(12)]
+        # Earlier events: the batch repeats some of them, and the metrics become known.
+        ledger.emit_many(_mixed_batch(account, contacts, None)[:40])
+        tenants.append((account, contacts))
+    extra = "Quiz Answered" if new_metric else None
+
+    batched = ledger.emit_many(_mixed_batch(*tenants[0], extra))
+    in_turn = []
+    for event in _mixed_batch(*tenants[1], extra):
+        try:
+            in_turn.append(ledger.emit(event))
+        except InvalidEvent as exc:
+            in_turn.append(sinal.EmitResult("rejected", reason="invalid", errors=exc.errors))
+
+    assert _answers(batched) == _answers(in_turn)
+    assert {r.status for r in batched} == {"created", "duplicate", "rejected"}
+    for table in ("events", "outbox", "rejections"):
+        statement = f"SELECT count(*) FROM {table} WHERE account_id = ?"
+        counts = [sql(database_url, statement, str(account.id)) for account, _ in tenants]
+        assert counts[0] == counts[1], table
+
+    def summary(account: sinal.Account, contacts: list[sinal.Contact]) -> set[tuple[object, ...]]:
+        index = {c.id: i for i, c in enumerate(contacts)}
+        return {
+            (index[s.contact_id], s.metric_name, s.event_count, s.total_value,
+             s.first_event_at, s.last_event_at)
+            for s in ledger.get_summary(account.id)
+        }  # fmt: skip
+
+    assert summary(*tenants[0]) == summary(*tenants[1])
+    [report] = ledger.rebuild_summaries(tenants[0][0].id)
+    assert not report.drift
+    if not database_url.startswith("sqlite:"):
+        assert bool(pipelined) is not new_metric  # a new metric goes in one statement
+
+
+@pytest.mark.postgres
+def test_a_pipelined_batch_survives_a_metric_deleted_by_hand(pg_url: str) -> None:
+    """The ledger remembers which metrics exist; if one is deleted behind its back the
+    batch still records everything (the metric is created again)."""
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        ledger.emit_many([order_paid(account, contact, source_id="0")])
+        for table in ("outbox", "contact_metrics_summary", "events", "metrics"):
+            sql(pg_url, f"DELETE FROM {table} WHERE account_id = ?", str(account.id))
+
+        results = ledger.emit_many(
+            [order_paid(account, contact, source_id=str(i)) for i in range(200)]
+        )
+
+    assert {r.status for r in results} == {"created"}
+    assert count(pg_url, "events") == 200
+    assert sql(pg_url, "SELECT name FROM metrics") == [(sinal.METRIC_ORDER_PAID,)]

@@ -9,10 +9,11 @@ cost a second, read-only, round trip (to compare payloads).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -59,6 +60,7 @@ from sinal.store.postgres_webhooks import PostgresWebhooks
 _MIGRATION_LOCK = 0x73696E616C
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 _ATTEMPTS = 5
+_KNOWN_METRICS_MAX = 100_000
 T = TypeVar("T")
 
 _EVENT_COLUMNS = (
@@ -85,31 +87,45 @@ _MEASURES = {
 # dumps an array per parameter, which for a single event costs more than the statement.
 _INPUT_COLUMNS = (
     ("ord", "int"), ("id", "uuid"), ("account_id", "uuid"), ("contact_id", "uuid"),
-    ("metric_name", "text"), ("display_name", "text"), ("category", "text"),
-    ("is_system", "bool"), ("properties", "text"), ("value", "numeric"), ("currency", "text"),
+    ("metric_name", "text"), ("properties", "text"), ("value", "numeric"), ("currency", "text"),
     ("source", "text"), ("source_id", "text"), ("integration_id", "uuid"),
     ("unique_event_id", "text"), ("entity_type", "text"), ("entity_id", "text"),
     ("execution_id", "uuid"), ("occurred_at", "timestamptz"), ("received_at", "timestamptz"),
     ("metric_id", "uuid"),
+    # Last, the columns only the metric upsert reads (a pipelined chunk goes without).
+    ("display_name", "text"), ("category", "text"), ("is_system", "bool"),
 )  # fmt: skip
-_INPUT_MANY = "SELECT * FROM unnest({}) AS t({})".format(
-    ", ".join(f"%({name})b::{kind}[]" for name, kind in _INPUT_COLUMNS),
-    ", ".join(name for name, _ in _INPUT_COLUMNS),
-)
+_CHUNK_COLUMNS = _INPUT_COLUMNS[:-3]
+
+
+def _unnest(columns: Sequence[tuple[str, str]]) -> str:
+    return "SELECT * FROM unnest({}) AS t({})".format(
+        ", ".join(f"%({name})b::{kind}[]" for name, kind in columns),
+        ", ".join(name for name, _ in columns),
+    )
+
+
+_INPUT_MANY = _unnest(_INPUT_COLUMNS)
+_INPUT_CHUNK = _unnest(_CHUNK_COLUMNS)
 _INPUT_ONE = "SELECT " + ", ".join(f"%({name})b::{kind} AS {name}" for name, kind in _INPUT_COLUMNS)
-_RECORD_BODY = """
+# The parts of the record statement. Keys are sorted in code point order (COLLATE "C", as
+# Python sorts str) wherever a row may wait on another transaction's: the ledger sends a
+# big batch in chunks ordered that way, so a batch sent whole or in chunks locks alike.
+_KNOWN = """
 known AS (
     SELECT i.* FROM input i
     CROSS JOIN LATERAL (SELECT 1 FROM contacts c
                         WHERE c.account_id = i.account_id AND c.id = i.contact_id LIMIT 1) c
-),
+)"""
+_NEW_METRICS = """
 new_metrics AS (
     INSERT INTO metrics (account_id, id, name, display_name, category, source, is_system)
-    SELECT DISTINCT ON (account_id, metric_name)
+    SELECT DISTINCT ON (account_id, metric_name COLLATE "C")
            account_id, metric_id, metric_name, display_name, category, source, is_system
-    FROM known ORDER BY account_id, metric_name, ord
+    FROM known ORDER BY account_id, metric_name COLLATE "C", ord
     ON CONFLICT DO NOTHING
-),
+)"""
+_STORED = """
 stored AS (
     INSERT INTO events (account_id, id, contact_id, metric_id, metric_name, properties, value,
                         currency, source, source_id, integration_id, unique_event_id,
@@ -118,29 +134,37 @@ stored AS (
     SELECT account_id, id, contact_id, metric_id, metric_name, properties::jsonb, value, currency,
            source, source_id, integration_id, unique_event_id, entity_type, entity_id,
            execution_id, occurred_at, received_at, %(schema_version)b
-    FROM known ORDER BY account_id, unique_event_id, ord
+    FROM known ORDER BY account_id, unique_event_id COLLATE "C", ord
     ON CONFLICT (account_id, unique_event_id) DO NOTHING
     RETURNING account_id, id, contact_id, metric_name, value, occurred_at,
               automation_execution_id
-),
+)"""
+_SUMMARY_COLUMNS = (
+    "account_id, contact_id, metric_name, event_count, total_value, first_event_at, "
+    "last_event_at, updated_at"
+)
+_SUMMARY_CONFLICT = """
+ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET
+    event_count = s.event_count + excluded.event_count,
+    total_value = s.total_value + excluded.total_value,
+    first_event_at = least(s.first_event_at, excluded.first_event_at),
+    last_event_at = greatest(s.last_event_at, excluded.last_event_at),
+    updated_at = excluded.updated_at"""
+_SUMMARY = f"""
 summary AS (
-    INSERT INTO contact_metrics_summary AS s (account_id, contact_id, metric_name,
-        event_count, total_value, first_event_at, last_event_at, updated_at)
+    INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
     SELECT account_id, contact_id, metric_name, count(*), coalesce(sum(value), 0),
            min(occurred_at), max(occurred_at), now()
     FROM stored GROUP BY account_id, contact_id, metric_name
-    ORDER BY account_id, contact_id, metric_name
-    ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET
-        event_count = s.event_count + excluded.event_count,
-        total_value = s.total_value + excluded.total_value,
-        first_event_at = least(s.first_event_at, excluded.first_event_at),
-        last_event_at = greatest(s.last_event_at, excluded.last_event_at),
-        updated_at = excluded.updated_at
-),
+    ORDER BY account_id, contact_id, metric_name COLLATE "C"
+    {_SUMMARY_CONFLICT}
+)"""
+_OUTBOXED = """
 outboxed AS (
     INSERT INTO outbox (account_id, event_id, metric_name)
     SELECT account_id, id, metric_name FROM stored WHERE automation_execution_id IS NULL
-),
+)"""
+_REJECTED = """
 rejected AS (
     INSERT INTO rejections (account_id, id, reason, message, source, payload)
     SELECT i.account_id, i.id,
@@ -158,15 +182,36 @@ rejected AS (
                'occurred_at', i.occurred_at, 'automation_execution_id', i.execution_id)
     FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.ord = i.ord)
     RETURNING id
-)
+)"""
+# The whole record: each input's (ord, created, known).
+_RECORD_BODY = (
+    ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED))
+    + """
 SELECT i.ord, s.id IS NOT NULL, k.ord IS NOT NULL
 FROM input i
 LEFT JOIN known k ON k.ord = i.ord
 LEFT JOIN stored s ON s.account_id = i.account_id AND s.id = i.id
 ORDER BY i.ord
 """
+)
+# One chunk of a pipelined batch: no metrics (all known to exist) and no summaries (one
+# statement at the end); the ids of the stored (true) and of the rejected (false) inputs.
+_CHUNK_BODY = (
+    ",".join((_KNOWN, _STORED, _OUTBOXED, _REJECTED))
+    + """
+SELECT id, true FROM stored UNION ALL SELECT id, false FROM rejected
+"""
+)
+_SUMMARY_SQL = f"""
+INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
+SELECT *, now() FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::numeric[],
+                            %b::timestamptz[], %b::timestamptz[]) AS t(a, c, m)
+ORDER BY a, c, m COLLATE "C"
+{_SUMMARY_CONFLICT}
+"""
 _RECORD_SQL = " ".join(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}".split())
 _RECORD_ONE_SQL = " ".join(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}".split())
+_CHUNK_SQL = " ".join(f"WITH input AS ({_INPUT_CHUNK}), {_CHUNK_BODY}".split())
 
 # Rows looked up by a whole key go through `LATERAL (... LIMIT 1)`, which the planner
 # cannot flatten into a join: planned on statistics older than the table's growth (a new
@@ -225,6 +270,9 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         )
         self._open_lock = threading.Lock()
         self._opened = False
+        # (account, metric) pairs this process saw stored: batches naming only these can be
+        # pipelined (their events need no metric upsert). Metrics are never deleted.
+        self._metrics: set[tuple[UUID, str]] = set()
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[TupleRow]]:
@@ -386,7 +434,56 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             except StoreError as exc:
                 if not isinstance(exc.__cause__, _RETRYABLE) or attempt == _ATTEMPTS - 1:
                     raise
+        if len(self._metrics) > _KNOWN_METRICS_MAX:
+            self._metrics.clear()
+        self._metrics.update((events[o].account_id, events[o].metric_name) for o, _, k in rows if k)
         return [_outcome(events[o], created, known, stored) for o, created, known in rows]
+
+    def record_chunks(
+        self,
+        chunks: Iterable[Sequence[PreparedEvent]],
+        metrics: Collection[tuple[UUID, str]],
+    ) -> list[Outcome]:
+        """Pipelined, when every metric is known to exist: each chunk's statement (events,
+        outbox, rejections) is sent as soon as the ledger has validated the chunk, and
+        validating the next one overlaps with it; one statement then adds up the
+        summaries, and the transaction commits. Otherwise, or when PostgreSQL aborts the
+        pipeline (a deadlock, a metric gone), the whole batch goes through `record`."""
+        pending = iter(chunks)
+        pulled: list[Sequence[PreparedEvent]] = []
+        if self._metrics.issuperset(metrics):
+            try:
+                with self._conn() as conn:
+                    return self._record_pipelined(conn, pending, pulled)
+            except StoreError as exc:
+                if isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
+                    self._metrics.clear()  # a metric was deleted by hand: learn them again
+                elif not isinstance(exc.__cause__, _RETRYABLE):
+                    raise
+        return self.record([e for chunk in (*pulled, *pending) for e in chunk])
+
+    def _record_pipelined(
+        self,
+        conn: psycopg.Connection[TupleRow],
+        chunks: Iterator[Sequence[PreparedEvent]],
+        pulled: list[Sequence[PreparedEvent]],
+    ) -> list[Outcome]:
+        with conn.transaction(), conn.pipeline():
+            cursors = []
+            for chunk in chunks:
+                pulled.append(chunk)
+                if chunk:
+                    cursors.append(conn.execute(_CHUNK_SQL, _input_arrays(chunk, _CHUNK_COLUMNS)))
+            answered = {row[0]: row[1] for cursor in cursors for row in cursor.fetchall()}
+            # Stored: True; rejected (unknown contact): False; neither: a duplicate.
+            found = [(e, answered.get(e.id)) for chunk in pulled for e in chunk]
+            duplicates = [e for e, new in found if new is None]
+            lookup = conn.execute(*_duplicates_lookup(duplicates)) if duplicates else None
+            created = [e for e, new in found if new]
+            if created:
+                conn.execute(_SUMMARY_SQL, _summary_params(created))
+        stored = _payloads(lookup.fetchall()) if lookup else {}
+        return [_outcome(e, new is True, new is not False, stored) for e, new in found]
 
     @staticmethod
     def _stored_payloads(
@@ -394,11 +491,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
     ) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
         if not events:
             return {}
-        rows = conn.execute(
-            _DUPLICATES_SQL,
-            ([e.account_id for e in events], [e.unique_event_id for e in events]),
-        ).fetchall()
-        return {(r[0], r[1]): (r[2], StoredPayload(r[3], r[4], r[5], r[6], r[7])) for r in rows}
+        return _payloads(conn.execute(*_duplicates_lookup(events)).fetchall())
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
@@ -779,25 +872,60 @@ def _api_key(r: Sequence[Any]) -> ApiKey:
 
 def _record_statement(events: Sequence[PreparedEvent]) -> tuple[str, dict[str, Any]]:
     """The record statement for `events` and its parameters (scalars for a lone event)."""
+    if len(events) > 1:
+        return _RECORD_SQL, _input_arrays(events, _INPUT_COLUMNS)
     names = [name for name, _ in _INPUT_COLUMNS]
-    rows = [_input_row(i, e) for i, e in enumerate(events)]
-    if len(rows) == 1:
-        query, params = _RECORD_ONE_SQL, dict(zip(names, rows[0], strict=True))
-    else:
-        query = _RECORD_SQL
-        params = dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
+    params: dict[str, Any] = dict(zip(names, _input_row(0, events[0]), strict=True))
     params["schema_version"] = SCHEMA_VERSION
-    return query, params
+    return _RECORD_ONE_SQL, params
+
+
+def _input_arrays(
+    events: Sequence[PreparedEvent], columns: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """The first `columns` of `events`' input rows, one array each; the schema version."""
+    columns_of_rows = zip(*(_input_row(i, e) for i, e in enumerate(events)), strict=True)
+    params: dict[str, Any] = {
+        name: list(values) for (name, _), values in zip(columns, columns_of_rows, strict=False)
+    }
+    params["schema_version"] = SCHEMA_VERSION
+    return params
+
+
+def _duplicates_lookup(events: Sequence[PreparedEvent]) -> tuple[str, tuple[list[Any], ...]]:
+    """The query for the stored events that `events` (duplicates) repeat."""
+    return _DUPLICATES_SQL, ([e.account_id for e in events], [e.unique_event_id for e in events])
+
+
+def _payloads(rows: Sequence[Sequence[Any]]) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
+    """`_DUPLICATES_SQL`'s rows by dedup key: the stored event's id and payload."""
+    return {(r[0], r[1]): (r[2], StoredPayload(r[3], r[4], r[5], r[6], r[7])) for r in rows}
+
+
+def _summary_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
+    """The summary rows the `created` events add up to, as arrays in lock order."""
+    rows: dict[tuple[UUID, UUID | None, str], list[Any]] = {}
+    for e in created:
+        row = rows.get(key := (e.account_id, e.contact_id, e.metric_name))
+        value = Decimal(0) if e.value is None else e.value
+        if row is None:
+            rows[key] = [1, value, e.occurred_at, e.occurred_at]
+        else:
+            row[0] += 1
+            row[1] += value
+            row[2] = min(row[2], e.occurred_at)
+            row[3] = max(row[3], e.occurred_at)
+    keys = sorted(rows, key=lambda k: (k[0].int, k[1].int if k[1] else 0, k[2]))
+    return tuple(list(column) for column in zip(*(k + tuple(rows[k]) for k in keys), strict=True))
 
 
 def _input_row(ord_: int, e: PreparedEvent) -> tuple[Any, ...]:
     """One event as the statement's input columns, in `_INPUT_COLUMNS` order."""
     return (
-        ord_, e.id, e.account_id, e.contact_id, e.metric_name, e.display_name, str(e.category),
-        e.is_system, e.properties_json, e.value, e.currency, e.source, e.source_id,
-        e.integration_id, e.unique_event_id, e.entity_type, e.entity_id,
-        e.automation_execution_id, e.occurred_at, e.received_at,
-        metric_id(e.account_id, e.metric_name),
+        ord_, e.id, e.account_id, e.contact_id, e.metric_name, e.properties_json, e.value,
+        e.currency, e.source, e.source_id, e.integration_id, e.unique_event_id, e.entity_type,
+        e.entity_id, e.automation_execution_id, e.occurred_at, e.received_at,
+        metric_id(e.account_id, e.metric_name), e.display_name, str(e.category), e.is_system,
     )  # fmt: skip
 
 
