@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -98,6 +99,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+# A server process allocates hundreds of objects per request and keeps few of them: at
+# the default threshold (700) the cyclic collector runs every request or two, and its
+# older generations rescan every module, route and model loaded at startup. Measured with
+# bench/http.py, server CPU per event of the batch route: 83-87 -> 67-69 us (single
+# events: no change beyond noise).
+GC_THRESHOLD = (50_000, 10, 10)
+
+
+def tune_gc() -> None:
+    """For a serving process: freeze what startup allocated (imports, the app) out of the
+    collector's sight, and collect young objects every 50,000 allocations."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+
+
 def create_app_from_env() -> FastAPI:
-    """Factory for `uvicorn --factory` (each `sinal serve` worker builds its own app)."""
-    return create_app(Settings.from_env())
+    """Factory for `uvicorn --factory` (each `sinal serve` worker builds its own app, then
+    tunes its collector: the process serves and does nothing else)."""
+    app = create_app(Settings.from_env())
+    tune_gc()
+    return app

@@ -4,6 +4,12 @@ A batch of events is recorded by ONE statement (data-modifying CTEs over `unnest
 arrays): contact check, metric upsert, dedup insert, summary upsert, outbox and
 rejections commit together in one round trip, whatever the batch size. Only duplicates
 cost a second, read-only, round trip (to compare payloads).
+
+A big batch whose metrics all exist (`record_chunks`, from `Ledger.emit_many`) goes in
+chunks through psycopg's pipeline mode instead, so that PostgreSQL inserts one chunk
+while the ledger validates the next: per chunk one statement (contact check, dedup
+insert, outbox, rejections), then one for all the summaries, the duplicates' lookup and
+the commit. Same transaction, same rows, same lock order.
 """
 
 from __future__ import annotations
