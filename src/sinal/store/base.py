@@ -408,6 +408,25 @@ def latest_schema_version(backend: str) -> int:
     return max(v for v, _, _ in read_migrations("sqlite" if backend == "sqlite" else "postgres"))
 
 
+def summary_deltas(
+    created: Iterable[PreparedEvent],
+) -> dict[tuple[UUID, UUID | None, str], list[Any]]:
+    """What newly stored events add to each summary row, by (account, contact, metric),
+    in order of first appearance: [event count, total value, first and last occurred_at]."""
+    deltas: dict[tuple[UUID, UUID | None, str], list[Any]] = {}
+    for e in created:
+        value = Decimal(0) if e.value is None else e.value
+        delta = deltas.get(key := (e.account_id, e.contact_id, e.metric_name))
+        if delta is None:
+            deltas[key] = [1, value, e.occurred_at, e.occurred_at]
+        else:
+            delta[0] += 1
+            delta[1] += value
+            delta[2] = min(delta[2], e.occurred_at)
+            delta[3] = max(delta[3], e.occurred_at)
+    return deltas
+
+
 def compare_summaries(
     account_id: UUID, truth: dict[tuple[Any, str], Any], kept: dict[tuple[Any, str], Any]
 ) -> RebuildReport:

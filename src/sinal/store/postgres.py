@@ -19,7 +19,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -56,6 +55,7 @@ from sinal.store.base import (
     compare_summaries,
     read_migrations,
     rejection_message,
+    summary_deltas,
 )
 from sinal.store.postgres_automations import PostgresAutomations
 from sinal.store.postgres_commerce import PostgresCommerce
@@ -910,19 +910,9 @@ def _payloads(rows: Sequence[Sequence[Any]]) -> dict[tuple[UUID, str], tuple[UUI
 
 def _summary_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
     """The summary rows the `created` events add up to, as arrays in lock order."""
-    rows: dict[tuple[UUID, UUID | None, str], list[Any]] = {}
-    for e in created:
-        row = rows.get(key := (e.account_id, e.contact_id, e.metric_name))
-        value = Decimal(0) if e.value is None else e.value
-        if row is None:
-            rows[key] = [1, value, e.occurred_at, e.occurred_at]
-        else:
-            row[0] += 1
-            row[1] += value
-            row[2] = min(row[2], e.occurred_at)
-            row[3] = max(row[3], e.occurred_at)
-    keys = sorted(rows, key=lambda k: (k[0].int, k[1].int if k[1] else 0, k[2]))
-    return tuple(list(column) for column in zip(*(k + tuple(rows[k]) for k in keys), strict=True))
+    deltas = summary_deltas(created)
+    keys = sorted(deltas, key=lambda k: (k[0].int, k[1].int if k[1] else 0, k[2]))
+    return tuple(list(column) for column in zip(*(k + tuple(deltas[k]) for k in keys), strict=True))
 
 
 def _input_row(ord_: int, e: PreparedEvent) -> tuple[Any, ...]:

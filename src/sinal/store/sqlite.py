@@ -48,6 +48,7 @@ from sinal.store.base import (
     compare_summaries,
     read_migrations,
     rejection_message,
+    summary_deltas,
 )
 from sinal.store.sqlite_automations import SQLiteAutomations
 from sinal.store.sqlite_commerce import SQLiteCommerce
@@ -660,14 +661,13 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
 
 
 class _Batch:
-    """One `record()` call: per-event statements, summary deltas folded per key."""
+    """One `record()` call: per-event statements, then one upsert per summary row."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.contacts: dict[tuple[str, str], bool] = {}
         self.metrics: set[tuple[str, str]] = set()
-        # (account, contact, metric) -> [count, total, first, last]
-        self.deltas: dict[tuple[str, str, str], list[Any]] = {}
+        self.created: list[PreparedEvent] = []  # their summaries are written by flush
         self.now = ts(datetime.now(UTC))
 
     def record(self, event: PreparedEvent) -> Outcome:
@@ -693,7 +693,7 @@ class _Batch:
         ).fetchone()  # fmt: skip
         if row is None:
             return self.duplicate(event)
-        self.add_delta(account, contact, event)
+        self.created.append(event)
         if not event.from_automation:
             self.conn.execute(
                 "INSERT INTO outbox (account_id, event_id, metric_name, created_at, available_at) "
@@ -755,24 +755,16 @@ class _Batch:
         )  # fmt: skip
         return Outcome("rejected", reason=reason, message=message, rejection_id=event.id)
 
-    def add_delta(self, account: str, contact: str, event: PreparedEvent) -> None:
-        when = ts(event.occurred_at)
-        key = (account, contact, event.metric_name)
-        delta = self.deltas.setdefault(key, [0, Decimal(0), when, when])
-        delta[0] += 1
-        delta[1] += event.value or 0
-        delta[2] = min(delta[2], when)
-        delta[3] = max(delta[3], when)
-
     def flush_summaries(self) -> None:
-        for (account, contact, metric), delta in self.deltas.items():
+        for (account_id, contact_id, metric), delta in summary_deltas(self.created).items():
+            account, contact = str(account_id), str(contact_id)
             row = self.conn.execute(
                 "SELECT event_count, total_value, first_event_at, last_event_at "
                 "FROM contact_metrics_summary "
                 "WHERE account_id = ? AND contact_id = ? AND metric_name = ?",
                 (account, contact, metric),
             ).fetchone()
-            count, total, first, last = delta
+            count, total, first, last = delta[0], delta[1], ts(delta[2]), ts(delta[3])
             if row is not None:
                 count, total = count + row[0], total + Decimal(row[1])
                 first, last = min(first, row[2]), max(last, row[3])
