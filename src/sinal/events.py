@@ -178,14 +178,8 @@ class EventKey:
     source: str | None
     entity_type: str | None
     source_id: str | None
+    unique_event_id: str | None  # the seed's dedup key, when it has one and all is valid
     errors: tuple[FieldError, ...]
-
-    @property
-    def unique_event_id(self) -> str | None:
-        """The seed's dedup key, when the event has one and its parts are valid."""
-        if self.source is None or not self.source_id or self.errors:
-            return None
-        return build_unique_event_id(self.source, self.entity_type, self.source_id)
 
 
 # The order of a rejection's errors: ids first, then what the event is, then its data.
@@ -210,7 +204,14 @@ def identify(event: EmitEvent) -> EventKey:
     source = v.token("source", event.source, required=True)
     entity_type = v.token("entity_type", event.entity_type)
     source_id = v.text("source_id", event.source_id)
-    return EventKey(account_id, metric_name, source, entity_type, source_id, tuple(v.errors))
+    unique = (
+        build_unique_event_id(source, entity_type, source_id)
+        if source is not None and source_id and not v.errors
+        else None
+    )
+    return EventKey(
+        account_id, metric_name, source, entity_type, source_id, unique, tuple(v.errors)
+    )
 
 
 def prepare(event: EmitEvent, now: datetime, key: EventKey | None = None) -> PreparedEvent:

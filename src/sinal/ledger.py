@@ -197,7 +197,8 @@ class Ledger:
         # Every transaction inserts dedup keys in this one order (code points, as the
         # store's statements sort them), so concurrent batches never wait on each other in
         # a cycle; the repeats of a key sit together, in input order, in one chunk.
-        order = sorted(range(len(events)), key=lambda i: _lock_order(keys[i]))
+        places = [_lock_order(key) for key in keys]
+        order = sorted(range(len(events)), key=places.__getitem__)
         metrics = {
             (k.account_id, k.metric_name)
             for k in keys
@@ -206,7 +207,7 @@ class Ledger:
         rounds = _FirstWins()
 
         def chunks() -> Iterator[list[PreparedEvent]]:
-            for part in _key_chunks(order, keys):
+            for part in _key_chunks(order, places):
                 chunk: list[PreparedEvent] = []
                 for i in part:
                     try:
@@ -684,12 +685,13 @@ def _lock_order(key: EventKey) -> tuple[int, int, str]:
     return (1, key.account_id.int, unique)
 
 
-def _key_chunks(order: list[int], keys: list[EventKey]) -> Iterator[list[int]]:
-    """`order` in runs of about CHUNK items, never splitting the repeats of a key."""
+def _key_chunks(order: list[int], places: list[tuple[int, int, str]]) -> Iterator[list[int]]:
+    """`order` in runs of about CHUNK items, never splitting the repeats of a key
+    (`places`: each item's `_lock_order`)."""
     part: list[int] = []
     for i in order:
-        here = _lock_order(keys[i])
-        if len(part) >= CHUNK and (here[0] == 0 or here != _lock_order(keys[part[-1]])):
+        here = places[i]
+        if len(part) >= CHUNK and (here[0] == 0 or here != places[part[-1]]):
             yield part
             part = []
         part.append(i)
