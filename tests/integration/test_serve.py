@@ -47,17 +47,31 @@ def wait_ready(base: str, proc: subprocess.Popen[str], timeout: float = 30) -> N
     raise AssertionError("sinal serve did not become ready")
 
 
-@contextmanager
-def serving(env: dict[str, str], cwd: Path) -> Iterator[str]:
-    """`sinal serve` on a free port, ready; its base URL. Stopped (SIGTERM) on exit."""
+def start_serve(env: dict[str, str], cwd: Path, output: int) -> tuple[str, subprocess.Popen[str]]:
+    """`sinal serve` on a free port, ready: its base URL and process (stdout and stderr to
+    `output`: subprocess.PIPE or DEVNULL). Killed if it never gets ready."""
     port = free_port()
     proc = subprocess.Popen(
         [SINAL, "serve", "--port", str(port)], env=env, cwd=cwd, text=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=output, stderr=subprocess.STDOUT,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(base, proc)
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        raise
+    return base, proc
+
+
+@contextmanager
+def serving(env: dict[str, str], cwd: Path) -> Iterator[str]:
+    """`sinal serve` on a free port, ready; its base URL. Stopped (SIGTERM) on exit."""
+    base, proc = start_serve(env, cwd, subprocess.DEVNULL)
+    try:
         yield base
     finally:
         proc.terminate()
@@ -71,14 +85,8 @@ def env(database_url: str) -> dict[str, str]:
 
 @pytest.fixture
 def server(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [SINAL, "serve", "--port", str(port)], env=env, cwd=tmp_path, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    base, proc = start_serve(env, tmp_path, subprocess.PIPE)
     try:
-        wait_ready(base, proc)
         yield base, proc
     finally:
         if proc.poll() is None:
