@@ -199,11 +199,6 @@ class Ledger:
         # a cycle; the repeats of a key sit together, in input order, in one chunk.
         places = [_lock_order(key) for key in keys]
         order = sorted(range(len(events)), key=places.__getitem__)
-        metrics = {
-            (k.account_id, k.metric_name)
-            for k in keys
-            if k.account_id is not None and k.metric_name is not None
-        }
         rounds = _FirstWins()
 
         def chunks() -> Iterator[list[PreparedEvent]]:
@@ -222,7 +217,7 @@ class Ledger:
                 yield chunk
 
         if len(events) > CHUNK:
-            outcomes = self.store.record_chunks(chunks(), metrics)
+            outcomes = self.store.record_chunks(chunks())
         else:  # one statement
             batch = [event for chunk in chunks() for event in chunk]
             outcomes = self.store.record(batch) if batch else []

@@ -7,7 +7,7 @@ sees a `sqlite3` or `psycopg` exception. One contract test suite runs against bo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -273,14 +273,9 @@ class Store(Protocol):
         and rejections in one transaction. One outcome per event, in order."""
         ...
 
-    def record_chunks(
-        self,
-        chunks: Iterable[Sequence[PreparedEvent]],
-        metrics: Collection[tuple[UUID, str]],
-    ) -> list[Outcome]:
+    def record_chunks(self, chunks: Iterable[Sequence[PreparedEvent]]) -> list[Outcome]:
         """`record` for the events of every chunk together (one transaction), pulling each
-        chunk only when ready for it; `metrics` holds every (account, metric) they name.
-        One outcome per event, in order."""
+        chunk only when ready for it. One outcome per event, in order."""
         ...
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:

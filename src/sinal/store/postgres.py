@@ -5,17 +5,21 @@ arrays): contact check, metric upsert, dedup insert, summary upsert, outbox and
 rejections commit together in one round trip, whatever the batch size. Only duplicates
 cost a second, read-only, round trip (to compare payloads).
 
-A big batch whose metrics all exist (`record_chunks`, from `Ledger.emit_many`) goes in
-chunks through psycopg's pipeline mode instead, so that PostgreSQL inserts one chunk
-while the ledger validates the next: per chunk one statement (contact check, dedup
-insert, outbox, rejections), then one for all the summaries, the duplicates' lookup and
-the commit. Same transaction, same rows, same lock order.
+A big batch (`record_chunks`, from `Ledger.emit_many`) goes in chunks through psycopg's
+pipeline mode instead, so that PostgreSQL inserts one chunk while the ledger validates
+the next: per chunk one statement (contact check, dedup insert, outbox, rejections),
+then one for all the summaries, one for the new events' metrics, the duplicates' lookup
+and the commit. Same transaction, same rows, same lock order.
+
+An event's contact and metric are checked by these statements, not by foreign keys
+(migration 0009): the contact is looked up in the account before the insert, and the
+metric is upserted in the same transaction.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -66,7 +70,6 @@ from sinal.store.postgres_webhooks import PostgresWebhooks
 _MIGRATION_LOCK = 0x73696E616C
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 _ATTEMPTS = 5
-_KNOWN_METRICS_MAX = 100_000
 T = TypeVar("T")
 
 _EVENT_COLUMNS = (
@@ -189,7 +192,10 @@ rejected AS (
     FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.ord = i.ord)
     RETURNING id
 )"""
-# The whole record: each input's (ord, created, known).
+# The whole record: each input's (ord, created, known). PostgreSQL runs `stored` as the
+# main query reads it, then the other data-modifying parts in reverse order of their
+# place here: rejections, outbox, summaries, metrics (seen on PostgreSQL 15 with a
+# sequence default on each table). The pipelined path writes in that order too.
 _RECORD_BODY = (
     ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED))
     + """
@@ -200,8 +206,8 @@ LEFT JOIN stored s ON s.account_id = i.account_id AND s.id = i.id
 ORDER BY i.ord
 """
 )
-# One chunk of a pipelined batch: no metrics (all known to exist) and no summaries (one
-# statement at the end); the ids of the stored (true) and of the rejected (false) inputs.
+# One chunk of a pipelined batch: no metrics and no summaries (one statement each at the
+# end); the ids of the stored (true) and of the rejected (false) inputs.
 _CHUNK_BODY = (
     ",".join((_KNOWN, _STORED, _OUTBOXED, _REJECTED))
     + """
@@ -214,6 +220,13 @@ SELECT *, now() FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::n
                             %b::timestamptz[], %b::timestamptz[]) AS t(a, c, m)
 ORDER BY a, c, m COLLATE "C"
 {_SUMMARY_CONFLICT}
+"""
+_METRICS_SQL = """
+INSERT INTO metrics (account_id, id, name, display_name, category, source, is_system)
+SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::text[], %b::text[], %b::text[],
+                     %b::bool[]) AS t(a, i, n)
+ORDER BY a, n COLLATE "C"
+ON CONFLICT DO NOTHING
 """
 _RECORD_SQL = " ".join(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}".split())
 _RECORD_ONE_SQL = " ".join(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}".split())
@@ -276,9 +289,6 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         )
         self._open_lock = threading.Lock()
         self._opened = False
-        # (account, metric) pairs this process saw stored: batches naming only these can be
-        # pipelined (their events need no metric upsert). Metrics are never deleted.
-        self._metrics: set[tuple[UUID, str]] = set()
 
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[TupleRow]]:
@@ -440,32 +450,22 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             except StoreError as exc:
                 if not isinstance(exc.__cause__, _RETRYABLE) or attempt == _ATTEMPTS - 1:
                     raise
-        if len(self._metrics) > _KNOWN_METRICS_MAX:
-            self._metrics.clear()
-        self._metrics.update((events[o].account_id, events[o].metric_name) for o, _, k in rows if k)
         return [_outcome(events[o], created, known, stored) for o, created, known in rows]
 
-    def record_chunks(
-        self,
-        chunks: Iterable[Sequence[PreparedEvent]],
-        metrics: Collection[tuple[UUID, str]],
-    ) -> list[Outcome]:
-        """Pipelined, when every metric is known to exist: each chunk's statement (events,
-        outbox, rejections) is sent as soon as the ledger has validated the chunk, and
-        validating the next one overlaps with it; one statement then adds up the
-        summaries, and the transaction commits. Otherwise, or when PostgreSQL aborts the
-        pipeline (a deadlock, a metric gone), the whole batch goes through `record`."""
+    def record_chunks(self, chunks: Iterable[Sequence[PreparedEvent]]) -> list[Outcome]:
+        """Pipelined: each chunk's statement (events, outbox, rejections) is sent as soon
+        as the ledger has validated the chunk, and validating the next one overlaps with
+        it; then one statement adds up the new events' summaries, one upserts their
+        metrics, and the transaction commits. When PostgreSQL aborts the pipeline (a
+        deadlock) the whole batch goes through `record`, which retries."""
         pending = iter(chunks)
         pulled: list[Sequence[PreparedEvent]] = []
-        if self._metrics.issuperset(metrics):
-            try:
-                with self._conn() as conn:
-                    return self._record_pipelined(conn, pending, pulled)
-            except StoreError as exc:
-                if isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
-                    self._metrics.clear()  # a metric was deleted by hand: learn them again
-                elif not isinstance(exc.__cause__, _RETRYABLE):
-                    raise
+        try:
+            with self._conn() as conn:
+                return self._record_pipelined(conn, pending, pulled)
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, _RETRYABLE):
+                raise
         return self.record([e for chunk in (*pulled, *pending) for e in chunk])
 
     def _record_pipelined(
@@ -486,8 +486,9 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             duplicates = [e for e, new in found if new is None]
             lookup = conn.execute(*_duplicates_lookup(duplicates)) if duplicates else None
             created = [e for e, new in found if new]
-            if created:
+            if created:  # in the order the one-statement path writes them: summaries, metrics
                 conn.execute(_SUMMARY_SQL, _summary_params(created))
+                conn.execute(_METRICS_SQL, _metric_params(created))
         stored = _payloads(lookup.fetchall()) if lookup else {}
         return [_outcome(e, new is True, new is not False, stored) for e, new in found]
 
@@ -906,6 +907,19 @@ def _duplicates_lookup(events: Sequence[PreparedEvent]) -> tuple[str, tuple[list
 def _payloads(rows: Sequence[Sequence[Any]]) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
     """`_DUPLICATES_SQL`'s rows by dedup key: the stored event's id and payload."""
     return {(r[0], r[1]): (r[2], StoredPayload(r[3], r[4], r[5], r[6], r[7])) for r in rows}
+
+
+def _metric_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
+    """The metrics rows of the `created` events (the first event's source for each), as
+    arrays; the statement sorts them."""
+    first: dict[tuple[UUID, str], PreparedEvent] = {}
+    for e in created:
+        first.setdefault((e.account_id, e.metric_name), e)
+    rows = [
+        (a, metric_id(a, name), name, e.display_name, str(e.category), e.source, e.is_system)
+        for (a, name), e in first.items()
+    ]
+    return tuple(list(column) for column in zip(*rows, strict=True))
 
 
 def _summary_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from bisect import bisect_right
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -312,11 +312,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
             batch.flush_summaries()
         return outcomes
 
-    def record_chunks(
-        self,
-        chunks: Iterable[Sequence[PreparedEvent]],
-        metrics: Collection[tuple[UUID, str]],
-    ) -> list[Outcome]:
+    def record_chunks(self, chunks: Iterable[Sequence[PreparedEvent]]) -> list[Outcome]:
         """`record` for all the chunks: validated before the write lock is taken, as one
         SQLite writer gains nothing from overlapping them (see `Store.record_chunks`)."""
         return self.record([event for chunk in chunks for event in chunk])
