@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -481,3 +482,83 @@ def test_a_pipelined_batch_survives_a_metric_deleted_by_hand(pg_url: str) -> Non
     assert {r.status for r in results} == {"created"}
     assert count(pg_url, "events") == 200
     assert sql(pg_url, "SELECT name FROM metrics") == [(sinal.METRIC_ORDER_PAID,)]
+
+
+def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
+    """Longer than 4,096 characters, psycopg converts a query's placeholders anew on every
+    call (~50 µs for these): the statements are kept under that limit."""
+    from sinal.store import postgres
+
+    for statement in (postgres._RECORD_SQL, postgres._RECORD_ONE_SQL, postgres._CHUNK_SQL):
+        assert len(statement) <= 4096
+
+
+@pytest.mark.postgres
+def test_a_duplicate_is_answered_by_the_record_statement_alone(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record statement returns a duplicate's stored event and payload: no second
+    query when the stored event was committed before the statement began."""
+    from sinal.store.postgres import PostgresStore
+
+    looked_up: list[int] = []
+    real = PostgresStore._stored_payloads
+    monkeypatch.setattr(
+        PostgresStore,
+        "_stored_payloads",
+        staticmethod(lambda conn, events: looked_up.append(len(events)) or real(conn, events)),
+    )
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        first = ledger.emit(order_paid(account, contact))
+        again = ledger.emit(order_paid(account, contact, value=Decimal("1.00")))
+        batch = ledger.emit_many(
+            [order_paid(account, contact), order_paid(account, contact, source_id="1002")]
+        )
+
+    assert (again.status, again.event_id, again.differs) == ("duplicate", first.event_id, True)
+    assert [(r.status, r.differs) for r in batch] == [("duplicate", False), ("created", None)]
+    assert batch[0].event_id == first.event_id
+    assert not any(looked_up)
+
+
+@pytest.mark.postgres
+def test_a_duplicate_committed_during_the_statement_is_looked_up_after_it(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A concurrent transaction that commits the same unique id while the record
+    statement waits on it is invisible to the statement's snapshot: the ledger reads the
+    stored event with a second query and answers the same duplicate."""
+    import psycopg
+
+    from sinal.events import prepare
+    from sinal.store.postgres import PostgresStore, _record_in
+
+    looked_up: list[int] = []
+    real = PostgresStore._stored_payloads
+    monkeypatch.setattr(
+        PostgresStore,
+        "_stored_payloads",
+        staticmethod(lambda conn, events: looked_up.append(len(events)) or real(conn, events)),
+    )
+    with sinal.connect(pg_url) as ledger, psycopg.connect(pg_url) as other:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        event = order_paid(account, contact)
+        [theirs] = _record_in(other, [prepare(event, ledger.clock())])  # not committed yet
+        answers: list[sinal.EmitResult] = []
+        racer = threading.Thread(target=lambda: answers.append(ledger.emit(event)))
+        racer.start()
+        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        for _ in range(500):
+            if sql(pg_url, waiting)[0][0]:
+                break
+            racer.join(0.01)
+        other.commit()
+        racer.join(10)
+
+    [answer] = answers
+    assert (answer.status, answer.event_id, answer.differs) == ("duplicate", theirs.event_id, False)
+    assert 1 in looked_up
+    assert count(pg_url, "events") == 1

@@ -90,8 +90,9 @@ _MEASURES = {
 # unique id, metrics and summaries by key), so concurrent batches lock in one order.
 # Parameters go in binary (`%(name)b`): psycopg escapes every element of a text array
 # with a regex, and the JSON properties are full of quotes. The statement's whitespace is
-# collapsed below so that it stays under psycopg's 4,096-character limit for caching (and
-# so preparing) a query.
+# collapsed below so that it stays under psycopg's 4,096-character limit for caching its
+# conversion (parsing the placeholders of 4 kB on every call costs more than the rest of
+# psycopg's work for one event); a test keeps it there.
 # The batch's rows, as one array per column (`unnest`), or one row of scalars: psycopg
 # dumps an array per parameter, which for a single event costs more than the statement.
 _INPUT_COLUMNS = (
@@ -134,7 +135,7 @@ new_metrics AS (
     FROM known ORDER BY account_id, metric_name COLLATE "C", ord
     ON CONFLICT DO NOTHING
 )"""
-_STORED = """
+_STORED = f"""
 stored AS (
     INSERT INTO events (account_id, id, contact_id, metric_id, metric_name, properties, value,
                         currency, source, source_id, integration_id, unique_event_id,
@@ -142,7 +143,7 @@ stored AS (
                         received_at, schema_version)
     SELECT account_id, id, contact_id, metric_id, metric_name, properties::jsonb, value, currency,
            source, source_id, integration_id, unique_event_id, entity_type, entity_id,
-           execution_id, occurred_at, received_at, %(schema_version)b
+           execution_id, occurred_at, received_at, {SCHEMA_VERSION:d}
     FROM known ORDER BY account_id, unique_event_id COLLATE "C", ord
     ON CONFLICT (account_id, unique_event_id) DO NOTHING
     RETURNING account_id, id, contact_id, metric_name, value, occurred_at,
@@ -192,17 +193,22 @@ rejected AS (
     FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.ord = i.ord)
     RETURNING id
 )"""
-# The whole record: each input's (ord, created, known). PostgreSQL runs `stored` as the
+# The whole record: each input's (ord, created, known) and, for a duplicate, the stored
+# event's id and payload (none when that event committed after this statement's snapshot
+# was taken: a second query reads those). PostgreSQL runs `stored` as the
 # main query reads it, then the other data-modifying parts in reverse order of their
 # place here: rejections, outbox, summaries, metrics (seen on PostgreSQL 15 with a
 # sequence default on each table). The pipelined path writes in that order too.
 _RECORD_BODY = (
     ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED))
     + """
-SELECT i.ord, s.id IS NOT NULL, k.ord IS NOT NULL
+SELECT i.ord, s.id IS NOT NULL, k.ord IS NOT NULL,
+       d.id, d.metric_name, d.properties, d.value, d.currency, d.occurred_at
 FROM input i
 LEFT JOIN known k ON k.ord = i.ord
-LEFT JOIN stored s ON s.account_id = i.account_id AND s.id = i.id
+LEFT JOIN stored s ON s.id = i.id
+LEFT JOIN LATERAL (SELECT * FROM events e WHERE s.id IS NULL AND e.account_id = k.account_id
+                   AND e.unique_event_id = k.unique_event_id LIMIT 1) d ON true
 ORDER BY i.ord
 """
 )
@@ -228,9 +234,16 @@ SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::text[], %b::text[],
 ORDER BY a, n COLLATE "C"
 ON CONFLICT DO NOTHING
 """
-_RECORD_SQL = " ".join(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}".split())
-_RECORD_ONE_SQL = " ".join(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}".split())
-_CHUNK_SQL = " ".join(f"WITH input AS ({_INPUT_CHUNK}), {_CHUNK_BODY}".split())
+
+
+def _compact(statement: str) -> str:
+    """`statement` with its whitespace collapsed (no string literal here holds any)."""
+    return " ".join(statement.split()).replace("( ", "(").replace(" )", ")")
+
+
+_RECORD_SQL = _compact(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}")
+_RECORD_ONE_SQL = _compact(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}")
+_CHUNK_SQL = _compact(f"WITH input AS ({_INPUT_CHUNK}), {_CHUNK_BODY}")
 
 # Rows looked up by a whole key go through `LATERAL (... LIMIT 1)`, which the planner
 # cannot flatten into a join: planned on statistics older than the table's growth (a new
@@ -441,16 +454,11 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         for attempt in range(_ATTEMPTS):
             try:
                 with self._conn() as conn:
-                    rows = conn.execute(query, params).fetchall()
-                    duplicates = [
-                        events[ord_] for ord_, created, known in rows if known and not created
-                    ]
-                    stored = self._stored_payloads(conn, duplicates)
-                break
+                    return _outcomes(conn, events, conn.execute(query, params).fetchall())
             except StoreError as exc:
                 if not isinstance(exc.__cause__, _RETRYABLE) or attempt == _ATTEMPTS - 1:
                     raise
-        return [_outcome(events[o], created, known, stored) for o, created, known in rows]
+        raise AssertionError("unreachable")
 
     def record_chunks(self, chunks: Iterable[Sequence[PreparedEvent]]) -> list[Outcome]:
         """Pipelined: each chunk's statement (events, outbox, rejections) is sent as soon
@@ -843,10 +851,27 @@ def _record_in(
     conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
 ) -> list[Outcome]:
     """Record events inside the caller's transaction (the same statement as `record`)."""
-    rows = conn.execute(*_record_statement(events)).fetchall()
-    duplicates = [events[o] for o, created, known in rows if known and not created]
-    stored = PostgresStore._stored_payloads(conn, duplicates)
-    return [_outcome(events[o], created, known, stored) for o, created, known in rows]
+    return _outcomes(conn, events, conn.execute(*_record_statement(events)).fetchall())
+
+
+def _outcomes(
+    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent], rows: list[TupleRow]
+) -> list[Outcome]:
+    """The record statement's `rows` as one outcome per event; reads the stored payloads
+    the statement could not see (events committed by others after it began)."""
+    stored: dict[tuple[UUID, str], tuple[UUID, StoredPayload]] = {}
+    unseen: list[PreparedEvent] = []
+    for ord_, created, known, existing_id, *payload in rows:
+        event = events[ord_]
+        if known and not created:
+            assert event.unique_event_id is not None
+            if existing_id is None:
+                unseen.append(event)
+            else:
+                key = (event.account_id, event.unique_event_id)
+                stored[key] = (existing_id, StoredPayload(*payload))
+    stored.update(PostgresStore._stored_payloads(conn, unseen))
+    return [_outcome(events[row[0]], row[1], row[2], stored) for row in rows]
 
 
 def _move_identity(
@@ -882,21 +907,15 @@ def _record_statement(events: Sequence[PreparedEvent]) -> tuple[str, dict[str, A
     if len(events) > 1:
         return _RECORD_SQL, _input_arrays(events, _INPUT_COLUMNS)
     names = [name for name, _ in _INPUT_COLUMNS]
-    params: dict[str, Any] = dict(zip(names, _input_row(0, events[0]), strict=True))
-    params["schema_version"] = SCHEMA_VERSION
-    return _RECORD_ONE_SQL, params
+    return _RECORD_ONE_SQL, dict(zip(names, _input_row(0, events[0]), strict=True))
 
 
 def _input_arrays(
     events: Sequence[PreparedEvent], columns: Sequence[tuple[str, str]]
 ) -> dict[str, Any]:
-    """The first `columns` of `events`' input rows, one array each; the schema version."""
+    """The first `columns` of `events`' input rows, one array each."""
     columns_of_rows = zip(*(_input_row(i, e) for i, e in enumerate(events)), strict=True)
-    params: dict[str, Any] = {
-        name: list(values) for (name, _), values in zip(columns, columns_of_rows, strict=False)
-    }
-    params["schema_version"] = SCHEMA_VERSION
-    return params
+    return {name: list(values) for (name, _), values in zip(columns, columns_of_rows, strict=False)}
 
 
 def _duplicates_lookup(events: Sequence[PreparedEvent]) -> tuple[str, tuple[list[Any], ...]]:
