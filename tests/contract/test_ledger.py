@@ -493,21 +493,27 @@ def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
         assert len(statement) <= 4096
 
 
-@pytest.mark.postgres
-def test_a_duplicate_is_answered_by_the_record_statement_alone(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The record statement returns a duplicate's stored event and payload: no second
-    query when the stored event was committed before the statement began."""
+@pytest.fixture
+def looked_up(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the PostgreSQL store's second queries for duplicates' payloads."""
     from sinal.store.postgres import PostgresStore
 
-    looked_up: list[int] = []
+    sizes: list[int] = []
     real = PostgresStore._stored_payloads
     monkeypatch.setattr(
         PostgresStore,
         "_stored_payloads",
-        staticmethod(lambda conn, events: looked_up.append(len(events)) or real(conn, events)),
+        staticmethod(lambda conn, events: sizes.append(len(events)) or real(conn, events)),
     )
+    return sizes
+
+
+@pytest.mark.postgres
+def test_a_duplicate_is_answered_by_the_record_statement_alone(
+    pg_url: str, looked_up: list[int]
+) -> None:
+    """The record statement returns a duplicate's stored event and payload: no second
+    query when the stored event was committed before the statement began."""
     with sinal.connect(pg_url) as ledger:
         account = ledger.create_account("Loja")
         contact = ledger.create_contact(account.id, external_id="c1")
@@ -525,7 +531,7 @@ def test_a_duplicate_is_answered_by_the_record_statement_alone(
 
 @pytest.mark.postgres
 def test_a_duplicate_committed_during_the_statement_is_looked_up_after_it(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, looked_up: list[int]
 ) -> None:
     """A concurrent transaction that commits the same unique id while the record
     statement waits on it is invisible to the statement's snapshot: the ledger reads the
@@ -533,15 +539,8 @@ def test_a_duplicate_committed_during_the_statement_is_looked_up_after_it(
     import psycopg
 
     from sinal.events import prepare
-    from sinal.store.postgres import PostgresStore, _record_in
+    from sinal.store.postgres import _record_in
 
-    looked_up: list[int] = []
-    real = PostgresStore._stored_payloads
-    monkeypatch.setattr(
-        PostgresStore,
-        "_stored_payloads",
-        staticmethod(lambda conn, events: looked_up.append(len(events)) or real(conn, events)),
-    )
     with sinal.connect(pg_url) as ledger, psycopg.connect(pg_url) as other:
         account = ledger.create_account("Loja")
         contact = ledger.create_contact(account.id, external_id="c1")
@@ -550,7 +549,10 @@ def test_a_duplicate_committed_during_the_statement_is_looked_up_after_it(
         answers: list[sinal.EmitResult] = []
         racer = threading.Thread(target=lambda: answers.append(ledger.emit(event)))
         racer.start()
-        waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
         for _ in range(500):
             if sql(pg_url, waiting)[0][0]:
                 break
