@@ -564,3 +564,30 @@ def test_a_duplicate_committed_during_the_statement_is_looked_up_after_it(
     assert (answer.status, answer.event_id, answer.differs) == ("duplicate", theirs.event_id, False)
     assert 1 in looked_up
     assert count(pg_url, "events") == 1
+
+
+def test_sqlite_writers_queue_on_the_lock_file(sqlite_url: str) -> None:
+    """Every SQLite writer, of any process or thread, waits for `<database>-lock` before
+    it takes SQLite's write lock (no sleeping and polling in SQLite's busy handler)."""
+    import fcntl
+
+    path = sqlite_url.removeprefix("sqlite:///")
+    with sinal.connect(sqlite_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        with open(f"{path}-lock", "a") as held:  # another process's writer, say
+            fcntl.flock(held, fcntl.LOCK_EX)
+            answers: list[sinal.EmitResult] = []
+
+            def emit() -> None:
+                answers.append(ledger.emit(order_paid(account, contact)))
+
+            writer = threading.Thread(target=emit)
+            writer.start()
+            writer.join(0.5)
+            assert writer.is_alive()  # waiting for the lock file
+            assert not answers
+            fcntl.flock(held, fcntl.LOCK_UN)
+        writer.join(10)
+
+    assert [a.status for a in answers] == ["created"]

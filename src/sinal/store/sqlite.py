@@ -1,13 +1,19 @@
 """The embedded default store: SQLite through the standard library.
 
 One writer at a time (`BEGIN IMMEDIATE` takes the write lock up front, so a transaction
-never has to upgrade a read lock and deadlock); readers run beside it under WAL. Each
-thread has its own connection. Decimals are stored as exact text and summed with a Python
-aggregate (`decimal_sum`), never as floats.
+never has to upgrade a read lock and deadlock); readers run beside it under WAL. Writers
+queue for it on an advisory file lock first (`flock` on `<database>-lock`, every process
+and thread alike): SQLite's own busy handler makes a waiting writer sleep and poll (1, 2,
+5 … 100 ms), which adds its sleeps to every write that waited, and lets a fresh arrival
+overtake writers that have waited for seconds. Each thread has its own connection.
+Decimals are stored as exact text and summed with a Python aggregate (`decimal_sum`),
+never as floats.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import threading
 from bisect import bisect_right
@@ -131,6 +137,8 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._lock_path = f"{path}-lock"
+        self._lock_fds: list[int] = []
 
     # -- connections -------------------------------------------------------------------
 
@@ -156,14 +164,33 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
-        with translated_errors():
-            conn.execute("BEGIN IMMEDIATE")
+        fd = self._lock_fd()
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits without holding the GIL
+        try:
+            with translated_errors():
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _lock_fd(self) -> int:
+        """This thread's descriptor of the writers' lock file (flock locks belong to an
+        open file, so threads need one each to exclude one another)."""
+        fd: int | None = getattr(self._local, "lock_fd", None)
+        if fd is None:
             try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StoreError(f"cannot open the writers' lock {self._lock_path}: {exc}") from exc
+            self._local.lock_fd = fd
+            with self._all_lock:
+                self._lock_fds.append(fd)
+        return fd
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -181,6 +208,9 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
             for conn in self._all:
                 conn.close()
             self._all.clear()
+            for fd in self._lock_fds:
+                os.close(fd)
+            self._lock_fds.clear()
         self._local = threading.local()
 
     # -- schema ------------------------------------------------------------------------
