@@ -943,10 +943,10 @@ def _metric_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
 
 
 def _summary_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
-    """The summary rows the `created` events add up to, as arrays in lock order."""
-    deltas = summary_deltas(created)
-    keys = sorted(deltas, key=lambda k: (k[0].int, k[1].int if k[1] else 0, k[2]))
-    return tuple(list(column) for column in zip(*(k + tuple(deltas[k]) for k in keys), strict=True))
+    """The summary rows the `created` events add up to, as arrays; the statement sorts
+    them into lock order."""
+    rows = (key + tuple(delta) for key, delta in summary_deltas(created).items())
+    return tuple(list(column) for column in zip(*rows, strict=True))
 
 
 def _input_row(ord_: int, e: PreparedEvent) -> tuple[Any, ...]:
