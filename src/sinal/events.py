@@ -197,7 +197,7 @@ _FIELD_ORDER = {
 
 def identify(event: EmitEvent) -> EventKey:
     """Validate the fields that identify `event` (a few microseconds): enough to order a
-    batch by dedup key and to know its metrics before the rest is validated."""
+    batch by dedup key before the rest is validated."""
     v = _Validator()
     account_id = v.uuid("account_id", event.account_id, required=True)
     metric_name = v.metric_name(event.metric_name)
