@@ -43,6 +43,7 @@ from sinal.events import (
     PreparedEvent,
     StoredPayload,
     differs_from,
+    differs_from_earlier,
     identify,
     prepare,
     utcnow,
@@ -245,20 +246,26 @@ class Ledger:
     ) -> None:
         """Answer the recorded events from their outcomes, and each repeat like its first
         occurrence; a repeat whose first could not be stored gets the next round."""
-        payloads: dict[int, StoredPayload] = {}
+        stored: dict[int, StoredPayload] = {}  # the firsts that were duplicates themselves
         for (i, event), outcome in zip(rounds.taken, outcomes, strict=True):
             results[i] = _result(event, outcome)
-            payloads[i] = outcome.stored or _payload(event)
+            if outcome.stored is not None:
+                stored[i] = outcome.stored
+        firsts = dict(rounds.taken) if rounds.repeats else {}
         retry: list[tuple[int, PreparedEvent]] = []
         for i, event, j in rounds.repeats:
             earlier = results[j]
             assert earlier is not None
             if earlier.status == "rejected":
                 retry.append((i, event))  # the first could not be stored: the next one may
-            else:
-                results[i] = replace(
-                    earlier, status="duplicate", differs=differs_from(event, payloads[j])
-                )
+                continue
+            payload = stored.get(j)
+            differs = (
+                differs_from_earlier(event, firsts[j])
+                if payload is None
+                else differs_from(event, payload)
+            )
+            results[i] = replace(earlier, status="duplicate", differs=differs)
         if retry:
             self._record_rounds(retry, results)
 
@@ -588,12 +595,6 @@ def _result(event: PreparedEvent, outcome: Outcome) -> EmitResult:
             rejection_id=outcome.rejection_id,
         )
     return EmitResult("created", event_id=outcome.event_id, unique_event_id=event.unique_event_id)
-
-
-def _payload(event: PreparedEvent) -> StoredPayload:
-    return StoredPayload(
-        event.metric_name, event.properties, event.value, event.currency, event.occurred_at
-    )
 
 
 def _field_error(error: InvalidIdentity) -> FieldError:
