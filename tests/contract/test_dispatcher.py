@@ -105,6 +105,30 @@ def test_matching_automation_runs_once_and_its_events_carry_the_execution(world:
     assert count(world.url, "outbox") == 0  # events from steps never enter the outbox
 
 
+def test_events_no_automation_listens_to_leave_the_outbox_without_executions(
+    world: World,
+) -> None:
+    """A fan-out batch mixing metrics with and without listeners: every row leaves the
+    outbox, and only the listened-to event gets an execution."""
+    world.automations.create(world.account.id, THANKS)
+    unheard = [
+        world.ledger.emit_event(
+            account_id=world.account.id, contact_id=world.contact.id,
+            metric_name=sinal.METRIC_MESSAGE_SENT, source="whatsapp", source_id=f"wamid.{n}",
+            entity_type="message", properties={"text": "oi"},
+        )  # fmt: skip
+        for n in range(5)
+    ]
+    heard = world.order_paid()
+    assert all(r.status == "created" for r in [*unheard, heard])
+
+    world.dispatcher().store.fan_out(lambda event, candidates: [a.id for a in candidates], 50)
+
+    assert count(world.url, "outbox") == 0
+    [execution] = world.executions()
+    assert execution.event_id == heard.event_id
+
+
 def test_redelivered_outbox_row_does_not_run_the_automation_twice(world: World) -> None:
     world.automations.create(world.account.id, THANKS)
     event = world.order_paid()

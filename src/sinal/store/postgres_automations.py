@@ -256,24 +256,31 @@ class PostgresAutomations:
         report = FanOut()
         with self._tx() as conn:
             keys = conn.execute(
-                "SELECT account_id, event_id FROM outbox WHERE available_at <= now() "
+                "SELECT account_id, event_id, metric_name FROM outbox WHERE available_at <= now() "
                 "ORDER BY available_at LIMIT %s FOR UPDATE SKIP LOCKED",
                 (limit,),
             ).fetchall()
             if not keys:
                 return report
             accounts, ids = [k[0] for k in keys], [k[1] for k in keys]
-            events = [
-                StoredEvent(*r)
-                for r in conn.execute(
-                    f"SELECT {_qualified(_EVENT_COLUMNS, 'e')} "
-                    "FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) CROSS JOIN LATERAL "
-                    "(SELECT * FROM events WHERE account_id = k.a AND id = k.i LIMIT 1) e "
-                    "ORDER BY e.received_at, e.id",
-                    (accounts, ids),
-                )
-            ]
-            listening = _listening(conn, events)
+            # Only the events that some automation listens to are read (most metrics of most
+            # accounts have none): the outbox row names the event's metric.
+            listening = _listening(conn, {(k[0], k[2]) for k in keys})
+            heard = [k for k in keys if (k[0], k[2]) in listening]
+            events = (
+                [
+                    StoredEvent(*r)
+                    for r in conn.execute(
+                        f"SELECT {_qualified(_EVENT_COLUMNS, 'e')} "
+                        "FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) CROSS JOIN LATERAL "
+                        "(SELECT * FROM events WHERE account_id = k.a AND id = k.i LIMIT 1) e "
+                        "ORDER BY e.received_at, e.id",
+                        ([k[0] for k in heard], [k[1] for k in heard]),
+                    )
+                ]
+                if heard
+                else []
+            )
             rows: list[tuple[UUID, UUID, UUID, UUID, UUID]] = []
             for event in events:
                 candidates = listening.get((event.account_id, event.metric_name), [])
@@ -495,10 +502,11 @@ class PostgresAutomations:
 
 
 def _listening(
-    conn: Conn, events: list[StoredEvent]
+    conn: Conn, metrics: set[tuple[UUID, str]]
 ) -> dict[tuple[UUID, str], list[AutomationRow]]:
-    """Live automations of the events' accounts that listen to the events' metrics."""
-    pairs = sorted({(e.account_id, e.metric_name) for e in events})
+    """Live automations listening to these (account, metric) pairs, by pair (a pair that no
+    automation listens to is absent)."""
+    pairs = sorted(metrics)
     rows = conn.execute(
         f"SELECT {_qualified(AUTOMATION_COLUMNS, 'a')} FROM automations a "
         "JOIN unnest(%s::uuid[], %s::text[]) AS k(acc, metric) "
