@@ -171,30 +171,35 @@ class SQLiteAutomations:
         now = _ts(_now())
         with self._write() as conn:
             keys = conn.execute(
-                "SELECT account_id, event_id FROM outbox WHERE available_at <= ? "
+                "SELECT account_id, event_id, metric_name FROM outbox WHERE available_at <= ? "
                 "ORDER BY available_at LIMIT ?",
                 (now, limit),
             ).fetchall()
-            for account, event_id in keys:
-                row = conn.execute(
-                    f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = ? AND id = ?",
-                    (account, event_id),
-                ).fetchone()
+            listening: dict[tuple[str, str], list[AutomationRow]] = {}
+            for account, event_id, metric in keys:
                 conn.execute(
                     "DELETE FROM outbox WHERE account_id = ? AND event_id = ?", (account, event_id)
                 )
                 report.events += 1
+                if (account, metric) not in listening:
+                    listening[account, metric] = [
+                        _automation(r)
+                        for r in conn.execute(
+                            f"SELECT {AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? "
+                            "AND trigger_metric = ? AND deleted_at IS NULL ORDER BY created_at, id",
+                            (account, metric),
+                        )
+                    ]
+                candidates = listening[account, metric]
+                if not candidates:  # most metrics: the event need not be read
+                    continue
+                row = conn.execute(
+                    f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = ? AND id = ?",
+                    (account, event_id),
+                ).fetchone()
                 if row is None:
                     continue
                 event = _stored_event(row)
-                candidates = [
-                    _automation(r)
-                    for r in conn.execute(
-                        f"SELECT {AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? "
-                        "AND trigger_metric = ? AND deleted_at IS NULL ORDER BY created_at, id",
-                        (account, event.metric_name),
-                    )
-                ]
                 for automation_id in choose(event, candidates):
                     cur = conn.execute(
                         "INSERT INTO executions (account_id, id, automation_id, event_id, "
