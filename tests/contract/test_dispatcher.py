@@ -111,14 +111,13 @@ def test_events_no_automation_listens_to_leave_the_outbox_without_executions(
     """A fan-out batch mixing metrics with and without listeners: every row leaves the
     outbox, and only the listened-to event gets an execution."""
     world.automations.create(world.account.id, THANKS)
-    unheard = [
-        world.ledger.emit_event(
+    unheard = []
+    for n in range(5):
+        unheard.append(world.ledger.emit_event(
             account_id=world.account.id, contact_id=world.contact.id,
             metric_name=sinal.METRIC_MESSAGE_SENT, source="whatsapp", source_id=f"wamid.{n}",
             entity_type="message", properties={"text": "oi"},
-        )  # fmt: skip
-        for n in range(5)
-    ]
+        ))  # fmt: skip
     heard = world.order_paid()
     assert all(r.status == "created" for r in [*unheard, heard])
 
