@@ -21,6 +21,7 @@ from sinal.events import (
     StoredPayload,
     build_unique_event_id,
     differs_from,
+    differs_from_earlier,
     prepare,
 )
 
@@ -662,6 +663,31 @@ def test_differs_from_counts_occurred_at_only_when_given(
     event = accept(occurred_at=occurred_at)
     stored = stored_copy(event, occurred_at=STORED_AT)
     assert differs_from(event, stored) is expected
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, False),
+        ({"properties": {"items": 3, "order": "1001"}}, False),  # other key order, same object
+        ({"properties": {"order": "1001", "items": 4}}, True),
+        ({"value": "297.90"}, False),
+        ({"value": 298}, True),
+        ({"currency": "USD"}, True),
+        ({"occurred_at": None}, False),  # a repeat that let occurred_at default
+        ({"occurred_at": STORED_AT + timedelta(minutes=1)}, True),
+    ],
+)
+def test_a_repeat_in_the_same_batch_is_compared_with_its_first(
+    changes: dict[str, Any], expected: bool
+) -> None:
+    first = accept(value=297.9, properties={"order": "1001", "items": 3}, occurred_at=STORED_AT)
+    base: dict[str, Any] = {
+        "value": 297.9, "properties": {"order": "1001", "items": 3}, "occurred_at": STORED_AT,
+    }  # fmt: skip
+    repeat = accept(**{**base, **changes})
+    assert differs_from_earlier(repeat, first) is expected
+    assert differs_from(repeat, stored_copy(first)) is expected  # as if already stored
 
 
 # --- EmitResult ------------------------------------------------------------------------
