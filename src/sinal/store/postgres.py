@@ -215,12 +215,13 @@ ORDER BY i.ord
 )
 # One chunk of a pipelined batch: no metrics and no summaries (one statement each at the
 # end); the places (`ord`) of the stored (true) and of the rejected (false) inputs: small
-# integers, cheaper to read back than the ids.
+# integers, cheaper to read back than the ids (a stored event and a kept rejection have
+# their input's id).
 _CHUNK_BODY = (
     ",".join((_KNOWN, _STORED, _OUTBOXED, _REJECTED))
     + """
-SELECT k.ord, true FROM known k JOIN stored s ON s.id = k.id
-UNION ALL SELECT ord, false FROM input i WHERE NOT EXISTS (SELECT FROM known k WHERE k.ord = i.ord)
+SELECT i.ord, true FROM input i JOIN stored s ON s.id = i.id
+UNION ALL SELECT i.ord, false FROM input i JOIN rejected r ON r.id = i.id
 """
 )
 _SUMMARY_SQL = f"""
