@@ -251,8 +251,6 @@ class PostgresAutomations:
 
     def fan_out(self, choose: Chooser, limit: int) -> FanOut:
         """Outbox rows → executions, in one transaction (see the module docstring)."""
-        from sinal.store.postgres import _EVENT_COLUMNS
-
         report = FanOut()
         with self._tx() as conn:
             keys = conn.execute(
@@ -266,21 +264,8 @@ class PostgresAutomations:
             # Only the events that some automation listens to are read (most metrics of most
             # accounts have none): the outbox row names the event's metric.
             listening = _listening(conn, {(k[0], k[2]) for k in keys})
-            heard = [k for k in keys if (k[0], k[2]) in listening]
-            events = (
-                [
-                    StoredEvent(*r)
-                    for r in conn.execute(
-                        f"SELECT {_qualified(_EVENT_COLUMNS, 'e')} "
-                        "FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) CROSS JOIN LATERAL "
-                        "(SELECT * FROM events WHERE account_id = k.a AND id = k.i LIMIT 1) e "
-                        "ORDER BY e.received_at, e.id",
-                        ([k[0] for k in heard], [k[1] for k in heard]),
-                    )
-                ]
-                if heard
-                else []
-            )
+            heard = [(k[0], k[1]) for k in keys if (k[0], k[2]) in listening]
+            events = _events_of(conn, heard) if heard else []
             rows: list[tuple[UUID, UUID, UUID, UUID, UUID]] = []
             for event in events:
                 candidates = listening.get((event.account_id, event.metric_name), [])
@@ -499,6 +484,22 @@ class PostgresAutomations:
                         yield {n.channel for n in conn.notifies(timeout=1.0, stop_after=1)}
             except psycopg.OperationalError:
                 yield set()  # the server went away: the caller polls; we reconnect
+
+
+def _events_of(conn: Conn, keys: list[tuple[UUID, UUID]]) -> list[StoredEvent]:
+    """The stored events of these (account, id) keys, in the order they were received."""
+    from sinal.store.postgres import _EVENT_COLUMNS
+
+    return [
+        StoredEvent(*r)
+        for r in conn.execute(
+            f"SELECT {_qualified(_EVENT_COLUMNS, 'e')} "
+            "FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) CROSS JOIN LATERAL "
+            "(SELECT * FROM events WHERE account_id = k.a AND id = k.i LIMIT 1) e "
+            "ORDER BY e.received_at, e.id",
+            ([k[0] for k in keys], [k[1] for k in keys]),
+        )
+    ]
 
 
 def _listening(
