@@ -6,6 +6,11 @@ rejections commit together in one round trip, whatever the batch size, and the a
 carries the duplicates' stored payloads. Only a duplicate whose stored event committed
 while the statement ran costs a second, read-only, round trip.
 
+One event goes through `sinal_record_event` (migration 0010), a function doing the same
+writes in the same order, one plain statement each: for one row the set-based
+statement's executor costs PostgreSQL more than the writes. An event whose contact is
+not in the account is left to the statement, which keeps the rejection.
+
 A big batch (`record_chunks`, from `Ledger.emit_many`) goes in chunks through psycopg's
 pipeline mode instead, so that PostgreSQL inserts one chunk while the ledger validates
 the next: per chunk one statement (contact check, dedup insert, outbox, rejections),
@@ -107,6 +112,7 @@ _INPUT_COLUMNS = (
     ("display_name", "text"), ("category", "text"), ("is_system", "bool"),
 )  # fmt: skip
 _CHUNK_COLUMNS = _INPUT_COLUMNS[:-3]
+_INPUT_NAMES = [name for name, _ in _INPUT_COLUMNS]
 
 
 def _unnest(columns: Sequence[tuple[str, str]]) -> str:
@@ -248,6 +254,13 @@ def _compact(statement: str) -> str:
 _RECORD_SQL = _compact(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}")
 _RECORD_ONE_SQL = _compact(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}")
 _CHUNK_SQL = _compact(f"WITH input AS ({_INPUT_CHUNK}), {_CHUNK_BODY}")
+# One event: the record statement's row shape, (ord, created, known, stored payload).
+_RECORD_EVENT_SQL = "SELECT 0, * FROM sinal_record_event({})".format(
+    ", ".join(
+        f"p_{name} => %({name})b::{kind}"
+        for name, kind in (*_INPUT_COLUMNS[1:], ("schema_version", "int"))
+    )
+)
 
 # Rows looked up by a whole key go through `LATERAL (... LIMIT 1)`, which the planner
 # cannot flatten into a join: planned on statistics older than the table's growth (a new
@@ -454,11 +467,10 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         """Store a batch in one statement (see the module docstring)."""
         if not events:
             return []
-        query, params = _record_statement(events)
         for attempt in range(_ATTEMPTS):
             try:
                 with self._conn() as conn:
-                    return _outcomes(conn, events, conn.execute(query, params).fetchall())
+                    return _record_in(conn, events)
             except StoreError as exc:
                 if not isinstance(exc.__cause__, _RETRYABLE) or attempt == _ATTEMPTS - 1:
                     raise
@@ -859,7 +871,15 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
 def _record_in(
     conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
 ) -> list[Outcome]:
-    """Record events inside the caller's transaction (the same statement as `record`)."""
+    """Record events inside the caller's transaction (or each statement in its own, on an
+    autocommit connection): one event whose contact exists by `sinal_record_event`, any
+    other by the record statement."""
+    if len(events) == 1:
+        params = dict(zip(_INPUT_NAMES, _input_row(0, events[0]), strict=True))
+        params["schema_version"] = SCHEMA_VERSION
+        rows = conn.execute(_RECORD_EVENT_SQL, params).fetchall()
+        if rows[0][2]:  # known: created, or a duplicate with its stored payload
+            return _outcomes(conn, events, rows)
     return _outcomes(conn, events, conn.execute(*_record_statement(events)).fetchall())
 
 
@@ -915,8 +935,7 @@ def _record_statement(events: Sequence[PreparedEvent]) -> tuple[str, dict[str, A
     """The record statement for `events` and its parameters (scalars for a lone event)."""
     if len(events) > 1:
         return _RECORD_SQL, _input_arrays(events, _INPUT_COLUMNS)
-    names = [name for name, _ in _INPUT_COLUMNS]
-    return _RECORD_ONE_SQL, dict(zip(names, _input_row(0, events[0]), strict=True))
+    return _RECORD_ONE_SQL, dict(zip(_INPUT_NAMES, _input_row(0, events[0]), strict=True))
 
 
 def _input_arrays(
