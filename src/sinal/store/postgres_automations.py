@@ -253,14 +253,17 @@ class PostgresAutomations:
         """Outbox rows → executions, in one transaction (see the module docstring)."""
         report = FanOut()
         with self._tx() as conn:
+            # The oldest rows no other worker holds leave the outbox in one statement (by
+            # `ctid`: the rows are locked, so they stay where the subquery found them); the
+            # executions below commit with their removal, or neither does.
             keys = conn.execute(
-                "SELECT account_id, event_id, metric_name FROM outbox WHERE available_at <= now() "
-                "ORDER BY available_at LIMIT %s FOR UPDATE SKIP LOCKED",
+                "DELETE FROM outbox WHERE ctid = ANY(ARRAY(SELECT ctid FROM outbox "
+                "WHERE available_at <= now() ORDER BY available_at LIMIT %s "
+                "FOR UPDATE SKIP LOCKED)) RETURNING account_id, event_id, metric_name",
                 (limit,),
             ).fetchall()
             if not keys:
                 return report
-            accounts, ids = [k[0] for k in keys], [k[1] for k in keys]
             # Only the events that some automation listens to are read (most metrics of most
             # accounts have none): the outbox row names the event's metric.
             listening = _listening(conn, {(k[0], k[2]) for k in keys})
@@ -283,11 +286,6 @@ class PostgresAutomations:
                 )
                 report.executions = inserted.rowcount
                 conn.execute("SELECT pg_notify('sinal_executions', '')")
-            conn.execute(
-                "DELETE FROM outbox WHERE (account_id, event_id) IN "
-                "(SELECT * FROM unnest(%s::uuid[], %s::uuid[]))",
-                (accounts, ids),
-            )
             report.events = len(keys)
         return report
 
