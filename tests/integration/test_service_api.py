@@ -83,6 +83,30 @@ async def test_health_readiness_and_metrics(api: Api) -> None:
     assert 'sinal_http_request_duration_seconds_bucket{le="0.05",method="POST"' in metrics
 
 
+async def test_a_batch_counts_each_outcome_in_the_metrics(api: Api) -> None:
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    event = {"metric": "Order Paid", "contact_id": str(contact.id), "source": "shopify"}
+    batch: list[object] = [
+        {**event, "source_id": "1"},
+        {**event, "source_id": "2"},
+        {**event, "source_id": "1"},
+        {**event, "source": "yampi", "source_id": "9"},
+        {"metric": "", "contact_id": str(contact.id)},  # checked by the ledger: source "api"
+        "not an object",
+    ]
+    answer = await api.post("/v1/events/batch", {"events": batch})
+    metrics = (await api.client.get("/metrics")).text
+
+    assert [r["status"] for r in answer.json()["results"]] == [
+        "created", "created", "duplicate", "created", "rejected", "rejected"
+    ]  # fmt: skip
+    assert 'sinal_events_total{source="shopify",status="created"} 2.0' in metrics
+    assert 'sinal_events_total{source="shopify",status="duplicate"} 1.0' in metrics
+    assert 'sinal_events_total{source="yampi",status="created"} 1.0' in metrics
+    assert 'sinal_events_total{source="api",status="rejected"} 1.0' in metrics
+    assert 'sinal_events_total{source="unknown",status="rejected"} 1.0' in metrics  # unparsed
+
+
 async def test_readiness_is_503_when_migrations_are_behind(api: Api) -> None:
     [(latest,)] = sql(api.url, "SELECT max(version) FROM schema_migrations")
     sql(api.url, "DELETE FROM schema_migrations WHERE version = ?", latest)

@@ -87,6 +87,7 @@ async def post_batch(request: Request) -> Response:
     batch = validate(BatchIn, data)
     results: list[dict[str, Any] | None] = [None] * len(batch.events)
     pending: list[tuple[int, EventIn, EmitEvent]] = []
+    counted: list[tuple[str, str]] = []  # (source, status) of each item, for the metrics
     for i, raw in enumerate(batch.events):
         try:
             item = validate(EventIn, raw, prefix=f"events[{i}]")
@@ -96,13 +97,14 @@ async def post_batch(request: Request) -> Response:
                 check_event(event, svc, f"events[{i}].")
         except (InvalidInput, InvalidEvent, InvalidContact) as exc:
             results[i] = invalid_item(exc.errors)
-            svc.metrics.count_event("unknown", "rejected")  # its source may be the problem
+            counted.append(("unknown", "rejected"))  # its source may be the problem
             continue
         pending.append((i, item, event))
     outcomes = await svc.run(_record_batch, svc, key.account_id, pending)
     for (i, _, event), result in zip(pending, outcomes, strict=True):
         results[i] = batch_item(result, f"events[{i}].")
-        svc.metrics.count_event(event.source, result.status)
+        counted.append((event.source, result.status))
+    svc.metrics.count_events(counted)
     counts = {s: sum(1 for r in results if r and r["status"] == s) for s in _STATUSES}
     return json_response({"results": results, **counts})
 
