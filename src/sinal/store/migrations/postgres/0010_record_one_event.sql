@@ -4,11 +4,12 @@
 -- The record statement (data-modifying CTEs over the batch) is built for many rows: for
 -- one row its executor still opens six tables and their indexes, sorts, groups and
 -- materialises each part, and that cost PostgreSQL more than the writes themselves
--- (~420 µs of backend CPU a call, against ~300 for this function doing the same writes;
--- a bare INSERT of the event was ~190: bench/README.md has the figures). The writes and
--- their order are the statement's: the event (deduplicated on its unique id), its outbox
--- row unless an automation caused it, its summary, its metric. The summary and the metric
--- usually exist, so they are updated and read before anything is inserted.
+-- (376–389 µs of backend CPU a call, against 260–270 for this function doing the same
+-- writes; a bare INSERT of the event was 124–186: bench/README.md has the figures).
+-- The writes and their order are the statement's: the event (deduplicated on its unique
+-- id), its outbox row unless an automation caused it, its summary, its metric. The
+-- summary and the metric usually exist, so they are updated and read before anything is
+-- inserted.
 --
 -- A contact that is not in the account is left to the record statement, which keeps the
 -- rejection: this function writes nothing then and answers known = false. A duplicate is
