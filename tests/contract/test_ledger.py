@@ -489,7 +489,9 @@ def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
     call (~50 µs for these): the statements are kept under that limit."""
     from sinal.store import postgres
 
-    for statement in (postgres._RECORD_SQL, postgres._RECORD_ONE_SQL, postgres._CHUNK_SQL):
+    statements = (postgres._RECORD_SQL, postgres._RECORD_ONE_SQL, postgres._CHUNK_SQL,
+                  postgres._RECORD_EVENT_SQL)  # fmt: skip
+    for statement in statements:
         assert len(statement) <= 4096
 
 

@@ -254,12 +254,11 @@ def _compact(statement: str) -> str:
 _RECORD_SQL = _compact(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}")
 _RECORD_ONE_SQL = _compact(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}")
 _CHUNK_SQL = _compact(f"WITH input AS ({_INPUT_CHUNK}), {_CHUNK_BODY}")
-# One event: the record statement's row shape, (ord, created, known, stored payload).
-_RECORD_EVENT_SQL = "SELECT 0, * FROM sinal_record_event({})".format(
-    ", ".join(
-        f"p_{name} => %({name})b::{kind}"
-        for name, kind in (*_INPUT_COLUMNS[1:], ("schema_version", "int"))
-    )
+# One event, with `_RECORD_ONE_SQL`'s parameters: the record statement's row shape, (ord,
+# created, known, stored payload).
+_RECORD_EVENT_SQL = "SELECT 0, * FROM sinal_record_event({}, p_schema_version => {:d})".format(
+    ", ".join(f"p_{name} => %({name})b::{kind}" for name, kind in _INPUT_COLUMNS[1:]),
+    SCHEMA_VERSION,
 )
 
 # Rows looked up by a whole key go through `LATERAL (... LIMIT 1)`, which the planner
@@ -874,13 +873,14 @@ def _record_in(
     """Record events inside the caller's transaction (or each statement in its own, on an
     autocommit connection): one event whose contact exists by `sinal_record_event`, any
     other by the record statement."""
-    if len(events) == 1:
+    if len(events) > 1:
+        rows = conn.execute(_RECORD_SQL, _input_arrays(events, _INPUT_COLUMNS)).fetchall()
+    else:  # one event: scalars (dumping 21 one-element arrays costs more than the statement)
         params = dict(zip(_INPUT_NAMES, _input_row(0, events[0]), strict=True))
-        params["schema_version"] = SCHEMA_VERSION
         rows = conn.execute(_RECORD_EVENT_SQL, params).fetchall()
-        if rows[0][2]:  # known: created, or a duplicate with its stored payload
-            return _outcomes(conn, events, rows)
-    return _outcomes(conn, events, conn.execute(*_record_statement(events)).fetchall())
+        if not rows[0][2]:  # not a contact of the account: the statement keeps the rejection
+            rows = conn.execute(_RECORD_ONE_SQL, params).fetchall()
+    return _outcomes(conn, events, rows)
 
 
 def _outcomes(
@@ -929,13 +929,6 @@ def _move_identity(
 
 def _api_key(r: Sequence[Any]) -> ApiKey:
     return ApiKey(r[0], r[1], r[2], r[3], r[4], tuple(r[5]), r[6], r[7])
-
-
-def _record_statement(events: Sequence[PreparedEvent]) -> tuple[str, dict[str, Any]]:
-    """The record statement for `events` and its parameters (scalars for a lone event)."""
-    if len(events) > 1:
-        return _RECORD_SQL, _input_arrays(events, _INPUT_COLUMNS)
-    return _RECORD_ONE_SQL, dict(zip(_INPUT_NAMES, _input_row(0, events[0]), strict=True))
 
 
 def _input_arrays(
