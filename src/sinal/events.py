@@ -321,6 +321,14 @@ def _has_lone_surrogate(text: str) -> bool:
     return False
 
 
+# Metric names (raw → normalized) and tokens (sources, entity types) already found valid:
+# a platform sends the same few again and again, and a hit skips their checks. Bounded;
+# a plain str only (a subclass could compare equal and behave otherwise).
+_VALID_CACHE_SIZE = 4096
+_VALID_NAMES: dict[str, str] = {}
+_VALID_TOKENS: set[str] = set()
+
+
 class _Validator:
     """Collects one FieldError per bad field instead of stopping at the first."""
 
@@ -346,6 +354,14 @@ class _Validator:
         return None
 
     def metric_name(self, raw: object) -> str | None:
+        if type(raw) is str and (known := _VALID_NAMES.get(raw)) is not None:
+            return known
+        name = self._metric_name(raw)
+        if name is not None and isinstance(raw, str) and len(_VALID_NAMES) < _VALID_CACHE_SIZE:
+            _VALID_NAMES[raw] = name
+        return name
+
+    def _metric_name(self, raw: object) -> str | None:
         if not isinstance(raw, str):
             self.fail("metric_name", "invalid_type", "metric_name must be a string")
             return None
@@ -369,6 +385,8 @@ class _Validator:
         return None
 
     def token(self, name: str, raw: object, *, required: bool = False) -> str | None:
+        if type(raw) is str and raw in _VALID_TOKENS:
+            return raw
         if raw is None or raw == "":
             if required:
                 self.fail(name, "required", f"{name} is required")
@@ -384,6 +402,8 @@ class _Validator:
                 f"{name} may only contain letters, digits and . _ - / (got {_short(raw)})",
             )
         else:
+            if len(_VALID_TOKENS) < _VALID_CACHE_SIZE:
+                _VALID_TOKENS.add(raw)
             return raw
         return None
 
@@ -544,7 +564,12 @@ def _fast_properties(raw: Mapping[str, Any]) -> str | None:
         data = orjson.dumps(raw, default=_finite_default, option=_PASSTHROUGH)
     except (TypeError, orjson.JSONEncodeError):
         return None
-    if len(data) > MAX_PROPERTIES_BYTES or b"\\u0000" in data or not _numbers_ok(raw, 1):
+    if len(data) > MAX_PROPERTIES_BYTES or b"\\u0000" in data:
+        return None
+    # Nesting needs an opening bracket per level, and orjson writes a non-finite float as
+    # null: text with few brackets and no null (the usual properties) needs no walk.
+    plain = data.count(b"{") + data.count(b"[") <= MAX_DEPTH and b"null" not in data
+    if not plain and not _numbers_ok(raw, 1):
         return None
     # orjson writes only an exact dict as an object (a subclass goes to the default, which
     # refuses it), so this is the object the caller checked `raw` to be.

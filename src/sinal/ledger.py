@@ -671,6 +671,8 @@ class _FirstWins:
 
 
 CHUNK = 64  # events per chunk of a batch (measured: bench/README.md)
+# The first chunk is smaller: PostgreSQL has nothing to do until it arrives.
+FIRST_CHUNK = 16
 
 
 def _lock_order(key: EventKey) -> tuple[int, int, str]:
@@ -685,11 +687,12 @@ def _key_chunks(order: list[int], places: list[tuple[int, int, str]]) -> Iterato
     """`order` in runs of about CHUNK items, never splitting the repeats of a key
     (`places`: each item's `_lock_order`)."""
     part: list[int] = []
+    size = FIRST_CHUNK
     for i in order:
         here = places[i]
-        if len(part) >= CHUNK and (here[0] == 0 or here != places[part[-1]]):
+        if len(part) >= size and (here[0] == 0 or here != places[part[-1]]):
             yield part
-            part = []
+            part, size = [], CHUNK
         part.append(i)
     if part:
         yield part

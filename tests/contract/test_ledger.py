@@ -9,7 +9,9 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
+import psycopg
 import pytest
 
 import sinal
@@ -484,6 +486,65 @@ def test_a_pipelined_batch_survives_a_metric_deleted_by_hand(pg_url: str) -> Non
     assert sql(pg_url, "SELECT name FROM metrics") == [(sinal.METRIC_ORDER_PAID,)]
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("where", ["chunk", "tail"])
+def test_a_pipelined_batch_aborted_by_a_deadlock_is_redone_whole(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """PostgreSQL aborts the pipelined transaction (a deadlock, raised here on purpose in
+    a later chunk or in the closing statements): nothing of it stays, and the batch is
+    recorded again through the one-statement path, which retries."""
+    from sinal.store import postgres
+
+    sql(
+        pg_url,
+        "CREATE FUNCTION sinal_test_deadlock(VARIADIC anyarray) RETURNS boolean "
+        "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'deadlock (on purpose)' "
+        "USING ERRCODE = 'deadlock_detected'; END $$",
+    )
+    if where == "chunk":  # the third chunk's statement fails, after two were inserted
+        real_execute = psycopg.Connection.execute
+        calls: list[str] = []
+
+        def execute(
+            self: psycopg.Connection[Any], query: Any, params: Any = None, **kw: Any
+        ) -> Any:
+            if query is postgres._CHUNK_SQL:
+                calls.append(query)
+                if len(calls) == 3:
+                    return real_execute(self, "SELECT sinal_test_deadlock(1)")
+            return real_execute(self, query, params, **kw)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    else:  # the metrics' statement, after the chunks and the summaries
+        monkeypatch.setattr(
+            postgres,
+            "_METRICS_SQL",
+            "SELECT sinal_test_deadlock(1) FROM (SELECT %b::text[], %b::text[], %b::text[], "
+            "%b::text[], %b::text[], %b::text[], %b::text[]) AS params",
+        )
+        monkeypatch.setattr(
+            postgres,
+            "_metric_params",
+            lambda created: tuple([str(len(created))] for _ in range(7)),
+        )
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contacts = [ledger.create_contact(account.id, external_id=f"c{i}") for i in range(5)]
+        batch = [
+            order_paid(account, contacts[i % 5], source_id=str(i), value=Decimal(i))
+            for i in range(300)
+        ]
+        results = ledger.emit_many(batch)
+
+    assert [r.status for r in results] == ["created"] * 300
+    assert count(pg_url, "events") == count(pg_url, "outbox") == 300
+    assert sql(
+        pg_url, "SELECT sum(event_count), sum(total_value) FROM contact_metrics_summary"
+    ) == [(300, sum(range(300)))]
+    assert sql(pg_url, "SELECT name FROM metrics") == [(sinal.METRIC_ORDER_PAID,)]
+
+
 def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
     """Longer than 4,096 characters, psycopg converts a query's placeholders anew on every
     call (~50 µs for these): the statements are kept under that limit."""
@@ -498,14 +559,14 @@ def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
 @pytest.fixture
 def looked_up(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sizes of the PostgreSQL store's second queries for duplicates' payloads."""
-    from sinal.store.postgres import PostgresStore
+    from sinal.store import postgres
 
     sizes: list[int] = []
-    real = PostgresStore._stored_payloads
+    real = postgres._stored_payloads
     monkeypatch.setattr(
-        PostgresStore,
+        postgres,
         "_stored_payloads",
-        staticmethod(lambda conn, events: sizes.append(len(events)) or real(conn, events)),
+        lambda conn, events: sizes.append(len(events)) or real(conn, events),
     )
     return sizes
 
@@ -532,15 +593,15 @@ def test_a_duplicate_is_answered_by_the_record_statement_alone(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("alone", [True, False], ids=["one event", "in a batch"])
+@pytest.mark.parametrize("size", [1, 2, 200], ids=["one event", "in a batch", "pipelined"])
 def test_a_duplicate_committed_while_the_insert_waits_is_answered(
-    pg_url: str, looked_up: list[int], alone: bool
+    pg_url: str, looked_up: list[int], size: int
 ) -> None:
     """A concurrent transaction commits the same unique id while the insert waits on it.
     One event (`sinal_record_event`) reads the stored event in a statement of its own,
-    which sees that commit. In a batch, the record statement's snapshot does not: the
-    ledger reads the stored event with a second query. Either way the answer is the same
-    duplicate."""
+    which sees that commit. In a batch, sent whole or in chunks, the record statement's
+    snapshot does not: the ledger reads the stored event with a second query. Either way
+    the answer is the same duplicate, and the rest of the batch is stored."""
     import psycopg
 
     from sinal.events import prepare
@@ -552,7 +613,7 @@ def test_a_duplicate_committed_while_the_insert_waits_is_answered(
         event = order_paid(account, contact)
         [theirs] = _record_in(other, [prepare(event, ledger.clock())])  # not committed yet
         answers: list[sinal.EmitResult] = []
-        batch = [event] if alone else [event, order_paid(account, contact, source_id="1002")]
+        batch = [event] + [order_paid(account, contact, source_id=f"x{i}") for i in range(1, size)]
         racer = threading.Thread(target=lambda: answers.extend(ledger.emit_many(batch)))
         racer.start()
         waiting = (
@@ -568,8 +629,10 @@ def test_a_duplicate_committed_while_the_insert_waits_is_answered(
 
     answer = answers[0]
     assert (answer.status, answer.event_id, answer.differs) == ("duplicate", theirs.event_id, False)
-    assert (1 in looked_up) is not alone  # a second query, for the one event in a batch
+    assert (1 in looked_up) is (size > 1)  # a second query, for the one event in a batch
+    assert [a.status for a in answers[1:]] == ["created"] * (size - 1)
     assert count(pg_url, "events") == len(batch)
+    assert sql(pg_url, "SELECT sum(event_count) FROM contact_metrics_summary") == [(size,)]
 
 
 def test_sqlite_writers_queue_on_the_lock_file(sqlite_url: str) -> None:

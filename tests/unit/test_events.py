@@ -241,6 +241,25 @@ def test_properties_nest_at_most_16_levels(
         assert rejections(properties=properties) == expected
 
 
+@pytest.mark.parametrize(
+    "properties",
+    [
+        {"a": [1.5], "b": "null"},  # no bracket to spare, and the text null
+        {f"k{i}": [i] for i in range(20)},  # more brackets than levels
+        {"a": None, "b": {"c": [None, 2.5]}},
+    ],
+    ids=["null-text", "many-siblings", "nulls"],
+)
+def test_properties_checks_each_float_whatever_the_json_text_looks_like(
+    properties: dict[str, Any],
+) -> None:
+    """A non-finite float is written by orjson as null: it is caught whether or not the
+    object's JSON text has other nulls, or more brackets than nesting levels."""
+    assert orjson.loads(accept(properties=properties).properties_json) == properties
+    spoiled = {**properties, "z": [NAN]}
+    assert rejections(properties=spoiled) == [("properties.z[0]", "not_finite")]
+
+
 def test_properties_serialize_decimals_as_strings_and_datetimes_as_iso() -> None:
     event = accept(
         properties={
@@ -698,3 +717,18 @@ def test_a_repeat_in_the_same_batch_is_compared_with_its_first(
 )
 def test_emit_result_is_stored_unless_rejected(status: Any, expected: bool) -> None:
     assert EmitResult(status=status).is_stored is expected
+
+
+def test_names_and_tokens_found_valid_once_are_answered_alike_again() -> None:
+    """Valid metric names and tokens are remembered (a platform repeats a few); a repeat
+    gets the same normalized answer, and an invalid value is never remembered."""
+    for _ in range(2):
+        event = accept(metric_name="  Cupom Aplicado ", source="loja-x", entity_type="cupom")
+        assert (event.metric_name, event.source, event.entity_type) == (
+            "Cupom Aplicado",
+            "loja-x",
+            "cupom",
+        )
+        assert rejections(metric_name="__Cupom") == [("metric_name", "reserved")]
+        assert rejections(source="loja x") == [("source", "invalid_format")]
+        assert rejections(metric_name=" " * 3) == [("metric_name", "empty")]

@@ -14,8 +14,10 @@ not in the account is left to the statement, which keeps the rejection.
 A big batch (`record_chunks`, from `Ledger.emit_many`) goes in chunks through psycopg's
 pipeline mode instead, so that PostgreSQL inserts one chunk while the ledger validates
 the next: per chunk one statement (contact check, dedup insert, outbox, rejections),
-then one for all the summaries, one for the new events' metrics, the duplicates' lookup
-and the commit. Same transaction, same rows, same lock order.
+answering like the record statement, duplicates' payloads included. Once the answers are
+in, one statement for all the summaries and one for the new events' metrics are sent,
+and the COMMIT queued behind them: PostgreSQL runs them while the answers are turned
+into outcomes. Same transaction, same rows, same lock order.
 
 An event's contact and metric are checked by these statements, not by foreign keys
 (migration 0009): the contact is looked up in the account before the insert, and the
@@ -200,15 +202,10 @@ rejected AS (
     FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.ord = i.ord)
     RETURNING id
 )"""
-# The whole record: each input's (ord, created, known) and, for a duplicate, the stored
-# event's id and payload (none when that event committed after this statement's snapshot
-# was taken: a second query reads those). PostgreSQL runs `stored` as the main query
-# reads it, then the other data-modifying parts in reverse order of their place here:
-# rejections, outbox, summaries, metrics (seen on PostgreSQL 15 with a sequence default
-# on each table). The pipelined path writes events, summaries and metrics in that order.
-_RECORD_BODY = (
-    ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED))
-    + """
+# The answer of a record statement: each input's (ord, created, known) and, for a
+# duplicate, the stored event's id and payload (none when that event committed after this
+# statement's snapshot was taken: a second query reads those).
+_ANSWER = """
 SELECT i.ord, s.id IS NOT NULL, k.ord IS NOT NULL,
        d.id, d.metric_name, d.properties, d.value, d.currency, d.occurred_at
 FROM input i
@@ -218,18 +215,14 @@ LEFT JOIN LATERAL (SELECT * FROM events e WHERE s.id IS NULL AND e.account_id = 
                    AND e.unique_event_id = k.unique_event_id LIMIT 1) d ON true
 ORDER BY i.ord
 """
-)
+# The whole record. PostgreSQL runs `stored` as the main query reads it, then the other
+# data-modifying parts in reverse order of their place here: rejections, outbox,
+# summaries, metrics (seen on PostgreSQL 15 with a sequence default on each table). The
+# pipelined path writes events, summaries and metrics in that order.
+_RECORD_BODY = ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED)) + _ANSWER
 # One chunk of a pipelined batch: no metrics and no summaries (one statement each at the
-# end); the places (`ord`) of the stored (true) and of the rejected (false) inputs: small
-# integers, cheaper to read back than the ids (a stored event and a kept rejection have
-# their input's id).
-_CHUNK_BODY = (
-    ",".join((_KNOWN, _STORED, _OUTBOXED, _REJECTED))
-    + """
-SELECT i.ord, true FROM input i JOIN stored s ON s.id = i.id
-UNION ALL SELECT i.ord, false FROM input i JOIN rejected r ON r.id = i.id
-"""
-)
+# end, for the whole batch).
+_CHUNK_BODY = ",".join((_KNOWN, _STORED, _OUTBOXED, _REJECTED)) + _ANSWER
 _SUMMARY_SQL = f"""
 INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
 SELECT *, now() FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::numeric[],
@@ -497,36 +490,21 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         chunks: Iterator[Sequence[PreparedEvent]],
         pulled: list[Sequence[PreparedEvent]],
     ) -> list[Outcome]:
-        with conn.transaction(), conn.pipeline():
-            cursors = []
+        # The transaction inside the pipeline: its COMMIT is queued behind the last
+        # statement rather than sent after the pipeline's sync, one round trip fewer.
+        with conn.pipeline(), conn.transaction():
+            sent = []
             for chunk in chunks:
                 pulled.append(chunk)
                 if chunk:
-                    cursors.append(conn.execute(_CHUNK_SQL, _input_arrays(chunk, _CHUNK_COLUMNS)))
-            # Per input of a chunk: stored, True; rejected (unknown contact), False; neither,
-            # a duplicate.
-            found: list[tuple[PreparedEvent, bool | None]] = []
-            for chunk, cursor in zip((c for c in pulled if c), cursors, strict=True):
-                answers: list[bool | None] = [None] * len(chunk)
-                for ord_, new in cursor.fetchall():
-                    answers[ord_] = new
-                found += zip(chunk, answers, strict=True)
-            duplicates = [e for e, new in found if new is None]
-            lookup = conn.execute(*_duplicates_lookup(duplicates)) if duplicates else None
-            created = [e for e, new in found if new]
-            if created:  # in the order the one-statement path writes them: summaries, metrics
+                    params = _input_arrays(chunk, _CHUNK_COLUMNS)
+                    sent.append((chunk, conn.execute(_CHUNK_SQL, params)))
+            answered = [(chunk, cursor.fetchall()) for chunk, cursor in sent]
+            created = [chunk[row[0]] for chunk, rows in answered for row in rows if row[1]]
+            if created:  # PostgreSQL writes them while the answers are read
                 conn.execute(_SUMMARY_SQL, _summary_params(created))
                 conn.execute(_METRICS_SQL, _metric_params(created))
-        stored = _payloads(lookup.fetchall()) if lookup else {}
-        return [_outcome(e, new is True, new is not False, stored) for e, new in found]
-
-    @staticmethod
-    def _stored_payloads(
-        conn: psycopg.Connection[TupleRow], events: list[PreparedEvent]
-    ) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
-        if not events:
-            return {}
-        return _payloads(conn.execute(*_duplicates_lookup(events)).fetchall())
+            return _answers(conn, answered)
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
@@ -880,27 +858,35 @@ def _record_in(
         rows = conn.execute(_RECORD_EVENT_SQL, params).fetchall()
         if not rows[0][2]:  # not a contact of the account: the statement keeps the rejection
             rows = conn.execute(_RECORD_ONE_SQL, params).fetchall()
-    return _outcomes(conn, events, rows)
+    return _answers(conn, [(events, rows)])
 
 
-def _outcomes(
-    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent], rows: list[TupleRow]
+def _answers(
+    conn: psycopg.Connection[TupleRow],
+    answered: Sequence[tuple[Sequence[PreparedEvent], list[TupleRow]]],
 ) -> list[Outcome]:
-    """The record statement's `rows` as one outcome per event; reads the stored payloads
-    the statement could not see (events committed by others after it began)."""
+    """Record statements' rows (`_ANSWER`, each with the events it was sent) as one
+    outcome per event; reads, in one query, the stored payloads the statements could not
+    see (events committed by others after they began)."""
     stored: dict[tuple[UUID, str], tuple[UUID, StoredPayload]] = {}
     unseen: list[PreparedEvent] = []
-    for ord_, created, known, existing_id, *payload in rows:
-        event = events[ord_]
-        if known and not created:
-            assert event.unique_event_id is not None
-            if existing_id is None:
-                unseen.append(event)
-            else:
-                key = (event.account_id, event.unique_event_id)
-                stored[key] = (existing_id, StoredPayload(*payload))
-    stored.update(PostgresStore._stored_payloads(conn, unseen))
-    return [_outcome(events[row[0]], row[1], row[2], stored) for row in rows]
+    for events, rows in answered:
+        for ord_, created, known, existing_id, *payload in rows:
+            if known and not created:
+                event = events[ord_]
+                assert event.unique_event_id is not None
+                if existing_id is None:
+                    unseen.append(event)
+                else:
+                    key = (event.account_id, event.unique_event_id)
+                    stored[key] = (existing_id, StoredPayload(*payload))
+    if unseen:
+        stored.update(_stored_payloads(conn, unseen))
+    return [
+        _outcome(events[row[0]], row[1], row[2], stored)
+        for events, rows in answered
+        for row in rows
+    ]
 
 
 def _move_identity(
@@ -942,6 +928,13 @@ def _input_arrays(
 def _duplicates_lookup(events: Sequence[PreparedEvent]) -> tuple[str, tuple[list[Any], ...]]:
     """The query for the stored events that `events` (duplicates) repeat."""
     return _DUPLICATES_SQL, ([e.account_id for e in events], [e.unique_event_id for e in events])
+
+
+def _stored_payloads(
+    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
+) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
+    """The stored events (id and payload) that `events`, duplicates, repeat, by dedup key."""
+    return _payloads(conn.execute(*_duplicates_lookup(events)).fetchall())
 
 
 def _payloads(rows: Sequence[Sequence[Any]]) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
