@@ -545,6 +545,59 @@ def test_a_pipelined_batch_aborted_by_a_deadlock_is_redone_whole(
     assert sql(pg_url, "SELECT name FROM metrics") == [(sinal.METRIC_ORDER_PAID,)]
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("setting", ["as migrated", "without it"])
+def test_the_one_event_function_finds_rows_by_index_on_tables_that_look_tiny(
+    pg_url: str, setting: str
+) -> None:
+    """`sinal_record_event`'s statements are planned once per session and the plans kept:
+    planned on tables the planner thinks hold a page (a new install), its summary update
+    and metric lookup became sequential scans, and stayed so as the tables grew. The
+    function prices sequential scans out (migration 0011); without that setting they come
+    back, which shows this test sees them (PostgreSQL's `auto_explain`, nested statements,
+    its plans sent to the client)."""
+    from sinal.events import prepare
+    from sinal.store.postgres import _record_in
+
+    if setting == "without it":
+        [(signature,)] = sql(
+            pg_url, "SELECT oid::regprocedure::text FROM pg_proc WHERE proname = ?",
+            "sinal_record_event",
+        )  # fmt: skip
+        sql(pg_url, f"ALTER FUNCTION {signature} RESET enable_seqscan")
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        ledger.emit(order_paid(account, contact, source_id="0"))
+        now = ledger.clock()
+    sql(pg_url, "VACUUM ANALYZE contacts, metrics, contact_metrics_summary")
+    plans: list[str] = []
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+        for statement in (
+            "LOAD 'auto_explain'",
+            "SET auto_explain.log_min_duration = 0",
+            "SET auto_explain.log_nested_statements = on",
+            "SET client_min_messages = log",
+        ):
+            conn.execute(statement)
+        for i in range(1, 9):  # past PL/pgSQL's five custom plans: the generic one is kept
+            _record_in(conn, [prepare(order_paid(account, contact, source_id=str(i)), now)])
+
+    explained = "\n".join(plans)
+    assert "Update on contact_metrics_summary" in explained
+    seq_scans = {
+        table
+        for table in ("contacts", "metrics", "contact_metrics_summary", "events")
+        if f"Seq Scan on {table}" in explained
+    }
+    if setting == "as migrated":
+        assert seq_scans == set()
+    else:
+        assert {"metrics", "contact_metrics_summary"} <= seq_scans
+    assert count(pg_url, "events") == 9
+
+
 def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
     """Longer than 4,096 characters, psycopg converts a query's placeholders anew on every
     call (~50 µs for these): the statements are kept under that limit."""
