@@ -8,10 +8,11 @@ while the statement ran costs a second, read-only, round trip.
 
 One event goes through `sinal_record_event` (migration 0010), a function doing the same
 writes in the same order, one plain statement each: for one row the set-based
-statement's executor costs PostgreSQL more than the writes. Its plans are kept per
-session, so it prices sequential scans out (migration 0011): a plan made while a table
-looked tiny would otherwise scan it whole as it grows. An event whose contact is not in
-the account is left to the statement, which keeps the rejection.
+statement's executor costs PostgreSQL more than the writes (migration 0011 checks the
+contact inside the event's insert, one statement less). Its plans are kept per session,
+so it prices sequential scans out: a plan made while a table looked tiny would otherwise
+scan it whole as it grows. An event whose contact is not in the account is left to the
+statement, which keeps the rejection.
 
 A big batch (`record_chunks`, from `Ledger.emit_many`) goes in chunks through psycopg's
 pipeline mode instead, so that PostgreSQL inserts one chunk while the ledger validates
