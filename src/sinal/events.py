@@ -357,7 +357,7 @@ class _Validator:
         if type(raw) is str and (known := _VALID_NAMES.get(raw)) is not None:
             return known
         name = self._metric_name(raw)
-        if name is not None and isinstance(raw, str) and len(_VALID_NAMES) < _VALID_CACHE_SIZE:
+        if name is not None and type(raw) is str and len(_VALID_NAMES) < _VALID_CACHE_SIZE:
             _VALID_NAMES[raw] = name
         return name
 

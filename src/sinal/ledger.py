@@ -684,8 +684,8 @@ def _lock_order(key: EventKey) -> tuple[int, int, str]:
 
 
 def _key_chunks(order: list[int], places: list[tuple[int, int, str]]) -> Iterator[list[int]]:
-    """`order` in runs of about CHUNK items, never splitting the repeats of a key
-    (`places`: each item's `_lock_order`)."""
+    """`order` in runs of about CHUNK items (the first of about FIRST_CHUNK), never
+    splitting the repeats of a key (`places`: each item's `_lock_order`)."""
     part: list[int] = []
     size = FIRST_CHUNK
     for i in order:
