@@ -928,21 +928,15 @@ def _input_arrays(
     return {name: list(values) for (name, _), values in zip(columns, columns_of_rows, strict=False)}
 
 
-def _duplicates_lookup(events: Sequence[PreparedEvent]) -> tuple[str, tuple[list[Any], ...]]:
-    """The query for the stored events that `events` (duplicates) repeat."""
-    return _DUPLICATES_SQL, ([e.account_id for e in events], [e.unique_event_id for e in events])
-
-
 def _stored_payloads(
     conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
 ) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
     """The stored events (id and payload) that `events`, duplicates, repeat, by dedup key."""
-    return _payloads(conn.execute(*_duplicates_lookup(events)).fetchall())
-
-
-def _payloads(rows: Sequence[Sequence[Any]]) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
-    """`_DUPLICATES_SQL`'s rows by dedup key: the stored event's id and payload."""
-    return {(r[0], r[1]): (r[2], StoredPayload(r[3], r[4], r[5], r[6], r[7])) for r in rows}
+    keys = ([e.account_id for e in events], [e.unique_event_id for e in events])
+    return {
+        (r[0], r[1]): (r[2], StoredPayload(r[3], r[4], r[5], r[6], r[7]))
+        for r in conn.execute(_DUPLICATES_SQL, keys).fetchall()
+    }
 
 
 def _metric_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
