@@ -199,10 +199,11 @@ def _fields_differ(
 
 @dataclass(frozen=True, slots=True)
 class EventKey:
-    """What places an event before the rest of it is checked: its account, metric and
-    dedup key (validated; the errors found so far are kept for `prepare`)."""
+    """What places an event before the rest of it is checked: its account, contact, metric
+    and dedup key (validated; the errors found so far are kept for `prepare`)."""
 
     account_id: UUID | None
+    contact_id: UUID | None
     metric_name: str | None
     source: str | None
     entity_type: str | None
@@ -229,6 +230,7 @@ def identify(event: EmitEvent) -> EventKey:
     batch by dedup key before the rest is validated."""
     v = _Validator()
     account_id = v.uuid("account_id", event.account_id, required=True)
+    contact_id = v.uuid("contact_id", event.contact_id)
     metric_name = v.metric_name(event.metric_name)
     source = v.token("source", event.source, required=True)
     entity_type = v.token("entity_type", event.entity_type)
@@ -239,7 +241,7 @@ def identify(event: EmitEvent) -> EventKey:
         else None
     )
     return EventKey(
-        account_id, metric_name, source, entity_type, source_id, unique, tuple(v.errors)
+        account_id, contact_id, metric_name, source, entity_type, source_id, unique, tuple(v.errors)
     )
 
 
@@ -250,7 +252,6 @@ def prepare(event: EmitEvent, now: datetime, key: EventKey | None = None) -> Pre
     key = key or identify(event)
     v = _Validator()
     v.errors.extend(key.errors)
-    contact_id = v.uuid("contact_id", event.contact_id)
     integration_id = v.uuid("integration_id", event.integration_id)
     execution_id = v.uuid("automation_execution_id", event.automation_execution_id)
     entity_id = v.text("entity_id", event.entity_id)
@@ -267,7 +268,7 @@ def prepare(event: EmitEvent, now: datetime, key: EventKey | None = None) -> Pre
     return PreparedEvent(
         id=new_id(),
         account_id=account_id,
-        contact_id=contact_id,
+        contact_id=key.contact_id,
         metric_name=metric_name,
         category=get_metric_category(metric_name),
         is_system=is_system_metric(metric_name),

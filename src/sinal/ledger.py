@@ -186,7 +186,7 @@ class Ledger:
         the valid ones are recorded. Within the batch the first of a unique id wins.
 
         The batch goes to the store in chunks ordered by dedup key, each validated only
-        when the store asks for it: PostgreSQL runs one chunk while the next is checked.
+        when the store asks for it: PostgreSQL stores one chunk while the next is checked.
         """
         if len(events) > MAX_BATCH:
             raise InvalidEvent(
@@ -218,7 +218,7 @@ class Ledger:
                 yield chunk
 
         if len(events) > CHUNK:
-            outcomes = self.store.record_chunks(chunks())
+            outcomes = self.store.record_chunks(chunks(), keys)
         else:  # one statement
             batch = [event for chunk in chunks() for event in chunk]
             outcomes = self.store.record(batch) if batch else []
@@ -671,7 +671,8 @@ class _FirstWins:
 
 
 CHUNK = 64  # events per chunk of a batch (measured: bench/README.md)
-# The first chunk is smaller: PostgreSQL has nothing to do until it arrives.
+# The first chunk is smaller: it is validated while PostgreSQL looks the batch up, and
+# PostgreSQL has nothing to store until it arrives.
 FIRST_CHUNK = 16
 
 

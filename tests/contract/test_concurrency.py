@@ -50,7 +50,7 @@ def _emit_same_ids(
             for uid in ids:
                 got[uid] = str(ledger.emit(_event(account, contacts, uid)).event_id)
         else:
-            for i in range(0, len(ids), 125):  # more than a chunk: pipelined on PostgreSQL
+            for i in range(0, len(ids), 125):  # more than a chunk: by COPY on PostgreSQL
                 chunk = ids[i : i + 125]
                 results = ledger.emit_many([_event(account, contacts, u) for u in chunk])
                 got.update({u: str(r.event_id) for u, r in zip(chunk, results, strict=True)})

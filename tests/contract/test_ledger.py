@@ -9,7 +9,6 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
 
 import psycopg
 import pytest
@@ -404,17 +403,15 @@ def _answers(results: list[sinal.EmitResult]) -> list[tuple[object, ...]]:
 def test_a_batch_of_many_chunks_answers_like_one_event_at_a_time(
     ledger: Ledger, database_url: str, monkeypatch: pytest.MonkeyPatch, new_metric: bool
 ) -> None:
-    """emit_many sends a big batch in chunks (on PostgreSQL, pipelined); its answers,
-    rows, metrics and summaries match emitting each event in turn."""
-    pipelined = []
+    """emit_many sends a big batch in chunks (on PostgreSQL, its new events by COPY); its
+    answers, rows, metrics and summaries match emitting each event in turn."""
+    copied: list[object] = []  # what the COPY path answered (nothing when it failed)
     if not database_url.startswith("sqlite:"):
-        from sinal.store.postgres import PostgresStore
+        from sinal.store import postgres
 
-        real = PostgresStore._record_pipelined
+        real = postgres._record_copied
         monkeypatch.setattr(
-            PostgresStore,
-            "_record_pipelined",
-            lambda self, *a: pipelined.append(1) or real(self, *a),
+            postgres, "_record_copied", lambda *a: copied.append(real(*a)) or copied[-1]
         )
     tenants = []
     for name in ("Lote", "Um a um"):
@@ -463,13 +460,13 @@ def test_a_batch_of_many_chunks_answers_like_one_event_at_a_time(
     [report] = ledger.rebuild_summaries(tenants[0][0].id)
     assert not report.drift
     if not database_url.startswith("sqlite:"):
-        assert pipelined
+        assert copied
 
 
 @pytest.mark.postgres
-def test_a_pipelined_batch_survives_a_metric_deleted_by_hand(pg_url: str) -> None:
-    """A metric deleted behind the ledger's back is created again by the next pipelined
-    batch that names it, with everything else the batch records."""
+def test_a_streamed_batch_survives_a_metric_deleted_by_hand(pg_url: str) -> None:
+    """A metric deleted behind the ledger's back is created again by the next big batch
+    that names it, with everything else the batch records."""
     with sinal.connect(pg_url) as ledger:
         account = ledger.create_account("Loja")
         contact = ledger.create_contact(account.id, external_id="c1")
@@ -487,13 +484,13 @@ def test_a_pipelined_batch_survives_a_metric_deleted_by_hand(pg_url: str) -> Non
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("where", ["chunk", "tail"])
-def test_a_pipelined_batch_aborted_by_a_deadlock_is_redone_whole(
+@pytest.mark.parametrize("where", ["copy", "tail"])
+def test_a_streamed_batch_aborted_by_a_deadlock_is_redone_whole(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """PostgreSQL aborts the pipelined transaction (a deadlock, raised here on purpose in
-    a later chunk or in the closing statements): nothing of it stays, and the batch is
-    recorded again through the one-statement path, which retries."""
+    """PostgreSQL aborts a big batch's transaction (a deadlock, raised here on purpose at
+    the end of the COPY or in the closing statements): nothing of it stays, and the batch
+    is recorded again through the one-statement path, which retries."""
     from sinal.store import postgres
 
     sql(
@@ -502,21 +499,20 @@ def test_a_pipelined_batch_aborted_by_a_deadlock_is_redone_whole(
         "LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'deadlock (on purpose)' "
         "USING ERRCODE = 'deadlock_detected'; END $$",
     )
-    if where == "chunk":  # the third chunk's statement fails, after two were inserted
-        real_execute = psycopg.Connection.execute
-        calls: list[str] = []
-
-        def execute(
-            self: psycopg.Connection[Any], query: Any, params: Any = None, **kw: Any
-        ) -> Any:
-            if query is postgres._CHUNK_SQL:
-                calls.append(query)
-                if len(calls) == 3:
-                    return real_execute(self, "SELECT sinal_test_deadlock(1)")
-            return real_execute(self, query, params, **kw)
-
-        monkeypatch.setattr(psycopg.Connection, "execute", execute)
-    else:  # the metrics' statement, after the chunks and the summaries
+    if where == "copy":  # the first statement to insert events fails, after its rows went in
+        sql(pg_url, "CREATE SEQUENCE sinal_test_inserts")
+        sql(
+            pg_url,
+            "CREATE FUNCTION sinal_test_first_fails() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN IF nextval('sinal_test_inserts') = 1 THEN PERFORM sinal_test_deadlock(1); "
+            "END IF; RETURN NULL; END $$",
+        )
+        sql(
+            pg_url,
+            "CREATE TRIGGER sinal_test_first_fails AFTER INSERT ON events "
+            "FOR EACH STATEMENT EXECUTE FUNCTION sinal_test_first_fails()",
+        )
+    else:  # the metrics' statement, after the COPY, the outbox and the summaries
         monkeypatch.setattr(
             postgres,
             "_METRICS_SQL",
@@ -543,6 +539,8 @@ def test_a_pipelined_batch_aborted_by_a_deadlock_is_redone_whole(
         pg_url, "SELECT sum(event_count), sum(total_value) FROM contact_metrics_summary"
     ) == [(300, sum(range(300)))]
     assert sql(pg_url, "SELECT name FROM metrics") == [(sinal.METRIC_ORDER_PAID,)]
+    if where == "copy":  # the COPY's statement failed, the record statement's went through
+        assert sql(pg_url, "SELECT last_value FROM sinal_test_inserts") == [(2,)]
 
 
 @pytest.mark.postgres
@@ -603,8 +601,7 @@ def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
     call (~50 µs for these): the statements are kept under that limit."""
     from sinal.store import postgres
 
-    statements = (postgres._RECORD_SQL, postgres._RECORD_ONE_SQL, postgres._CHUNK_SQL,
-                  postgres._RECORD_EVENT_SQL)  # fmt: skip
+    statements = (postgres._RECORD_SQL, postgres._RECORD_ONE_SQL, postgres._RECORD_EVENT_SQL)
     for statement in statements:
         assert len(statement) <= 4096
 
@@ -646,15 +643,18 @@ def test_a_duplicate_is_answered_by_the_record_statement_alone(
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("size", [1, 2, 200], ids=["one event", "in a batch", "pipelined"])
-def test_a_duplicate_committed_while_the_insert_waits_is_answered(
-    pg_url: str, looked_up: list[int], size: int
+@pytest.mark.parametrize("theirs", ["committed", "rolled back"])
+@pytest.mark.parametrize("size", [1, 2, 200], ids=["one event", "in a batch", "by COPY"])
+def test_a_key_another_transaction_holds_while_the_insert_waits(
+    pg_url: str, looked_up: list[int], size: int, theirs: str
 ) -> None:
-    """A concurrent transaction commits the same unique id while the insert waits on it.
-    One event (`sinal_record_event`) reads the stored event in a statement of its own,
-    which sees that commit. In a batch, sent whole or in chunks, the record statement's
-    snapshot does not: the ledger reads the stored event with a second query. Either way
-    the answer is the same duplicate, and the rest of the batch is stored."""
+    """A concurrent transaction has inserted the same unique id, not committed, so the
+    insert waits on it. When it commits, the answer is a duplicate of its event: one event
+    (`sinal_record_event`) reads the stored event in a statement of its own, which sees
+    that commit; a small batch's record statement does not, and the ledger reads the
+    stored event with a second query; a big batch's COPY fails on the key, and the batch
+    is redone by the record statement, which then sees it. When it rolls back, the event
+    is stored. Either way the rest of the batch is stored."""
     import psycopg
 
     from sinal.events import prepare
@@ -664,7 +664,7 @@ def test_a_duplicate_committed_while_the_insert_waits_is_answered(
         account = ledger.create_account("Loja")
         contact = ledger.create_contact(account.id, external_id="c1")
         event = order_paid(account, contact)
-        [theirs] = _record_in(other, [prepare(event, ledger.clock())])  # not committed yet
+        [held] = _record_in(other, [prepare(event, ledger.clock())])  # not committed yet
         answers: list[sinal.EmitResult] = []
         batch = [event] + [order_paid(account, contact, source_id=f"x{i}") for i in range(1, size)]
         racer = threading.Thread(target=lambda: answers.extend(ledger.emit_many(batch)))
@@ -677,12 +677,19 @@ def test_a_duplicate_committed_while_the_insert_waits_is_answered(
             if sql(pg_url, waiting)[0][0]:
                 break
             racer.join(0.01)
-        other.commit()
+        assert racer.is_alive()  # waiting on the key
+        other.commit() if theirs == "committed" else other.rollback()
         racer.join(10)
 
     answer = answers[0]
-    assert (answer.status, answer.event_id, answer.differs) == ("duplicate", theirs.event_id, False)
-    assert (1 in looked_up) is (size > 1)  # a second query, for the one event in a batch
+    if theirs == "committed":
+        assert (answer.status, answer.event_id, answer.differs) == (
+            "duplicate", held.event_id, False,
+        )  # fmt: skip
+        assert (1 in looked_up) is (size == 2)  # a second query, for the one event
+    else:
+        assert (answer.status, answer.differs) == ("created", None)
+        assert answer.event_id != held.event_id
     assert [a.status for a in answers[1:]] == ["created"] * (size - 1)
     assert count(pg_url, "events") == len(batch)
     assert sql(pg_url, "SELECT sum(event_count) FROM contact_metrics_summary") == [(size,)]

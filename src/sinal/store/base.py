@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from sinal.events import PreparedEvent, StoredPayload
+from sinal.events import EventKey, PreparedEvent, StoredPayload
 
 IdentityKind = Literal["phone", "email", "external_id"]
 ContactField = Literal["name", "phone", "email", "external_id"]
@@ -273,9 +273,13 @@ class Store(Protocol):
         and rejections in one transaction. One outcome per event, in order."""
         ...
 
-    def record_chunks(self, chunks: Iterable[Sequence[PreparedEvent]]) -> list[Outcome]:
+    def record_chunks(
+        self, chunks: Iterable[Sequence[PreparedEvent]], keys: Sequence[EventKey]
+    ) -> list[Outcome]:
         """`record` for the events of every chunk together (one transaction), pulling each
-        chunk only when ready for it. One outcome per event, in order."""
+        chunk only when ready for it. One outcome per event, in order. `keys` identify
+        every item of the batch (`identify`, invalid items included) before any chunk is
+        validated: what the store may look up first."""
         ...
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:

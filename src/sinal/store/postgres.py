@@ -14,13 +14,19 @@ so it prices sequential scans out: a plan made while a table looked tiny would o
 scan it whole as it grows. An event whose contact is not in the account is left to the
 statement, which keeps the rejection.
 
-A big batch (`record_chunks`, from `Ledger.emit_many`) goes in chunks through psycopg's
-pipeline mode instead, so that PostgreSQL inserts one chunk while the ledger validates
-the next: per chunk one statement (contact check, dedup insert, outbox, rejections),
-answering like the record statement, duplicates' payloads included. Once the answers are
-in, one statement for all the summaries and one for the new events' metrics are sent,
-and the COMMIT queued behind them: PostgreSQL runs them while the answers are turned
-into outcomes. Same transaction, same rows, same lock order.
+A big batch (`record_chunks`, from `Ledger.emit_many`) is streamed instead. One round
+trip reads the stored events of the batch's dedup keys (with their payloads) and which of
+its contacts are in their accounts, while the ledger validates the first chunk. Then the
+new events go to `events` by COPY, each chunk as the ledger validates it, so PostgreSQL
+inserts while Python checks; a repeat of a stored key is answered from the lookup, and
+an event of no known contact goes to the record statement, which keeps the rejection.
+Then one statement each for the outbox rows, the summaries and the metrics, and the
+commit. COPY skips the per-row `INSERT ... ON CONFLICT` path (speculative insertion,
+the CTEs' materialised rows): PostgreSQL spends about a quarter less CPU per event.
+Nothing waits on a key it would not wait on in a statement: the rows go in the same
+order. If another transaction stores one of the batch's keys after the lookup, the COPY
+fails on it, and the whole batch is redone by the record statement, as after a
+deadlock.
 
 An event's contact and metric are checked by these statements, not by foreign keys
 (migration 0009): the contact is looked up in the account before the insert, and the
@@ -29,6 +35,7 @@ metric is upserted in the same transaction.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -44,7 +51,7 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool
 
 from sinal.errors import DuplicateKey, IdentityConflict, StoreError
-from sinal.events import SCHEMA_VERSION, PreparedEvent, StoredPayload, dumps_json
+from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id
 from sinal.store.base import (
     Account,
@@ -80,6 +87,9 @@ from sinal.store.postgres_webhooks import PostgresWebhooks
 # Any two sessions' lock ids would do; this one spells "sinal" in ASCII.
 _MIGRATION_LOCK = 0x73696E616C
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+# A streamed batch is redone through the statement when another transaction stored one of
+# its keys after the lookup (or when the transaction was aborted).
+_REDONE = (*_RETRYABLE, psycopg.errors.UniqueViolation)
 _ATTEMPTS = 5
 T = TypeVar("T")
 
@@ -113,10 +123,9 @@ _INPUT_COLUMNS = (
     ("unique_event_id", "text"), ("entity_type", "text"), ("entity_id", "text"),
     ("execution_id", "uuid"), ("occurred_at", "timestamptz"), ("received_at", "timestamptz"),
     ("metric_id", "uuid"),
-    # Last, the columns only the metric upsert reads (a pipelined chunk goes without).
+    # Last, the columns only the metric upsert reads.
     ("display_name", "text"), ("category", "text"), ("is_system", "bool"),
 )  # fmt: skip
-_CHUNK_COLUMNS = _INPUT_COLUMNS[:-3]
 _INPUT_NAMES = [name for name, _ in _INPUT_COLUMNS]
 
 
@@ -128,7 +137,6 @@ def _unnest(columns: Sequence[tuple[str, str]]) -> str:
 
 
 _INPUT_MANY = _unnest(_INPUT_COLUMNS)
-_INPUT_CHUNK = _unnest(_CHUNK_COLUMNS)
 _INPUT_ONE = "SELECT " + ", ".join(f"%({name})b::{kind} AS {name}" for name, kind in _INPUT_COLUMNS)
 # The parts of the record statement. Keys are sorted in code point order (COLLATE "C", as
 # Python sorts str) wherever a row may wait on another transaction's: the ledger sends a
@@ -220,12 +228,9 @@ ORDER BY i.ord
 """
 # The whole record. PostgreSQL runs `stored` as the main query reads it, then the other
 # data-modifying parts in reverse order of their place here: rejections, outbox,
-# summaries, metrics (seen on PostgreSQL 15 with a sequence default on each table). The
-# pipelined path writes events, summaries and metrics in that order.
+# summaries, metrics (seen on PostgreSQL 15 with a sequence default on each table). A
+# streamed batch writes events, outbox, summaries and metrics in that order.
 _RECORD_BODY = ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED)) + _ANSWER
-# One chunk of a pipelined batch: no metrics and no summaries (one statement each at the
-# end, for the whole batch).
-_CHUNK_BODY = ",".join((_KNOWN, _STORED, _OUTBOXED, _REJECTED)) + _ANSWER
 _SUMMARY_SQL = f"""
 INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
 SELECT *, now() FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::numeric[],
@@ -249,7 +254,6 @@ def _compact(statement: str) -> str:
 
 _RECORD_SQL = _compact(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}")
 _RECORD_ONE_SQL = _compact(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}")
-_CHUNK_SQL = _compact(f"WITH input AS ({_INPUT_CHUNK}), {_CHUNK_BODY}")
 # One event, with `_RECORD_ONE_SQL`'s parameters: the record statement's row shape, (ord,
 # created, known, stored payload).
 _RECORD_EVENT_SQL = "SELECT 0, * FROM sinal_record_event({}, p_schema_version => {:d})".format(
@@ -268,6 +272,19 @@ FROM unnest(%b::uuid[], %b::text[]) AS k(account_id, unique_event_id)
 CROSS JOIN LATERAL (SELECT * FROM events
                     WHERE account_id = k.account_id AND unique_event_id = k.unique_event_id
                     LIMIT 1) e
+"""
+_CONTACTS_SQL = """
+SELECT k.account_id, k.contact_id
+FROM unnest(%b::uuid[], %b::uuid[]) AS k(account_id, contact_id)
+CROSS JOIN LATERAL (SELECT 1 FROM contacts
+                    WHERE account_id = k.account_id AND id = k.contact_id LIMIT 1) c
+"""
+# A streamed batch's new events, in the record statement's insert order (the ledger sends
+# the chunks sorted by dedup key), then their outbox rows.
+_COPY_SQL = f"COPY events ({_EVENT_COLUMNS}, metric_id) FROM STDIN"
+_OUTBOX_SQL = """
+INSERT INTO outbox (account_id, event_id, metric_name)
+SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::text[])
 """
 
 
@@ -471,43 +488,26 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
                     raise
         raise AssertionError("unreachable")
 
-    def record_chunks(self, chunks: Iterable[Sequence[PreparedEvent]]) -> list[Outcome]:
-        """Pipelined: each chunk's statement (events, outbox, rejections) is sent as soon
-        as the ledger has validated the chunk, and validating the next one overlaps with
-        it; then one statement adds up the new events' summaries, one upserts their
-        metrics, and the transaction commits. When PostgreSQL aborts the pipeline (a
-        deadlock) the whole batch goes through `record`, which retries."""
+    def record_chunks(
+        self, chunks: Iterable[Sequence[PreparedEvent]], keys: Sequence[EventKey]
+    ) -> list[Outcome]:
+        """Looked up, then streamed: one round trip reads the stored events of the batch's
+        dedup keys and which of its contacts exist, while the ledger validates the first
+        chunk; then the new events go to PostgreSQL by COPY as each chunk is validated,
+        and three statements add their outbox rows, summaries and metrics (see the module
+        docstring). When another transaction stores one of the batch's keys in between
+        (the COPY then fails on the key), or PostgreSQL aborts the transaction (a
+        deadlock), the whole batch goes through `record`, which answers duplicates and
+        retries."""
         pending = iter(chunks)
         pulled: list[Sequence[PreparedEvent]] = []
         try:
             with self._conn() as conn:
-                return self._record_pipelined(conn, pending, pulled)
+                return _record_copied(conn, keys, _pulling(pending, pulled))
         except StoreError as exc:
-            if not isinstance(exc.__cause__, _RETRYABLE):
+            if not isinstance(exc.__cause__, _REDONE):
                 raise
         return self.record([e for chunk in (*pulled, *pending) for e in chunk])
-
-    def _record_pipelined(
-        self,
-        conn: psycopg.Connection[TupleRow],
-        chunks: Iterator[Sequence[PreparedEvent]],
-        pulled: list[Sequence[PreparedEvent]],
-    ) -> list[Outcome]:
-        # The transaction inside the pipeline: its COMMIT is queued behind the last
-        # statement rather than sent after the pipeline's sync, one round trip fewer.
-        with conn.pipeline(), conn.transaction():
-            sent = []
-            for chunk in chunks:
-                pulled.append(chunk)
-                if chunk:
-                    params = _input_arrays(chunk, _CHUNK_COLUMNS)
-                    sent.append((chunk, conn.execute(_CHUNK_SQL, params)))
-            answered = [(chunk, cursor.fetchall()) for chunk, cursor in sent]
-            created = [chunk[row[0]] for chunk, rows in answered for row in rows if row[1]]
-            if created:  # PostgreSQL writes them while the answers are read
-                conn.execute(_SUMMARY_SQL, _summary_params(created))
-                conn.execute(_METRICS_SQL, _metric_params(created))
-            return _answers(conn, answered)
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
@@ -864,6 +864,95 @@ def _record_in(
     return _answers(conn, [(events, rows)])
 
 
+def _record_copied(
+    conn: psycopg.Connection[TupleRow],
+    keys: Sequence[EventKey],
+    chunks: Iterator[Sequence[PreparedEvent]],
+) -> list[Outcome]:
+    """Record a batch by COPY (see `PostgresStore.record_chunks`). Each event whose
+    contact was found and whose key was not is copied and answered "created"; a repeat
+    of a stored key is answered "duplicate" from the lookup; an event of no known contact
+    goes to the record statement, which keeps the rejection. Fails with UniqueViolation
+    when a key was stored by another transaction after the lookup."""
+    events: list[PreparedEvent] = []
+    outcomes: list[Outcome | None] = []
+    created: list[PreparedEvent] = []
+    unknown: list[int] = []
+    with conn.transaction():
+        with conn.pipeline():
+            found = conn.execute(_DUPLICATES_SQL, _key_arrays(keys))
+            people = conn.cursor().execute(_CONTACTS_SQL, _contact_arrays(keys))
+            first = next(chunks, ())  # validated while PostgreSQL looks up
+            stored = _payloads(found.fetchall())
+            known = set(people.fetchall())
+        with conn.cursor() as cursor, cursor.copy(_COPY_SQL) as copy:
+            for chunk in itertools.chain((first,), chunks):
+                for e in chunk:
+                    events.append(e)
+                    key = (e.account_id, e.unique_event_id)
+                    if (e.account_id, e.contact_id) not in known:  # a None contact included
+                        unknown.append(len(outcomes))
+                        outcomes.append(None)
+                    elif key in stored:
+                        existing_id, payload = stored[key]
+                        outcomes.append(Outcome("duplicate", event_id=existing_id, stored=payload))
+                    else:
+                        copy.write_row(_copy_row(e))
+                        created.append(e)
+                        outcomes.append(Outcome("created", event_id=e.id))
+        if unknown:
+            others = _record_in(conn, [events[i] for i in unknown])
+            for i, outcome in zip(unknown, others, strict=True):
+                outcomes[i] = outcome
+        if created:
+            with conn.pipeline():
+                outboxed = [e for e in created if e.automation_execution_id is None]
+                if outboxed:
+                    conn.execute(_OUTBOX_SQL, _outbox_params(outboxed))
+                conn.execute(_SUMMARY_SQL, _summary_params(created))
+                conn.execute(_METRICS_SQL, _metric_params(created))
+    assert all(o is not None for o in outcomes)
+    return outcomes  # type: ignore[return-value]
+
+
+def _pulling(
+    chunks: Iterator[Sequence[PreparedEvent]], pulled: list[Sequence[PreparedEvent]]
+) -> Iterator[Sequence[PreparedEvent]]:
+    """`chunks`, each kept in `pulled` as it is pulled (to redo the batch)."""
+    for chunk in chunks:
+        pulled.append(chunk)
+        yield chunk
+
+
+def _key_arrays(keys: Sequence[EventKey]) -> tuple[list[UUID], list[str]]:
+    """The batch's distinct dedup keys, as (accounts, unique ids)."""
+    pairs = {(k.account_id, k.unique_event_id) for k in keys}
+    valid = [(a, u) for a, u in pairs if a is not None and u is not None]
+    return [a for a, _ in valid], [u for _, u in valid]
+
+
+def _contact_arrays(keys: Sequence[EventKey]) -> tuple[list[UUID], list[UUID]]:
+    """The batch's distinct contacts, as (accounts, contact ids)."""
+    pairs = {(k.account_id, k.contact_id) for k in keys}
+    valid = [(a, c) for a, c in pairs if a is not None and c is not None]
+    return [a for a, _ in valid], [c for _, c in valid]
+
+
+def _copy_row(e: PreparedEvent) -> tuple[Any, ...]:
+    """One event as `_COPY_SQL`'s columns."""
+    return (
+        e.account_id, e.id, e.contact_id, e.metric_name, e.properties_json, e.value,
+        e.currency, e.source, e.source_id, e.integration_id, e.unique_event_id, e.entity_type,
+        e.entity_id, e.automation_execution_id, e.occurred_at, e.received_at, SCHEMA_VERSION,
+        metric_id(e.account_id, e.metric_name),
+    )  # fmt: skip
+
+
+def _outbox_params(events: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
+    """The outbox rows of `events`, as arrays."""
+    return [e.account_id for e in events], [e.id for e in events], [e.metric_name for e in events]
+
+
 def _answers(
     conn: psycopg.Connection[TupleRow],
     answered: Sequence[tuple[Sequence[PreparedEvent], list[TupleRow]]],
@@ -933,10 +1022,12 @@ def _stored_payloads(
 ) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
     """The stored events (id and payload) that `events`, duplicates, repeat, by dedup key."""
     keys = ([e.account_id for e in events], [e.unique_event_id for e in events])
-    return {
-        (r[0], r[1]): (r[2], StoredPayload(r[3], r[4], r[5], r[6], r[7]))
-        for r in conn.execute(_DUPLICATES_SQL, keys).fetchall()
-    }
+    return _payloads(conn.execute(_DUPLICATES_SQL, keys).fetchall())
+
+
+def _payloads(rows: Iterable[TupleRow]) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
+    """`_DUPLICATES_SQL`'s rows by dedup key: (the stored event's id, its payload)."""
+    return {(r[0], r[1]): (r[2], StoredPayload(r[3], r[4], r[5], r[6], r[7])) for r in rows}
 
 
 def _metric_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:

@@ -28,7 +28,7 @@ from uuid import UUID
 import orjson
 
 from sinal.errors import ConfigurationError, DuplicateKey, IdentityConflict, StoreError
-from sinal.events import PreparedEvent, StoredPayload, dumps_json
+from sinal.events import EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
 from sinal.store.base import (
     Account,
@@ -342,7 +342,9 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
             batch.flush_summaries()
         return outcomes
 
-    def record_chunks(self, chunks: Iterable[Sequence[PreparedEvent]]) -> list[Outcome]:
+    def record_chunks(
+        self, chunks: Iterable[Sequence[PreparedEvent]], keys: Sequence[EventKey]
+    ) -> list[Outcome]:
         """`record` for all the chunks: validated before the write lock is taken, as one
         SQLite writer gains nothing from overlapping them (see `Store.record_chunks`)."""
         return self.record([event for chunk in chunks for event in chunk])
