@@ -359,8 +359,9 @@ def _mixed_batch(
     account: sinal.Account, contacts: list[sinal.Contact], extra_metric: str | None
 ) -> list[EmitEvent]:
     """400-odd events of every kind, deterministic: new, repeated (same and other
-    payload), keyless, invalid, of an unknown contact, and a repeat whose first is rejected
-    (in a batch, a repeat is answered like its first: an unknown contact comes first)."""
+    payload), keyless, invalid, of an unknown contact, emitted by an automation (no outbox
+    row), and a repeat whose first is rejected (in a batch, a repeat is answered like its
+    first: an unknown contact comes first)."""
     rng = random.Random(7)
     metrics = [sinal.METRIC_ORDER_PAID, sinal.METRIC_MESSAGE_SENT, sinal.METRIC_LINK_CLICKED]
     if extra_metric is not None:
@@ -378,6 +379,8 @@ def _mixed_batch(
             source_id=None if i % 17 == 0 else f"id-{uid}",
             occurred_at=T0 + timedelta(minutes=rng.randrange(-500, 500)),
         )
+        if i % 13 == 0:
+            event = replace(event, automation_execution_id=uuid.UUID(int=i))
         if i % 23 == 0:
             event = replace(event, currency="??")  # invalid
         elif i % 29 == 0:  # unknown contact; a valid repeat of it comes last
@@ -436,6 +439,16 @@ def test_a_batch_of_many_chunks_answers_like_one_event_at_a_time(
         statement = f"SELECT count(*) FROM {table} WHERE account_id = ?"
         counts = [sql(database_url, statement, str(account.id)) for account, _ in tenants]
         assert counts[0] == counts[1], table
+    [(stored, automated)] = sql(
+        database_url,
+        "SELECT count(*), count(automation_execution_id) FROM events WHERE account_id = ?",
+        str(tenants[0][0].id),
+    )
+    outboxed = sql(
+        database_url, "SELECT count(*) FROM outbox WHERE account_id = ?", str(tenants[0][0].id)
+    )
+    assert automated > 0
+    assert outboxed == [(stored - automated,)]
     metrics = [
         sql(
             database_url,

@@ -46,6 +46,9 @@ from uuid import UUID
 
 import orjson
 import psycopg
+from psycopg.adapt import Dumper
+from psycopg.postgres import types as postgres_types
+from psycopg.pq import Format
 from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool
@@ -281,7 +284,11 @@ CROSS JOIN LATERAL (SELECT 1 FROM contacts
 """
 # A streamed batch's new events, in the record statement's insert order (the ledger sends
 # the chunks sorted by dedup key), then their outbox rows.
-_COPY_SQL = f"COPY events ({_EVENT_COLUMNS}, metric_id) FROM STDIN"
+_COPY_SQL = f"COPY events ({_EVENT_COLUMNS}, metric_id) FROM STDIN (FORMAT BINARY)"
+_COPY_TYPES = (
+    "uuid", "uuid", "uuid", "text", "jsonb", "numeric", "text", "text", "text", "uuid", "text",
+    "text", "text", "uuid", "timestamptz", "timestamptz", "int4", "uuid",
+)  # fmt: skip
 _OUTBOX_SQL = """
 INSERT INTO outbox (account_id, event_id, metric_name)
 SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::text[])
@@ -885,17 +892,21 @@ def _record_copied(
             first = next(chunks, ())  # validated while PostgreSQL looks up
             stored = _payloads(found.fetchall())
             known = set(people.fetchall())
-        with conn.cursor() as cursor, cursor.copy(_COPY_SQL) as copy:
-            for chunk in itertools.chain((first,), chunks):
-                for e in chunk:
+        with conn.cursor() as cursor:
+            cursor.adapters.register_dumper(None, _JsonbTextDumper)
+            with cursor.copy(_COPY_SQL) as copy:
+                copy.set_types(_COPY_TYPES)
+                for e in itertools.chain(first, itertools.chain.from_iterable(chunks)):
                     events.append(e)
-                    key = (e.account_id, e.unique_event_id)
+                    key = e.unique_event_id
+                    repeated = None if key is None else stored.get((e.account_id, key))
                     if (e.account_id, e.contact_id) not in known:  # a None contact included
                         unknown.append(len(outcomes))
                         outcomes.append(None)
-                    elif key in stored:
-                        existing_id, payload = stored[key]
-                        outcomes.append(Outcome("duplicate", event_id=existing_id, stored=payload))
+                    elif repeated is not None:
+                        outcomes.append(
+                            Outcome("duplicate", event_id=repeated[0], stored=repeated[1])
+                        )
                     else:
                         copy.write_row(_copy_row(e))
                         created.append(e)
@@ -913,6 +924,17 @@ def _record_copied(
                 conn.execute(_METRICS_SQL, _metric_params(created))
     assert all(o is not None for o in outcomes)
     return outcomes  # type: ignore[return-value]
+
+
+class _JsonbTextDumper(Dumper):
+    """jsonb in binary from JSON text already serialized (the properties' canonical
+    text): the format's version byte, then the text."""
+
+    format = Format.BINARY
+    oid = postgres_types["jsonb"].oid
+
+    def dump(self, obj: str) -> bytes:
+        return b"\x01" + obj.encode()
 
 
 def _pulling(
