@@ -671,9 +671,10 @@ class _FirstWins:
 
 
 CHUNK = 64  # events per chunk of a batch (measured: bench/README.md)
-# The first chunk is smaller: it is validated while PostgreSQL looks the batch up, and
-# PostgreSQL has nothing to store until it arrives.
-FIRST_CHUNK = 16
+# The first chunk is validated while PostgreSQL looks the batch's keys and contacts up,
+# which takes about as long as validating 128 events (bench/README.md); PostgreSQL has
+# nothing to store until the answer is in.
+FIRST_CHUNK = 128
 
 
 def _lock_order(key: EventKey) -> tuple[int, int, str]:
