@@ -340,11 +340,22 @@ class Measurement:
     events: int
     stored: int
     seconds: float
+    client_cpu: float  # CPU seconds of this process (the ledger, or the raw driver)
+    server_cpu: float | None  # CPU seconds of the PostgreSQL backends (None: SQLite)
 
     @property
     def rate(self) -> float:
         """Input events processed per second of wall time (repeats included)."""
         return self.events / self.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One timed run: wall seconds, and the CPU seconds spent on each side meanwhile."""
+
+    seconds: float
+    client_cpu: float
+    server_cpu: float | None
 
 
 class Mismatch(Exception):
@@ -455,14 +466,24 @@ class Bench(ABC):
         inputs = self.workload.inputs[:WARMUP]
         self.verify(method, inputs, method.run(inputs))
 
-    def timed_run(self, method: Method, inputs: Sequence[Input]) -> float:
-        """Seconds `method` takes on `inputs` from empty tables (checked afterwards)."""
+    def timed_run(self, method: Method, inputs: Sequence[Input]) -> Run:
+        """`method` on `inputs` from empty tables (checked afterwards): wall seconds, and
+        CPU seconds of this process and of the database server."""
         self.reset()
+        server = self.server_cpu()
+        client = time.process_time()
         started = time.perf_counter()
         results = method.run(inputs)
         seconds = time.perf_counter() - started
+        client = time.process_time() - client
+        after = self.server_cpu()
         self.verify(method, inputs, results)
-        return seconds
+        return Run(seconds, client, None if server is None or after is None else after - server)
+
+    def server_cpu(self) -> float | None:
+        """CPU seconds so far of the database server's processes serving the bench (None:
+        the database runs inside this process)."""
+        return None
 
     def verify(self, method: Method, inputs: Sequence[Input], results: Results) -> None:
         """Raise `Mismatch` unless exactly the distinct inputs were stored."""
@@ -560,6 +581,25 @@ class PostgresBench(Bench):
             Method("seed_flow", "seed flow", self.seed_flow, per_event=True),
             Method("insert_each", "INSERT ×1/tx", self.insert_each, per_event=True),
         ]
+
+    def server_cpu(self) -> float:
+        """CPU seconds so far of the bench database's backends, from
+        `/proc/<pid>/schedstat` (nanoseconds; Linux, the server on this machine). Read
+        between runs: a backend that ended meanwhile would be missed, and the pool keeps
+        its connections."""
+        pids = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        ).fetchall()
+        total = 0
+        for (pid,) in pids:
+            proc = Path(f"/proc/{pid}")
+            try:
+                if b"postgres" not in (proc / "cmdline").read_bytes():
+                    continue  # the server is on another machine: this pid is not it
+                total += int((proc / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue  # gone, or no such process here: not counted
+        return total / 1e9
 
     def load_history(self, inputs: Sequence[Input]) -> None:
         """COPY the other tenant's events, then ANALYZE (what autovacuum does in time)."""
@@ -800,15 +840,15 @@ def run_backend(bench: Bench, args: argparse.Namespace) -> Report:
     sizes = {m.key: args.event_n if m.per_event else args.batch_n for m in methods}
     for method in methods:
         bench.warm_up(method)
-    seconds: dict[str, list[float]] = {m.key: [] for m in methods}
+    runs: dict[str, list[Run]] = {m.key: [] for m in methods}
     for round_ in range(1, args.repeat + 1):
         for method in methods:
             n = sizes[method.key]
-            seconds[method.key].append(bench.timed_run(method, bench.workload.inputs[:n]))
+            run = bench.timed_run(method, bench.workload.inputs[:n])
+            runs[method.key].append(run)
             console.print(
                 f"{bench.name:>10} round {round_}/{args.repeat} {method.label:<18} {n:>7,} events "
-                f"{seconds[method.key][-1]:7.2f} s {n / seconds[method.key][-1]:>9,.0f}/s "
-                f"(load {os.getloadavg()[0]:.2f})"
+                f"{run.seconds:7.2f} s {n / run.seconds:>9,.0f}/s (load {os.getloadavg()[0]:.2f})"
             )
     rows = [
         Measurement(
@@ -816,11 +856,18 @@ def run_backend(bench: Bench, args: argparse.Namespace) -> Report:
             m.label,
             sizes[m.key],
             bench.workload.expected(sizes[m.key]),
-            statistics.median(seconds[m.key]),
+            statistics.median(r.seconds for r in runs[m.key]),
+            statistics.median(r.client_cpu for r in runs[m.key]),
+            _median_or_none([r.server_cpu for r in runs[m.key]]),
         )
         for m in methods
     ]
     return Report(bench.name, bench.baseline, rows, (load_before, os.getloadavg()[0]))
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def table(report: Report) -> Table:
@@ -835,6 +882,8 @@ def table(report: Report) -> Table:
         out.add_column(header, justify="left" if header == "method" else "right")
     out.add_column(f"× {report.baseline}", justify="right")
     out.add_column("× seed flow", justify="right")
+    out.add_column("client CPU µs/event", justify="right")
+    out.add_column("server CPU µs/event", justify="right")
     base, seed = report.rate(report.baseline), report.rate("seed_flow")
     for m in report.rows:
         out.add_row(
@@ -845,6 +894,8 @@ def table(report: Report) -> Table:
             f"{m.rate:,.0f}",
             f"{m.rate / base:.2f}",
             f"{m.rate / seed:.2f}",
+            f"{m.client_cpu / m.events * 1e6:,.0f}",
+            "—" if m.server_cpu is None else f"{m.server_cpu / m.events * 1e6:,.0f}",
         )
     return out
 
@@ -869,7 +920,7 @@ def print_report(reports: list[Report]) -> None:
     """Tables, then the targets (PostgreSQL's are the targets; SQLite's are shown too)."""
     out = Console()
     if not out.is_terminal:
-        out = Console(width=100)  # not 80: the table fits without wrapping
+        out = Console(width=140)  # not 80: the table fits without wrapping
     for report in reports:
         out.print(table(report))
         out.print()
