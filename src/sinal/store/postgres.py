@@ -862,7 +862,7 @@ def _record_in(
     autocommit connection): one event whose contact exists by `sinal_record_event`, any
     other by the record statement."""
     if len(events) > 1:
-        rows = conn.execute(_RECORD_SQL, _input_arrays(events, _INPUT_COLUMNS)).fetchall()
+        rows = conn.execute(_RECORD_SQL, _input_arrays(events)).fetchall()
     else:  # one event: scalars (dumping 21 one-element arrays costs more than the statement)
         params = dict(zip(_INPUT_NAMES, _input_row(0, events[0]), strict=True))
         rows = conn.execute(_RECORD_EVENT_SQL, params).fetchall()
@@ -1052,12 +1052,10 @@ def _api_key(r: Sequence[Any]) -> ApiKey:
     return ApiKey(r[0], r[1], r[2], r[3], r[4], tuple(r[5]), r[6], r[7])
 
 
-def _input_arrays(
-    events: Sequence[PreparedEvent], columns: Sequence[tuple[str, str]]
-) -> dict[str, Any]:
-    """The first `columns` of `events`' input rows, one array each."""
+def _input_arrays(events: Sequence[PreparedEvent]) -> dict[str, Any]:
+    """`events`' input rows, one array per column."""
     columns_of_rows = zip(*(_input_row(i, e) for i, e in enumerate(events)), strict=True)
-    return {name: list(values) for (name, _), values in zip(columns, columns_of_rows, strict=False)}
+    return {name: list(values) for name, values in zip(_INPUT_NAMES, columns_of_rows, strict=True)}
 
 
 def _stored_payloads(
