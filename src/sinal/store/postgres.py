@@ -95,6 +95,8 @@ _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailu
 _REDONE = (*_RETRYABLE, psycopg.errors.UniqueViolation)
 _ATTEMPTS = 5
 T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
 
 _EVENT_COLUMNS = (
     "account_id, id, contact_id, metric_name, properties, value, currency, source, source_id, "
@@ -868,7 +870,7 @@ def _record_in(
         rows = conn.execute(_RECORD_EVENT_SQL, params).fetchall()
         if not rows[0][2]:  # not a contact of the account: the statement keeps the rejection
             rows = conn.execute(_RECORD_ONE_SQL, params).fetchall()
-    return _answers(conn, [(events, rows)])
+    return _outcomes(conn, events, rows)
 
 
 def _record_copied(
@@ -880,8 +882,10 @@ def _record_copied(
     UniqueViolation when a key was stored by another transaction after the lookup."""
     with conn.transaction():
         with conn.pipeline():
-            found = conn.execute(_DUPLICATES_SQL, _key_arrays(keys))
-            people = conn.cursor().execute(_CONTACTS_SQL, _contact_arrays(keys))
+            dedup = _pair_arrays((k.account_id, k.unique_event_id) for k in keys)
+            found = conn.execute(_DUPLICATES_SQL, dedup)
+            contacts = _pair_arrays((k.account_id, k.contact_id) for k in keys)
+            people = conn.cursor().execute(_CONTACTS_SQL, contacts)
             first = next(chunks, ())  # validated while PostgreSQL looks up
             batch = _Streamed(_payloads(found.fetchall()), set(people.fetchall()))
         with conn.cursor() as cursor:
@@ -967,18 +971,10 @@ def _pulling(
         yield chunk
 
 
-def _key_arrays(keys: Sequence[EventKey]) -> tuple[list[UUID], list[str]]:
-    """The batch's distinct dedup keys, as (accounts, unique ids)."""
-    pairs = {(k.account_id, k.unique_event_id) for k in keys}
-    valid = [(a, u) for a, u in pairs if a is not None and u is not None]
-    return [a for a, _ in valid], [u for _, u in valid]
-
-
-def _contact_arrays(keys: Sequence[EventKey]) -> tuple[list[UUID], list[UUID]]:
-    """The batch's distinct contacts, as (accounts, contact ids)."""
-    pairs = {(k.account_id, k.contact_id) for k in keys}
-    valid = [(a, c) for a, c in pairs if a is not None and c is not None]
-    return [a for a, _ in valid], [c for _, c in valid]
+def _pair_arrays(pairs: Iterable[tuple[A | None, B | None]]) -> tuple[list[A], list[B]]:
+    """The distinct pairs with neither side None, as two arrays (for `unnest`)."""
+    valid = {(a, b) for a, b in pairs if a is not None and b is not None}
+    return [a for a, _ in valid], [b for _, b in valid]
 
 
 def _copy_row(e: PreparedEvent) -> tuple[Any, ...]:
@@ -996,32 +992,26 @@ def _outbox_params(events: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
     return [e.account_id for e in events], [e.id for e in events], [e.metric_name for e in events]
 
 
-def _answers(
-    conn: psycopg.Connection[TupleRow],
-    answered: Sequence[tuple[Sequence[PreparedEvent], list[TupleRow]]],
+def _outcomes(
+    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent], rows: list[TupleRow]
 ) -> list[Outcome]:
-    """Record statements' rows (`_ANSWER`, each with the events it was sent) as one
-    outcome per event; reads, in one query, the stored payloads the statements could not
-    see (events committed by others after they began)."""
+    """A record statement's `rows` (`_ANSWER`) as one outcome per event; reads, in one
+    query, the stored payloads the statement could not see (events committed by others
+    after it began)."""
     stored: dict[tuple[UUID, str], tuple[UUID, StoredPayload]] = {}
     unseen: list[PreparedEvent] = []
-    for events, rows in answered:
-        for ord_, created, known, existing_id, *payload in rows:
-            if known and not created:
-                event = events[ord_]
-                assert event.unique_event_id is not None
-                if existing_id is None:
-                    unseen.append(event)
-                else:
-                    key = (event.account_id, event.unique_event_id)
-                    stored[key] = (existing_id, StoredPayload(*payload))
+    for ord_, created, known, existing_id, *payload in rows:
+        if known and not created:
+            event = events[ord_]
+            assert event.unique_event_id is not None
+            if existing_id is None:
+                unseen.append(event)
+            else:
+                key = (event.account_id, event.unique_event_id)
+                stored[key] = (existing_id, StoredPayload(*payload))
     if unseen:
         stored.update(_stored_payloads(conn, unseen))
-    return [
-        _outcome(events[row[0]], row[1], row[2], stored)
-        for events, rows in answered
-        for row in rows
-    ]
+    return [_outcome(events[row[0]], row[1], row[2], stored) for row in rows]
 
 
 def _move_identity(
@@ -1062,7 +1052,7 @@ def _stored_payloads(
     conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
 ) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
     """The stored events (id and payload) that `events`, duplicates, repeat, by dedup key."""
-    keys = ([e.account_id for e in events], [e.unique_event_id for e in events])
+    keys = _pair_arrays((e.account_id, e.unique_event_id) for e in events)
     return _payloads(conn.execute(_DUPLICATES_SQL, keys).fetchall())
 
 
