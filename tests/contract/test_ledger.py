@@ -765,3 +765,47 @@ def test_sqlite_writers_queue_on_the_lock_file(sqlite_url: str) -> None:
         writer.join(10)
 
     assert [a.status for a in answers] == ["created"]
+
+
+def test_a_sqlite_writer_waits_for_its_turn_at_most_the_busy_timeout(sqlite_url: str) -> None:
+    """A writer whose turn does not come within the busy timeout gets `StoreError` (the
+    API answers 503, retry) and writes nothing; once the lock file is free, writes go
+    through, and each abandoned wait gives back the lock it got in the meantime."""
+    import fcntl
+
+    from sinal.store.sqlite import SQLiteStore
+
+    path = sqlite_url.removeprefix("sqlite:///")
+    with Ledger(SQLiteStore(path, busy_timeout=0.2)) as ledger:
+        ledger.migrate()
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        errors: list[Exception] = []
+
+        def emit_twice() -> None:  # the second wait is on a new descriptor
+            for _ in range(2):
+                try:
+                    ledger.emit(order_paid(account, contact))
+                except sinal.StoreError as exc:
+                    errors.append(exc)
+
+        with open(f"{path}-lock", "a") as held:  # a writer of another process, stuck
+            fcntl.flock(held, fcntl.LOCK_EX)
+            writer = threading.Thread(target=emit_twice, daemon=True)
+            writer.start()
+            writer.join(10)
+            assert not writer.is_alive()  # it stopped waiting
+            fcntl.flock(held, fcntl.LOCK_UN)
+        answer = ledger.emit(order_paid(account, contact))
+
+    with open(f"{path}-lock", "a") as later:  # would wait forever if a wait kept the lock
+        taker = threading.Thread(target=fcntl.flock, args=(later, fcntl.LOCK_EX), daemon=True)
+        taker.start()
+        taker.join(10)
+        assert not taker.is_alive()
+    assert [str(e) for e in errors] == [
+        f"the database is busy: no writer's turn within 0.2 s (another writer holds {path}-lock)"
+    ] * 2
+    assert answer.status == "created"
+    assert count(sqlite_url, "events") == 1
+    assert count(sqlite_url, "rejections") == 0

@@ -5,7 +5,9 @@ never has to upgrade a read lock and deadlock); readers run beside it under WAL.
 queue for it on an advisory file lock first (`flock` on `<database>-lock`, every process
 and thread alike): SQLite's own busy handler makes a waiting writer sleep and poll (1, 2,
 5 … 100 ms), which adds its sleeps to every write that waited, and lets a fresh arrival
-overtake writers that have waited for seconds. Each thread has its own connection.
+overtake writers that have waited for seconds. A writer waits for its turn at most the
+busy timeout (60 s by default, as SQLite's own), then gets `StoreError`. Each thread has
+its own connection.
 Decimals are stored as exact text and summed with a Python aggregate (`decimal_sum`),
 never as floats.
 """
@@ -120,6 +122,36 @@ def translated_errors() -> Iterator[None]:
         raise StoreError(str(exc)) from exc
 
 
+class _LockWait:
+    """A thread waiting for the writers' lock file on `fd` (without the GIL) for a writer
+    that can stop waiting."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._state = threading.Lock()
+        self._taken = threading.Event()
+        self._abandoned = False
+        threading.Thread(target=self._wait, name="sinal-sqlite-lock", daemon=True).start()
+
+    def _wait(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        with self._state:
+            if not self._abandoned:
+                self._taken.set()
+                return
+        fcntl.flock(self._fd, fcntl.LOCK_UN)  # nobody waits for it any more
+        os.close(self._fd)
+
+    def done(self, timeout: float) -> bool:
+        """Whether the lock was taken within `timeout` seconds; if not, the waiting thread
+        gives it back when it comes, and closes the descriptor."""
+        if self._taken.wait(timeout):
+            return True
+        with self._state:
+            self._abandoned = not self._taken.is_set()
+            return not self._abandoned
+
+
 class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteCommerce):
     """sinal's tables in one SQLite file."""
 
@@ -164,8 +196,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
-        fd = self._lock_fd()
-        fcntl.flock(fd, fcntl.LOCK_EX)  # waits without holding the GIL
+        fd = self._writers_turn()
         try:
             with translated_errors():
                 conn.execute("BEGIN IMMEDIATE")
@@ -177,6 +208,27 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
                 conn.execute("COMMIT")
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _writers_turn(self) -> int:
+        """Take the writers' lock file, waiting at most the busy timeout; the descriptor
+        holding it. `flock` cannot time out, so a writer that has to wait does so in a
+        thread of its own; if its turn does not come in time, that thread keeps the
+        descriptor, and gives the lock back and closes it once it gets it."""
+        fd = self._lock_fd()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        if _LockWait(fd).done(self._busy_timeout):
+            return fd
+        with self._all_lock:
+            self._lock_fds.remove(fd)
+        self._local.lock_fd = None  # the next write of this thread opens another
+        raise StoreError(
+            f"the database is busy: no writer's turn within {self._busy_timeout:g} s "
+            f"(another writer holds {self._lock_path})"
+        )
 
     def _lock_fd(self) -> int:
         """This thread's descriptor of the writers' lock file (flock locks belong to an
