@@ -165,6 +165,34 @@ async def test_revocation_takes_effect_within_the_cache_ttl(cached_api: Api) -> 
     assert (await api.client.get("/v1/events", headers=api.auth(key_text))).status_code == 401
 
 
+async def test_a_sqlite_write_kept_waiting_for_its_turn_is_503_and_writes_nothing(
+    sqlite_url: str,
+) -> None:
+    """Another process's writer holds the SQLite lock file past the busy timeout: the
+    request is answered 503 (retry), nothing is stored, and the next one goes through."""
+    import fcntl
+
+    from sinal.ledger import connect
+
+    path = sqlite_url.removeprefix("sqlite:///")
+    with connect(sqlite_url) as ledger:
+        async for api in running_api(sqlite_url, ledger):
+            api.app.state.service.ledger.store._busy_timeout = 0.2
+            contact = ledger.create_contact(api.account.id, email="ana@example.com")
+            body = {"metric": "Order Paid", "contact_id": str(contact.id), "source_id": "1"}
+            with open(f"{path}-lock", "a") as held:
+                fcntl.flock(held, fcntl.LOCK_EX)
+                busy = await api.post("/v1/events", body)
+                fcntl.flock(held, fcntl.LOCK_UN)
+            later = await api.post("/v1/events", body)
+
+    assert busy.status_code == 503
+    assert busy.headers["content-type"] == "application/problem+json"
+    assert busy.json()["type"] == "/problems/store-unavailable"
+    assert later.status_code == 201
+    assert sql(sqlite_url, "SELECT count(*) FROM events WHERE metric_name = 'Order Paid'") == [(1,)]
+
+
 async def test_a_database_failure_is_503_without_the_drivers_message(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
