@@ -615,23 +615,24 @@ def test_one_event_calls_keep_a_cursor_that_outlives_errors(pg_url: str) -> None
     through it, also after a statement on it failed, and a closed one is made again."""
     from sinal.store.postgres import PostgresStore
 
-    with Ledger(PostgresStore(pg_url, max_size=1)) as ledger:
+    store = PostgresStore(pg_url, max_size=1)
+    with Ledger(store) as ledger:
         account = ledger.create_account("Loja")
         contact = ledger.create_contact(account.id, external_id="c1")
         first = ledger.emit(order_paid(account, contact, source_id="1"))
-        with ledger.store._pool.connection() as conn:
+        with store._pool.connection() as conn:
             kept = conn.one_event_cursor()
             with pytest.raises(psycopg.errors.DivisionByZero):
                 kept.execute("SELECT 1 / 0")
         second = ledger.emit(order_paid(account, contact, source_id="2"))
-        with ledger.store._pool.connection() as conn:
+        with store._pool.connection() as conn:
             assert conn.one_event_cursor() is kept
             assert kept.description is not None  # the record's answer, read through it
             assert [column.name for column in kept.description][1:3] == ["created", "known"]
             kept.close()
         again = ledger.emit(order_paid(account, contact, source_id="2"))
         unknown = ledger.emit(order_paid(account, contact, contact_id=uuid.uuid4()))
-        with ledger.store._pool.connection() as conn:
+        with store._pool.connection() as conn:
             assert conn.one_event_cursor() is not kept
 
     assert [first.status, second.status, again.status] == ["created", "created", "duplicate"]
@@ -809,3 +810,39 @@ def test_a_sqlite_writer_waits_for_its_turn_at_most_the_busy_timeout(sqlite_url:
     assert answer.status == "created"
     assert count(sqlite_url, "events") == 1
     assert count(sqlite_url, "rejections") == 0
+
+
+def test_closing_a_sqlite_store_waits_for_the_writes_in_progress(sqlite_url: str) -> None:
+    """`close()` while another thread's write waits for its turn: the store closes once
+    the write has ended (stored); no thread is left with a connection closed under it."""
+    import fcntl
+
+    from sinal.store.sqlite import SQLiteStore
+
+    path = sqlite_url.removeprefix("sqlite:///")
+    store = SQLiteStore(path)
+    ledger = Ledger(store)
+    account = ledger.create_account("Loja")
+    contact = ledger.create_contact(account.id, external_id="c1")
+    answers: list[sinal.EmitResult] = []
+    with open(f"{path}-lock", "a") as held:  # the write waits for its turn meanwhile
+        fcntl.flock(held, fcntl.LOCK_EX)
+        writer = threading.Thread(
+            target=lambda: answers.append(ledger.emit(order_paid(account, contact)))
+        )
+        writer.start()
+        for _ in range(1000):  # until the write is under way
+            if store._users:
+                break
+            threading.Event().wait(0.01)
+        closer = threading.Thread(target=ledger.close)
+        closer.start()
+        closer.join(0.3)
+        assert closer.is_alive()  # waiting for the write
+        fcntl.flock(held, fcntl.LOCK_UN)
+    writer.join(10)
+    closer.join(10)
+
+    assert not closer.is_alive()
+    assert [a.status for a in answers] == ["created"]
+    assert count(sqlite_url, "events") == 1

@@ -171,8 +171,23 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         self._all_lock = threading.Lock()
         self._lock_path = f"{path}-lock"
         self._lock_fds: list[int] = []
+        self._users = 0  # operations in progress, in every thread
+        self._idle = threading.Condition(self._all_lock)  # notified when they are none
 
     # -- connections -------------------------------------------------------------------
+
+    @contextmanager
+    def _using(self) -> Iterator[sqlite3.Connection]:
+        """This thread's connection, counted in use until the block ends (`close` waits)."""
+        with self._idle:
+            self._users += 1
+        try:
+            yield self._conn()
+        finally:
+            with self._idle:
+                self._users -= 1
+                if not self._users:
+                    self._idle.notify_all()
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -195,19 +210,19 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
-        fd = self._writers_turn()
-        try:
-            with translated_errors():
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        with self._using() as conn:
+            fd = self._writers_turn()
+            try:
+                with translated_errors():
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield conn
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
+                    conn.execute("COMMIT")
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _writers_turn(self) -> int:
         """Take the writers' lock file, waiting at most the busy timeout; the descriptor
@@ -246,8 +261,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
-        with translated_errors():
+        with self._using() as conn, translated_errors():
             conn.execute("BEGIN")
             try:
                 yield conn
@@ -255,8 +269,11 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
                 conn.execute("COMMIT")
 
     def close(self) -> None:
-        """Close every thread's connection."""
-        with self._all_lock:
+        """Close every thread's connection, once the operations in progress have ended:
+        closing a connection while another thread uses it can crash the process. (A
+        thread must not close the store from inside one of its own operations.)"""
+        with self._idle:
+            self._idle.wait_for(lambda: not self._users)
             for conn in self._all:
                 conn.close()
             self._all.clear()
@@ -270,8 +287,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
     def migrate(self) -> list[int]:
         """Apply pending migrations, each in its own transaction."""
         applied: list[int] = []
-        conn = self._conn()
-        with translated_errors():
+        with self._using() as conn, translated_errors():
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
                 "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
