@@ -608,7 +608,7 @@ class PostgresBench(Bench):
             *self.ledger_methods(),
             Method("seed_flow", "seed flow", self.seed_flow, per_event=True),
             Method("insert_each", "INSERT ×1/tx", self.insert_each, per_event=True),
-            Method("record_each", "sinal_record_event", self.record_event, True, whole=True),
+            Method("record_each", "sinal_record_event", self.record_each, True, whole=True),
         ]
 
     def server_cpu(self) -> float:
@@ -690,7 +690,7 @@ class PostgresBench(Bench):
             self.conn.execute(PG_INSERT, pg_row(item.row, item.row.metric_id))
         return None
 
-    def record_event(self, inputs: Sequence[Input]) -> Results:
+    def record_each(self, inputs: Sequence[Input]) -> Results:
         """The function `emit_event` calls, per event, on the raw connection with the rows'
         pre-built parameters: every write `emit_event` does, in its one round trip, without
         sinal's Python (validation, ids, JSON, the pool, the answer). The floor of
