@@ -642,6 +642,46 @@ def test_one_event_calls_keep_a_cursor_that_outlives_errors(pg_url: str) -> None
     assert count(pg_url, "rejections") == 1
 
 
+@pytest.mark.postgres
+def test_a_checked_out_connection_goes_back_clean_and_fails_with_sinals_errors(
+    pg_url: str,
+) -> None:
+    """The store's checkout (the pool's `connection()` without its generators): psycopg's
+    errors and the pool's timeout come out as sinal's, and a connection given back inside
+    a transaction, or after a failed statement, is rolled back before its next use."""
+    from sinal.errors import DuplicateKey, StoreError
+    from sinal.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, max_size=1)
+
+    def run(statement: str, *params: object) -> None:
+        with store._conn() as conn:
+            conn.execute(statement, params)  # type: ignore[arg-type]
+
+    with Ledger(store) as ledger:
+        account = ledger.create_account("Loja")
+        with store._conn() as conn:
+            conn.execute("BEGIN")
+            conn.execute("UPDATE accounts SET name = 'abandoned' WHERE id = %s", (account.id,))
+        with store._conn() as conn:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        copy_account = (
+            "INSERT INTO accounts (id, name, timezone, created_at) "
+            "SELECT id, name, timezone, created_at FROM accounts WHERE id = %s"
+        )
+        with pytest.raises(DuplicateKey) as duplicate:
+            run(copy_account, account.id)
+        assert isinstance(duplicate.value.__cause__, psycopg.errors.UniqueViolation)
+        with pytest.raises(StoreError, match="division by zero"):
+            run("SELECT 1 / 0")
+        store._pool.timeout = 0.2
+        with store._conn(), pytest.raises(StoreError, match="couldn't get a connection"):
+            run("SELECT 1")  # the pool's one connection is taken
+        assert ledger.get_account(account.id).name == "Loja"  # type: ignore[union-attr]
+        contact = ledger.create_contact(account.id, external_id="c1")
+        assert ledger.emit(order_paid(account, contact)).status == "created"
+
+
 def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:
     """Longer than 4,096 characters, psycopg converts a query's placeholders anew on every
     call (~50 µs for these): the statements are kept under that limit."""
