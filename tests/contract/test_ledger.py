@@ -647,8 +647,9 @@ def test_a_checked_out_connection_goes_back_clean_and_fails_with_sinals_errors(
     pg_url: str,
 ) -> None:
     """The store's checkout (the pool's `connection()` without its generators): psycopg's
-    errors and the pool's timeout come out as sinal's, and a connection given back inside
-    a transaction, or after a failed statement, is rolled back before its next use."""
+    errors and the pool's (a timeout, a closed pool) come out as sinal's, and a
+    connection given back inside a transaction, or after a failed statement, is rolled
+    back before its next use."""
     from sinal.errors import DuplicateKey, StoreError
     from sinal.store.postgres import PostgresStore
 
@@ -680,6 +681,9 @@ def test_a_checked_out_connection_goes_back_clean_and_fails_with_sinals_errors(
         assert ledger.get_account(account.id).name == "Loja"  # type: ignore[union-attr]
         contact = ledger.create_contact(account.id, external_id="c1")
         assert ledger.emit(order_paid(account, contact)).status == "created"
+        store._pool.close()  # as by another thread, after this one found the pool open
+        with pytest.raises(StoreError, match="closed"):
+            run("SELECT 1")
 
 
 def test_the_record_statements_stay_within_psycopgs_cache_limit() -> None:

@@ -52,7 +52,7 @@ from psycopg.postgres import types as postgres_types
 from psycopg.pq import Format
 from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_dumps, set_json_loads
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from sinal.errors import DuplicateKey, IdentityConflict, StoreError
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
@@ -303,12 +303,13 @@ def translated_errors() -> Iterator[None]:
     """Turn psycopg's exceptions into sinal's, chained."""
     try:
         yield
-    except (psycopg.Error, PoolTimeout) as exc:
+    except psycopg.Error as exc:
         _raise_translated(exc)
 
 
-def _raise_translated(exc: psycopg.Error | PoolTimeout) -> NoReturn:
-    """Raise sinal's error for psycopg's (or the pool's) `exc`, chained to it."""
+def _raise_translated(exc: psycopg.Error) -> NoReturn:
+    """Raise sinal's error for psycopg's `exc` (the pool's errors included: a timeout, a
+    closed pool), chained to it."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
         raise DuplicateKey(exc.diag.constraint_name) from exc
     raise StoreError(str(exc)) from exc
@@ -352,7 +353,7 @@ class _Checkout:
     def __enter__(self) -> _PooledConnection:
         try:
             self._conn = self._pool.getconn()
-        except PoolTimeout as exc:
+        except psycopg.Error as exc:  # the pool's timeout, or the pool closed meanwhile
             _raise_translated(exc)
         return self._conn
 
@@ -360,7 +361,7 @@ class _Checkout:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._pool.putconn(self._conn)
-        if isinstance(exc, psycopg.Error | PoolTimeout):
+        if isinstance(exc, psycopg.Error):
             _raise_translated(exc)
 
 
