@@ -339,9 +339,11 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
 class _Checkout:
     """A pooled connection for one `with` block, psycopg's errors raised as sinal's.
 
-    What `ConnectionPool.connection()` does, without its layers of generators: they cost
-    a fifth of the client CPU of `emit_event` on PostgreSQL. Its `with conn` commit or
-    rollback is left out: the connections are in autocommit, where each transaction is a
+    What `ConnectionPool.connection()` does, without the three generators the store
+    stacked around it (`_conn`, `translated_errors`, `connection()`): the store's record
+    of one event cost 133 µs of client CPU through them and 125 through this (the
+    medians of 40 alternated rounds of 1,000 calls). Its `with conn` commit or rollback
+    is left out: the connections are in autocommit, where each transaction is a
     `conn.transaction()` block, closed when the block ends, and `putconn` rolls back (or
     discards) a connection returned in a transaction or broken."""
 
