@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -814,11 +815,15 @@ def test_sqlite_writers_queue_on_the_lock_file(sqlite_url: str) -> None:
 
 def test_a_sqlite_writer_waits_for_its_turn_at_most_the_busy_timeout(sqlite_url: str) -> None:
     """A writer whose turn does not come within the busy timeout gets `StoreError` (the
-    API answers 503, retry) and writes nothing; once the lock file is free, writes go
-    through, and each abandoned wait gives back the lock it got in the meantime."""
+    API answers 503, retry) and writes nothing; its next attempts wait on the same waiting
+    thread, not one more each; once the lock file is free, writes go through, and the
+    abandoned wait gives back the lock it got in the meantime, and ends."""
     import fcntl
 
     from sinal.store.sqlite import SQLiteStore
+
+    def lock_waits() -> int:
+        return sum(t.name == "sinal-sqlite-lock" for t in threading.enumerate())
 
     path = sqlite_url.removeprefix("sqlite:///")
     with Ledger(SQLiteStore(path, busy_timeout=0.2)) as ledger:
@@ -827,21 +832,28 @@ def test_a_sqlite_writer_waits_for_its_turn_at_most_the_busy_timeout(sqlite_url:
         contact = ledger.create_contact(account.id, external_id="c1")
         errors: list[Exception] = []
 
-        def emit_twice() -> None:  # the second wait is on a new descriptor
-            for _ in range(2):
+        def emit_thrice() -> None:
+            for _ in range(3):
                 try:
                     ledger.emit(order_paid(account, contact))
                 except sinal.StoreError as exc:
                     errors.append(exc)
 
+        waits_before = lock_waits()
         with open(f"{path}-lock", "a") as held:  # a writer of another process, stuck
             fcntl.flock(held, fcntl.LOCK_EX)
-            writer = threading.Thread(target=emit_twice, daemon=True)
+            writer = threading.Thread(target=emit_thrice, daemon=True)
             writer.start()
             writer.join(10)
             assert not writer.is_alive()  # it stopped waiting
+            assert lock_waits() == waits_before + 1  # one waiting thread for three attempts
             fcntl.flock(held, fcntl.LOCK_UN)
         answer = ledger.emit(order_paid(account, contact))
+        for _ in range(100):
+            if lock_waits() == waits_before:
+                break
+            time.sleep(0.05)
+        assert lock_waits() == waits_before  # the abandoned wait got the lock, and ended
 
     with open(f"{path}-lock", "a") as later:  # would wait forever if a wait kept the lock
         taker = threading.Thread(target=fcntl.flock, args=(later, fcntl.LOCK_EX), daemon=True)
@@ -850,7 +862,7 @@ def test_a_sqlite_writer_waits_for_its_turn_at_most_the_busy_timeout(sqlite_url:
         assert not taker.is_alive()
     assert [str(e) for e in errors] == [
         f"the database is busy: no writer's turn within 0.2 s (another writer holds {path}-lock)"
-    ] * 2
+    ] * 3
     assert answer.status == "created"
     assert count(sqlite_url, "events") == 1
     assert count(sqlite_url, "rejections") == 0

@@ -124,32 +124,43 @@ def translated_errors() -> Iterator[None]:
 
 class _LockWait:
     """A thread waiting for the writers' lock file on `fd` (without the GIL) for a writer
-    that can stop waiting."""
+    that can stop waiting, and take the wait up again at its next write."""
 
     def __init__(self, fd: int) -> None:
-        self._fd = fd
+        self.fd = fd
         self._state = threading.Lock()
         self._taken = threading.Event()
         self._abandoned = False
+        self._gone = False  # the lock came while abandoned: given back, the descriptor closed
         threading.Thread(target=self._wait, name="sinal-sqlite-lock", daemon=True).start()
 
     def _wait(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
         with self._state:
             if not self._abandoned:
                 self._taken.set()
                 return
-        fcntl.flock(self._fd, fcntl.LOCK_UN)  # nobody waits for it any more
-        os.close(self._fd)
+            self._gone = True
+        fcntl.flock(self.fd, fcntl.LOCK_UN)  # nobody waits for it any more
+        os.close(self.fd)
 
     def done(self, timeout: float) -> bool:
         """Whether the lock was taken within `timeout` seconds; if not, the waiting thread
-        gives it back when it comes, and closes the descriptor."""
+        gives it back when it comes, and closes the descriptor, unless `resume`d first."""
         if self._taken.wait(timeout):
             return True
         with self._state:
             self._abandoned = not self._taken.is_set()
             return not self._abandoned
+
+    def resume(self) -> bool:
+        """Wait for the lock again, after `done` gave up; False when it came meanwhile and
+        was given back (the descriptor is closed)."""
+        with self._state:
+            if self._gone:
+                return False
+            self._abandoned = False
+            return True
 
 
 class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteCommerce):
@@ -228,18 +239,32 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         """Take the writers' lock file, waiting at most the busy timeout; the descriptor
         holding it. `flock` cannot time out, so a writer that has to wait does so in a
         thread of its own; if its turn does not come in time, that thread keeps the
-        descriptor, and gives the lock back and closes it once it gets it."""
-        fd = self._lock_fd()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            pass
-        if _LockWait(fd).done(self._busy_timeout):
-            return fd
+        descriptor, and gives the lock back and closes it once it gets it. The writer's
+        next write waits on that same thread while it still waits: a lock held for good
+        costs each writing thread one waiting thread, not one per attempt."""
+        wait: _LockWait | None = getattr(self._local, "pending", None)
+        if wait is not None:
+            self._local.pending = None
+            if wait.resume():
+                self._local.lock_fd = wait.fd  # the descriptor is this thread's again
+                with self._all_lock:
+                    self._lock_fds.append(wait.fd)
+            else:
+                wait = None  # its lock came and went
+        if wait is None:
+            fd = self._lock_fd()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                pass
+            wait = _LockWait(fd)
+        if wait.done(self._busy_timeout):
+            return wait.fd
         with self._all_lock:
-            self._lock_fds.remove(fd)
-        self._local.lock_fd = None  # the next write of this thread opens another
+            self._lock_fds.remove(wait.fd)
+        self._local.lock_fd = None  # the waiting thread's now
+        self._local.pending = wait
         raise StoreError(
             f"the database is busy: no writer's turn within {self._busy_timeout:g} s "
             f"(another writer holds {self._lock_path})"
