@@ -971,12 +971,12 @@ class _Streamed:
     def take(self, e: PreparedEvent) -> bool:
         """Answer `e` from the lookup; True when it is new (to be copied)."""
         self.events.append(e)
-        key = e.unique_event_id
-        repeated = None if key is None else self.stored.get((e.account_id, key))
         if (e.account_id, e.contact_id) not in self.known:  # a None contact included
             self.unknown.append(len(self.answers))
             self.answers.append(None)
             return False
+        key = e.unique_event_id
+        repeated = None if key is None else self.stored.get((e.account_id, key))
         if repeated is not None:
             self.answers.append(Outcome("duplicate", event_id=repeated[0], stored=repeated[1]))
             return False
