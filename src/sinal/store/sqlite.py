@@ -246,9 +246,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         if wait is not None:
             self._local.pending = None
             if wait.resume():
-                self._local.lock_fd = wait.fd  # the descriptor is this thread's again
-                with self._all_lock:
-                    self._lock_fds.append(wait.fd)
+                self._hold_lock_fd(wait.fd)  # the descriptor is this thread's again
             else:
                 wait = None  # its lock came and went
         if wait is None:
@@ -279,10 +277,14 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
                 fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
                 raise StoreError(f"cannot open the writers' lock {self._lock_path}: {exc}") from exc
-            self._local.lock_fd = fd
-            with self._all_lock:
-                self._lock_fds.append(fd)
+            self._hold_lock_fd(fd)
         return fd
+
+    def _hold_lock_fd(self, fd: int) -> None:
+        """Make `fd` this thread's descriptor of the lock file (closed by `close`)."""
+        self._local.lock_fd = fd
+        with self._all_lock:
+            self._lock_fds.append(fd)
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
