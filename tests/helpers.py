@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -27,6 +28,14 @@ async def settle(condition: Callable[[], object], timeout: float = 10.0) -> None
             break
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    """Poll `condition()` every 10 ms until it holds or `timeout` seconds have passed
+    (the caller asserts what it needs afterwards)."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:

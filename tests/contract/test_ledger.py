@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -17,7 +16,7 @@ import pytest
 import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.store.base import EventQuery, read_migrations
-from tests.helpers import count, sql
+from tests.helpers import count, sql, wait_until
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -764,10 +763,7 @@ def test_a_key_another_transaction_holds_while_the_insert_waits(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND wait_event_type = 'Lock'"
         )
-        for _ in range(500):
-            if sql(pg_url, waiting)[0][0]:
-                break
-            racer.join(0.01)
+        wait_until(lambda: sql(pg_url, waiting)[0][0], timeout=5)
         assert racer.is_alive()  # waiting on the key
         other.commit() if theirs == "committed" else other.rollback()
         racer.join(10)
@@ -849,10 +845,7 @@ def test_a_sqlite_writer_waits_for_its_turn_at_most_the_busy_timeout(sqlite_url:
             assert lock_waits() == waits_before + 1  # one waiting thread for three attempts
             fcntl.flock(held, fcntl.LOCK_UN)
         answer = ledger.emit(order_paid(account, contact))
-        for _ in range(100):
-            if lock_waits() == waits_before:
-                break
-            time.sleep(0.05)
+        wait_until(lambda: lock_waits() == waits_before, timeout=5)
         assert lock_waits() == waits_before  # the abandoned wait got the lock, and ended
 
     with open(f"{path}-lock", "a") as later:  # would wait forever if a wait kept the lock
@@ -887,10 +880,7 @@ def test_closing_a_sqlite_store_waits_for_the_writes_in_progress(sqlite_url: str
             target=lambda: answers.append(ledger.emit(order_paid(account, contact)))
         )
         writer.start()
-        for _ in range(1000):  # until the write is under way
-            if store._users:
-                break
-            threading.Event().wait(0.01)
+        wait_until(lambda: store._users)  # the write is under way
         closer = threading.Thread(target=ledger.close)
         closer.start()
         closer.join(0.3)
