@@ -538,7 +538,7 @@ PG_INSERT = (
     f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join(['%s'] * 18)}) "
     "ON CONFLICT (account_id, unique_event_id) DO NOTHING"
 )
-# The function `emit_event` calls on PostgreSQL (migration 0011): one round trip doing every
+# The function `emit_event` calls on PostgreSQL (migration 0012): one round trip doing every
 # write of an event (contact check, event, outbox row, summary, metric) and answering
 # whether it was created.
 PG_RECORD_EVENT = "SELECT created FROM sinal_record_event({})".format(

@@ -9,9 +9,10 @@ while the statement ran costs a second, read-only, round trip.
 One event goes through `sinal_record_event` (migration 0010), a function doing the same
 writes in the same order, one plain statement each: for one row the set-based
 statement's executor costs PostgreSQL more than the writes (migration 0011 checks the
-contact inside the event's insert, one statement less). Its plans are kept per session,
-so it prices sequential scans out: a plan made while a table looked tiny would otherwise
-scan it whole as it grows. An event whose contact is not in the account is left to the
+contact inside the event's insert, one statement less; 0012 looks for the metric only
+when the summary row is new). Its plans are kept per session, so it prices sequential
+scans out: a plan made while a table looked tiny would otherwise scan it whole as it
+grows. An event whose contact is not in the account is left to the
 statement, which keeps the rejection.
 
 A big batch (`record_chunks`, from `Ledger.emit_many`) is streamed instead. One round
@@ -29,8 +30,9 @@ fails on it, and the whole batch is redone by the record statement, as after a
 deadlock.
 
 An event's contact and metric are checked by these statements, not by foreign keys
-(migration 0009): the contact is looked up in the account before the insert, and the
-metric is upserted in the same transaction.
+(migration 0009; the summaries' key to contacts went in 0012): the contact is looked up
+in the account before the insert, and the metric is upserted in the same transaction as
+the event and its summary.
 """
 
 from __future__ import annotations
