@@ -29,6 +29,7 @@ peer's jobs/s with 1 and with 4 workers. See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import logging
@@ -517,7 +518,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; 0 when the targets hold, 1 otherwise."""
+    """Run the benchmark; 0 when the targets hold, 1 otherwise, 2 without procrastinate."""
     args = parse_args(argv)
     # procrastinate warns that the app lives in __main__: on purpose, one file is the bench
     logging.getLogger("procrastinate").setLevel(logging.ERROR)
@@ -528,6 +529,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.peer_worker:
         run_peer_worker(args.peer_worker, args.concurrency)
         return 0
+    if importlib.util.find_spec("procrastinate") is None:  # needed after sinal's half
+        print(
+            "bench/dispatch.py needs the peer, procrastinate: .venv/bin/pip install -e '.[bench]'",
+            file=sys.stderr,
+        )
+        return 2
     sizes = QUICK if args.quick else FULL
     report = run(args.pg.rstrip("/"), sizes, args.concurrency)
     if args.json:
