@@ -107,6 +107,34 @@ def test_custom_metric_is_created_as_custom(
     ]
 
 
+def test_a_metric_is_created_by_the_first_event_of_it_whatever_the_contact(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    """One event at a time, a new metric appears with the first event that names it, also
+    when that event's contact already has summaries of other metrics; the events that
+    start another contact's summary of it, or add to one, leave it as it is."""
+    other = ledger.create_contact(account.id, external_id="other")
+
+    def metrics() -> list[tuple[str, str, bool]]:
+        return sql(database_url, "SELECT name, category, is_system FROM metrics ORDER BY name")
+
+    ledger.emit(order_paid(account, contact, source_id="1"))
+    assert metrics() == [("Order Paid", "ecommerce", True)]
+    ledger.emit_event(
+        account_id=account.id, contact_id=contact.id, metric_name="Quiz Answered", source="app"
+    )
+    assert metrics() == [("Order Paid", "ecommerce", True), ("Quiz Answered", "custom", False)]
+    ledger.emit(order_paid(account, other, source_id="2"))  # another contact's first
+    ledger.emit(order_paid(account, contact, source_id="3"))  # adds to a summary
+    assert metrics() == [("Order Paid", "ecommerce", True), ("Quiz Answered", "custom", False)]
+    counts = "SELECT metric_name, event_count FROM contact_metrics_summary WHERE contact_id = ?"
+    assert sorted(sql(database_url, counts, str(contact.id))) == [
+        ("Order Paid", 2),
+        ("Quiz Answered", 1),
+    ]
+    assert sql(database_url, counts, str(other.id)) == [("Order Paid", 1)]
+
+
 def test_missing_contact_is_rejected_and_kept(
     ledger: Ledger, database_url: str, account: sinal.Account
 ) -> None:
