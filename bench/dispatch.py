@@ -112,11 +112,23 @@ class System(ABC):
         with psycopg.connect(f"{base_url}/postgres", autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
             admin.execute(f'CREATE DATABASE "{self.db}"')
+        try:
+            self.setup()
+        except BaseException:  # no database left behind
+            self._drop_database()
+            raise
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Prepare the new database: schema, and whatever the producer needs."""
 
     def drop(self) -> None:
         """Stop the workers and drop the database."""
         self.stop_workers()
         self.close()
+        self._drop_database()
+
+    def _drop_database(self) -> None:
         with psycopg.connect(f"{self.base_url}/postgres", autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)')
 
@@ -239,6 +251,9 @@ class SinalSystem(System):
 
     def __init__(self, base_url: str, logs: Path, concurrency: int) -> None:
         super().__init__(base_url, "sinal", logs, concurrency)
+
+    def setup(self) -> None:
+        """Migrate; an account, its contacts, and the automation that listens."""
         from sinal.automations.service import Automations  # imports httpx: see main()
 
         self.ledger = connect(self.url)
@@ -319,6 +334,9 @@ class PeerSystem(System):
 
     def __init__(self, base_url: str, logs: Path, concurrency: int) -> None:
         super().__init__(base_url, "peer", logs, concurrency)
+
+    def setup(self) -> None:
+        """procrastinate's schema."""
         self.app = peer_app(self.url)
         self.app.open()
         self.app.schema_manager.apply_schema()
