@@ -101,9 +101,10 @@ class System(ABC):
 
     name: str
     unit: str  # what one run of the no-op is called
+    tag: str  # its database's suffix
 
-    def __init__(self, base_url: str, tag: str, logs: Path, concurrency: int) -> None:
-        self.db = f"sinal_dbench_{os.getpid()}_{tag}"
+    def __init__(self, base_url: str, logs: Path, concurrency: int) -> None:
+        self.db = f"sinal_dbench_{os.getpid()}_{self.tag}"
         self.concurrency = concurrency
         self.base_url = base_url
         self.url = f"{base_url}/{self.db}"
@@ -248,9 +249,7 @@ class SinalSystem(System):
 
     name = "sinal"
     unit = "executions"
-
-    def __init__(self, base_url: str, logs: Path, concurrency: int) -> None:
-        super().__init__(base_url, "sinal", logs, concurrency)
+    tag = "sinal"
 
     def setup(self) -> None:
         """Migrate; an account, its contacts, and the automation that listens."""
@@ -331,9 +330,7 @@ class PeerSystem(System):
 
     name = "procrastinate"
     unit = "jobs"
-
-    def __init__(self, base_url: str, logs: Path, concurrency: int) -> None:
-        super().__init__(base_url, "peer", logs, concurrency)
+    tag = "peer"
 
     def setup(self) -> None:
         """procrastinate's schema."""
