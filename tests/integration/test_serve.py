@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import wait_until
+
 SINAL = str(Path(sys.executable).with_name("sinal"))
 
 
@@ -169,9 +171,7 @@ def test_serve_runs_automations_in_its_own_worker(env: dict[str, str], tmp_path:
             "metric": "Order Paid", "source": "shopify", "source_id": "9",
             "contact": {"phone": "+55 11 98765-4321", "name": "Ana"}})  # fmt: skip
         assert sent.status_code == 201, sent.text
-        deadline = time.monotonic() + 30
-        while not wa.requests and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: wa.requests, timeout=30)
         [message] = wa.bodies("/77/messages")
         assert message["text"]["body"] == "Obrigado, Ana!"
 
