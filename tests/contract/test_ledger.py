@@ -9,6 +9,7 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import psycopg
 import pytest
@@ -582,6 +583,59 @@ def test_a_streamed_batch_aborted_by_a_deadlock_is_redone_whole(
     assert sql(pg_url, "SELECT name FROM metrics") == [(sinal.METRIC_ORDER_PAID,)]
     if where == "copy":  # the COPY's statement failed, the record statement's went through
         assert sql(pg_url, "SELECT last_value FROM sinal_test_inserts") == [(2,)]
+
+
+@pytest.mark.postgres
+def test_a_streamed_batch_holds_each_key_as_soon_as_postgresql_reads_its_row(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big batch's COPY inserts each row as PostgreSQL reads it, while the ledger still
+    validates the rows after it. (PostgreSQL would otherwise keep a binary COPY's rows and
+    insert them all at its end, the client idle meanwhile: bench/README.md.) Seen from
+    another transaction: once PostgreSQL has read the batch's first row, and before the
+    ledger hands over its second chunk, an insert of that row's key waits on the batch."""
+    from sinal.events import prepare
+    from sinal.store import postgres
+    from sinal.store.postgres import _record_in
+
+    copying = (
+        "SELECT tuples_processed FROM pg_stat_progress_copy WHERE datname = current_database()"
+    )
+    probes: list[str] = []
+    with sinal.connect(pg_url) as ledger, psycopg.connect(pg_url) as other:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        note = "x" * 500  # the first chunk's rows fill more than psycopg's 32 kB buffer
+        batch = [
+            order_paid(account, contact, source_id=f"{i:03d}", properties={"note": note})
+            for i in range(300)
+        ]  # the first row copied is the smallest key's, batch[0]'s
+
+        def probe() -> str:
+            wait_until(lambda: (sql(pg_url, copying) or [(0,)])[0][0] >= 1, timeout=5)
+            other.execute("SET lock_timeout = '1s'")
+            try:
+                _record_in(other, [prepare(batch[0], ledger.clock())])
+            except psycopg.errors.LockNotAvailable:
+                return "waited"
+            finally:
+                other.rollback()
+            return "inserted"
+
+        real = postgres._pulling
+
+        def pulling(chunks: Any, pulled: Any) -> Any:
+            for n, chunk in enumerate(real(chunks, pulled)):
+                if n == 1:  # the first chunk's rows are written, the COPY asks for more
+                    probes.append(probe())
+                yield chunk
+
+        monkeypatch.setattr(postgres, "_pulling", pulling)
+        results = ledger.emit_many(batch)
+
+    assert probes == ["waited"]
+    assert [r.status for r in results] == ["created"] * 300
+    assert count(pg_url, "events") == count(pg_url, "outbox") == 300
 
 
 @pytest.mark.postgres
