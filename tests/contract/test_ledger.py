@@ -388,8 +388,8 @@ def _mixed_batch(
     account: sinal.Account, contacts: list[sinal.Contact], extra_metric: str | None
 ) -> list[EmitEvent]:
     """400-odd events of every kind, deterministic: new, repeated (same and other
-    payload), keyless, invalid, of an unknown contact, emitted by an automation (no outbox
-    row), and a repeat whose first is rejected (in a batch, a repeat is answered like its
+    payload), keyless, invalid, of an unknown contact or none, emitted by an automation (no
+    outbox row), and a repeat whose first is rejected (in a batch, a repeat is answered like its
     first: an unknown contact comes first)."""
     rng = random.Random(7)
     metrics = [sinal.METRIC_ORDER_PAID, sinal.METRIC_MESSAGE_SENT, sinal.METRIC_LINK_CLICKED]
@@ -415,6 +415,8 @@ def _mixed_batch(
         elif i % 29 == 0:  # unknown contact; a valid repeat of it comes last
             event = replace(event, contact_id=uuid.uuid4(), source_id=f"lost-{i}")
             retried.append(replace(event, contact_id=contacts[0].id))
+        elif i % 31 == 0:  # no contact at all
+            event = replace(event, contact_id=None, source_id=f"anonymous-{i}")
         events.append(event)
     return events + retried
 
