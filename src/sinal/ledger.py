@@ -217,12 +217,25 @@ class Ledger:
                         chunk.append(event)
                 yield chunk
 
+        answered: list[tuple[list[Outcome], list[tuple[int, PreparedEvent]]]] = []
+
+        def answer(outcomes: list[Outcome]) -> None:
+            answered.append((outcomes, self._answer(rounds, outcomes, results)))
+
         if len(events) > CHUNK:
-            outcomes = self.store.record_chunks(chunks(), keys)
+            outcomes = self.store.record_chunks(chunks(), keys, answer)
         else:  # one statement
             batch = [event for chunk in chunks() for event in chunk]
             outcomes = self.store.record(batch) if batch else []
-        self._settle(rounds, outcomes, results)
+        # The store may have answered while PostgreSQL committed; a batch it had to redo
+        # comes back with other outcomes, answered again here.
+        retry = (
+            answered[-1][1]
+            if answered and answered[-1][0] is outcomes
+            else self._answer(rounds, outcomes, results)
+        )
+        if retry:
+            self._record_rounds(retry, results)
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
@@ -244,8 +257,19 @@ class Ledger:
     def _settle(
         self, rounds: _FirstWins, outcomes: list[Outcome], results: list[EmitResult | None]
     ) -> None:
+        """`_answer`, then a round for the repeats whose first could not be stored."""
+        retry = self._answer(rounds, outcomes, results)
+        if retry:
+            self._record_rounds(retry, results)
+
+    @staticmethod
+    def _answer(
+        rounds: _FirstWins, outcomes: list[Outcome], results: list[EmitResult | None]
+    ) -> list[tuple[int, PreparedEvent]]:
         """Answer the recorded events from their outcomes, and each repeat like its first
-        occurrence; a repeat whose first could not be stored gets the next round."""
+        occurrence; returns the repeats whose first could not be stored (the next round's).
+        Writes nothing but `results`: a store may call it before its commit is confirmed,
+        and again with the outcomes of a redone batch."""
         stored: dict[int, StoredPayload] = {}  # the firsts that were duplicates themselves
         for (i, event), outcome in zip(rounds.taken, outcomes, strict=True):
             results[i] = _result(event, outcome)
@@ -266,8 +290,7 @@ class Ledger:
                 else differs_from(event, payload)
             )
             results[i] = replace(earlier, status="duplicate", differs=differs)
-        if retry:
-            self._record_rounds(retry, results)
+        return retry
 
     # -- queries and maintenance -------------------------------------------------------
 

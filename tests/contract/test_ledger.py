@@ -13,10 +13,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.pq import TransactionStatus
 
 import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
-from sinal.store.base import EventQuery, read_migrations
+from sinal.store.base import EventQuery, Outcome, read_migrations
 from tests.helpers import count, sql, wait_until
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -505,6 +506,83 @@ def test_a_batch_of_many_chunks_answers_like_one_event_at_a_time(
     assert not report.drift
     if not database_url.startswith("sqlite:"):
         assert copied
+
+
+class _ShownTooEarly:
+    """A real store whose `record_chunks`, before it answers, shows the ledger outcomes
+    that are not the ones it returns: what the ledger sees when a batch it was shown early
+    (while PostgreSQL committed) failed to commit and was redone."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.shown = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def record_chunks(self, chunks: Any, keys: Any, early: Any = None) -> list[Outcome]:
+        outcomes: list[Outcome] = self.store.record_chunks(chunks, keys, early)
+        assert early is not None
+        early([Outcome("rejected", reason="contact_not_found") for _ in outcomes])
+        self.shown += 1
+        return outcomes
+
+
+def test_a_batch_is_answered_from_the_outcomes_the_store_returns(
+    ledger: Ledger, database_url: str
+) -> None:
+    """The store may show emit_many a batch's outcomes while the transaction commits (the
+    answers are built meanwhile); when it then returns others (the batch redone), the
+    answers follow the returned ones, repeats and their retries included."""
+    shown = _ShownTooEarly(ledger.store)
+    early = Ledger(shown)  # type: ignore[arg-type]
+    tenants = []
+    for name in ("Mostrado cedo", "Direto"):
+        account = ledger.create_account(name)
+        contacts = [ledger.create_contact(account.id, external_id=f"c{i}") for i in range(12)]
+        tenants.append((account, contacts))
+
+    answered = early.emit_many(_mixed_batch(*tenants[0], None))
+    direct = ledger.emit_many(_mixed_batch(*tenants[1], None))
+
+    assert shown.shown == 1
+    assert _answers(answered) == _answers(direct)
+    assert {r.status for r in answered} == {"created", "duplicate", "rejected"}
+
+
+@pytest.mark.postgres
+def test_a_streamed_batch_is_shown_to_the_ledger_while_it_commits(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the COPY path hands the ledger its outcomes inside the pipeline that
+    carries the closing statements and the COMMIT, before the commit's answer is read:
+    the events are written, the transaction is still open on the server's side of the
+    pipeline, and the answers returned are the outcomes shown."""
+    from sinal.store import postgres
+
+    seen: list[tuple[list[Outcome], str]] = []
+    real = postgres._record_copied
+
+    def spied(conn: Any, keys: Any, chunks: Any, early: Any) -> list[Outcome]:
+        def look(outcomes: list[Outcome]) -> None:
+            seen.append((outcomes, TransactionStatus(conn.pgconn.transaction_status).name))
+            early(outcomes)
+
+        return real(conn, keys, chunks, look)
+
+    monkeypatch.setattr(postgres, "_record_copied", spied)
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        batch = [order_paid(account, contact, source_id=str(i % 150)) for i in range(200)]
+        results = ledger.emit_many(batch)
+
+    [(outcomes, status)] = seen
+    assert status == "ACTIVE"  # the pipeline's results, the COMMIT's included, not yet read
+    assert [o.kind for o in outcomes] == ["created"] * 150
+    assert [r.status for r in results] == ["created"] * 150 + ["duplicate"] * 50
+    assert {r.event_id for r in results} == {o.event_id for o in outcomes}
+    assert count(pg_url, "events") == count(pg_url, "outbox") == 150
 
 
 @pytest.mark.postgres

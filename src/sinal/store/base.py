@@ -274,12 +274,19 @@ class Store(Protocol):
         ...
 
     def record_chunks(
-        self, chunks: Iterable[Sequence[PreparedEvent]], keys: Sequence[EventKey]
+        self,
+        chunks: Iterable[Sequence[PreparedEvent]],
+        keys: Sequence[EventKey],
+        early: Callable[[list[Outcome]], None] | None = None,
     ) -> list[Outcome]:
         """`record` for the events of every chunk together (one transaction), pulling each
         chunk only when ready for it. One outcome per event, in order. `keys` identify
         every item of the batch (`identify`, invalid items included) before any chunk is
-        validated: what the store may look up first."""
+        validated: what the store may look up first.
+
+        The store may call `early` with the outcomes once they are known, while the
+        transaction commits, so the caller's work overlaps the database's. If the commit
+        then fails and the batch is redone, the outcomes returned are another list."""
         ...
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:

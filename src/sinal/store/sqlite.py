@@ -19,7 +19,7 @@ import os
 import sqlite3
 import threading
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -438,10 +438,14 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         return outcomes
 
     def record_chunks(
-        self, chunks: Iterable[Sequence[PreparedEvent]], keys: Sequence[EventKey]
+        self,
+        chunks: Iterable[Sequence[PreparedEvent]],
+        keys: Sequence[EventKey],
+        early: Callable[[list[Outcome]], None] | None = None,
     ) -> list[Outcome]:
         """`record` for all the chunks: validated before the write lock is taken, as one
-        SQLite writer gains nothing from overlapping them (see `Store.record_chunks`)."""
+        SQLite writer gains nothing from overlapping them (see `Store.record_chunks`);
+        `early` is not called: the commit happens in this thread."""
         return self.record([event for chunk in chunks for event in chunk])
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
