@@ -586,6 +586,66 @@ def test_a_streamed_batch_is_shown_to_the_ledger_while_it_commits(
 
 
 @pytest.mark.postgres
+def test_a_streamed_batch_builds_its_closing_statements_before_its_copy_ends(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outbox's, summaries' and metrics' parameters are built once the COPY's last rows
+    are sent and before the COPY ends, so PostgreSQL inserts those rows meanwhile: seen
+    from another connection, the COPY is still in progress then."""
+    from sinal.store import postgres
+
+    seen: list[int] = []
+    real = postgres._summary_params
+
+    def watched(created: Any) -> Any:
+        [(copies,)] = sql(pg_url, "SELECT count(*) FROM pg_stat_progress_copy")
+        seen.append(copies)
+        return real(created)
+
+    monkeypatch.setattr(postgres, "_summary_params", watched)
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        results = ledger.emit_many(
+            [order_paid(account, contact, source_id=str(i)) for i in range(300)]
+        )
+
+    assert [r.status for r in results] == ["created"] * 300
+    assert seen == [1]  # one COPY, not yet ended
+    assert count(pg_url, "events") == count(pg_url, "outbox") == 300
+
+
+@pytest.mark.postgres
+def test_a_streamed_batch_that_fails_as_its_copy_ends_leaves_nothing(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should building the closing statements fail while the COPY ends, the COPY is
+    abandoned and the transaction rolled back: nothing of the batch stays, the error
+    reaches the caller, and the ledger records the batch next time."""
+    from sinal.store import postgres
+
+    real = postgres._summary_params
+
+    def broken(created: Any) -> Any:
+        raise RuntimeError("summaries (on purpose)")
+
+    monkeypatch.setattr(postgres, "_summary_params", broken)
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        batch = [order_paid(account, contact, source_id=str(i)) for i in range(200)]
+        with pytest.raises(RuntimeError, match="on purpose"):
+            ledger.emit_many(batch)
+        assert count(pg_url, "events") == count(pg_url, "outbox") == 0
+        assert count(pg_url, "contact_metrics_summary") == 0
+        monkeypatch.setattr(postgres, "_summary_params", real)
+        results = ledger.emit_many(batch)
+
+    assert [r.status for r in results] == ["created"] * 200
+    assert count(pg_url, "events") == count(pg_url, "outbox") == 200
+
+
+@pytest.mark.postgres
 def test_a_streamed_batch_survives_a_metric_deleted_by_hand(pg_url: str) -> None:
     """A metric deleted behind the ledger's back is created again by the next big batch
     that names it, with everything else the batch records."""

@@ -51,6 +51,7 @@ from uuid import UUID
 import orjson
 import psycopg
 from psycopg.adapt import Dumper
+from psycopg.copy import LibpqWriter
 from psycopg.postgres import types as postgres_types
 from psycopg.pq import Format
 from psycopg.rows import TupleRow
@@ -951,9 +952,13 @@ def _record_copied(
             people = conn.cursor().execute(_CONTACTS_SQL, contacts)
             first = next(chunks, ())  # validated while PostgreSQL looks up
             batch = _Streamed(_payloads(found.fetchall()), set(people.fetchall()))
+        closing: list[tuple[str, tuple[list[Any], ...]]] = []
         with conn.cursor() as cursor:
             cursor.adapters.register_dumper(None, _JsonbTextDumper)
-            with cursor.copy(_COPY_SQL) as copy:
+            # The closing statements' parameters are built while PostgreSQL inserts the
+            # last rows, before the COPY ends.
+            writer = _SentThen(cursor, lambda: closing.extend(_closing(batch.created)))
+            with cursor.copy(_COPY_SQL, writer=writer) as copy:
                 copy.set_types(_COPY_TYPES)
                 for e in itertools.chain(first, itertools.chain.from_iterable(chunks)):
                     if batch.take(e):
@@ -962,12 +967,8 @@ def _record_copied(
             batch.record_unknown(conn)
         outcomes = batch.outcomes()
         with conn.pipeline():
-            if batch.created:
-                outboxed = [e for e in batch.created if e.automation_execution_id is None]
-                if outboxed:
-                    conn.execute(_OUTBOX_SQL, _outbox_params(outboxed))
-                conn.execute(_SUMMARY_SQL, _summary_params(batch.created))
-                conn.execute(_METRICS_SQL, _metric_params(batch.created))
+            for statement, params in closing:
+                conn.execute(statement, params)
             # The COMMIT queued behind them: the transaction ends inside the pipeline, and
             # the caller's work runs while PostgreSQL writes and commits. An error of any
             # of them is raised when the pipeline ends.
@@ -975,6 +976,41 @@ def _record_copied(
             if early is not None:
                 early(outcomes)
     return outcomes
+
+
+def _closing(created: Sequence[PreparedEvent]) -> list[tuple[str, tuple[list[Any], ...]]]:
+    """A streamed batch's closing statements, with their parameters: the outbox rows,
+    summaries and metrics of its new events (`created`)."""
+    if not created:
+        return []
+    statements = []
+    outboxed = [e for e in created if e.automation_execution_id is None]
+    if outboxed:
+        statements.append((_OUTBOX_SQL, _outbox_params(outboxed)))
+    statements.append((_SUMMARY_SQL, _summary_params(created)))
+    statements.append((_METRICS_SQL, _metric_params(created)))
+    return statements
+
+
+class _SentThen(LibpqWriter):
+    """A COPY's writer that sends each block of rows as soon as psycopg has formatted it,
+    and runs `then` once the last rows are on their way, before it ends the COPY and waits
+    for PostgreSQL to take them. (psycopg keeps up to 32 kB of rows until the COPY ends,
+    and by default leaves up to 1 MB of them in libpq's buffer.) Should `then` fail, the
+    COPY is abandoned with its error."""
+
+    def __init__(self, cursor: psycopg.Cursor[Any], then: Callable[[], object]) -> None:
+        super().__init__(cursor, flush_threshold=0)
+        self._then = then
+
+    def finish(self, exc: BaseException | None = None) -> None:
+        if exc is None:
+            try:
+                self._then()
+            except BaseException as error:
+                super().finish(error)
+                raise
+        super().finish(exc)
 
 
 class _Streamed:
