@@ -21,11 +21,12 @@ its contacts are in their accounts, while the ledger validates the first chunk. 
 new events go to `events` by COPY, each chunk as the ledger validates it, so PostgreSQL
 inserts while Python checks; a repeat of a stored key is answered from the lookup, and
 an event of no known contact goes to the record statement, which keeps the rejection.
-Then one statement each for the outbox rows, the summaries and the metrics, and the
-COMMIT, in one pipeline: the ledger builds its answers while PostgreSQL runs them. COPY
-skips the per-row `INSERT ... ON CONFLICT` path (speculative insertion, the CTEs'
-materialised rows): PostgreSQL spends about a third less CPU per event. Nothing waits
-on a key it would not wait on in a statement: the rows go in the same order. If another
+Then one statement each for the outbox rows, the summaries and the metrics (their
+parameters built while PostgreSQL inserts the COPY's last rows), and the COMMIT, in one
+pipeline: the ledger builds its answers while PostgreSQL runs them. COPY skips the
+per-row `INSERT ... ON CONFLICT` path (speculative insertion, the CTEs' materialised
+rows): PostgreSQL spends about a third less CPU per event. Nothing waits on a key it
+would not wait on in a statement: the rows go in the same order. If another
 transaction stores one of the batch's keys after the lookup, the COPY fails on it, and
 the whole batch is redone by the record statement, as after a deadlock (in the COPY or
 in the closing statements).
