@@ -42,8 +42,8 @@ _JSON_INT_MAX = 2**64 - 1
 # source and entity_type become parts of "{source}:{entity_type}:{source_id}", so they may
 # not contain ':' — otherwise two different triples could build the same unique id.
 _TOKEN = re.compile(r"[A-Za-z0-9_.\-/]+")
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
-# The same, or a surrogate code point: the text UTF-8 cannot encode (`_has_lone_surrogate`).
+# A control character (Unicode category Cc) or a surrogate code point, which UTF-8 cannot
+# encode (`_has_lone_surrogate`): one search for both.
 _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 Status = Literal["created", "duplicate", "rejected"]
@@ -315,10 +315,6 @@ def _opt_str(value: object | None) -> str | None:
     return None if value is None else str(value)
 
 
-def _has_control(text: str) -> bool:
-    return _CONTROL.search(text) is not None
-
-
 def _has_lone_surrogate(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -380,7 +376,7 @@ class _Validator:
                 "too_long",
                 f"metric_name is longer than {MAX_METRIC_NAME} characters",
             )
-        elif _has_control(name) or _has_lone_surrogate(name):
+        elif _CONTROL_OR_SURROGATE.search(name) is not None:
             self.fail(
                 "metric_name", "control_characters", "metric_name contains control characters"
             )

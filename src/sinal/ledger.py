@@ -234,8 +234,7 @@ class Ledger:
             if answered and answered[-1][0] is outcomes
             else self._answer(rounds, outcomes, results)
         )
-        if retry:
-            self._record_rounds(retry, results)
+        self._record_rounds(retry, results)
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
@@ -248,7 +247,8 @@ class Ledger:
     def _record_rounds(
         self, items: list[tuple[int, PreparedEvent]], results: list[EmitResult | None]
     ) -> None:
-        """Record the first occurrence of each unique id; settle the repeats against it."""
+        """Record the first occurrence of each unique id; settle the repeats against it
+        (nothing to do for no items)."""
         rounds = _FirstWins()
         batch = [event for i, event in items if rounds.take(i, event)]
         if batch:
@@ -258,9 +258,7 @@ class Ledger:
         self, rounds: _FirstWins, outcomes: list[Outcome], results: list[EmitResult | None]
     ) -> None:
         """`_answer`, then a round for the repeats whose first could not be stored."""
-        retry = self._answer(rounds, outcomes, results)
-        if retry:
-            self._record_rounds(retry, results)
+        self._record_rounds(self._answer(rounds, outcomes, results), results)
 
     @staticmethod
     def _answer(
