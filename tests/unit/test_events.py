@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
-from uuid import UUID
+from uuid import RFC_4122, UUID, SafeUUID
 
 import orjson
 import pytest
@@ -24,6 +25,7 @@ from sinal.events import (
     differs_from_earlier,
     prepare,
 )
+from sinal.ids import new_id
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 BRT = timezone(timedelta(hours=-3))
@@ -619,6 +621,22 @@ def test_prepare_gives_each_event_a_new_time_ordered_id() -> None:
     first, second = accept(), accept()
     assert first.id != second.id
     assert first.id.version == 7
+
+
+def test_new_ids_are_plain_uuids_in_creation_order() -> None:
+    ids = [new_id() for _ in range(10_000)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+    for made in ids[:: len(ids) // 10]:
+        parsed = UUID(str(made))
+        assert (made, hash(made), made.version, made.variant) == (
+            parsed,
+            hash(parsed),
+            7,
+            RFC_4122,
+        )
+        assert made.is_safe is SafeUUID.unknown
+        assert pickle.loads(pickle.dumps(made)) == made
 
 
 def test_as_input_is_json_ready() -> None:

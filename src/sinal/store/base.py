@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from importlib import resources
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 from uuid import UUID
 
 from sinal.events import EventKey, PreparedEvent, StoredPayload
@@ -69,9 +69,9 @@ class NewContact:
         return pairs
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What the store did with one prepared event."""
+class Outcome(NamedTuple):
+    """What the store did with one prepared event. (A tuple: a streamed batch makes one per
+    event while it feeds the COPY, at a third of a frozen dataclass's cost.)"""
 
     kind: Literal["created", "duplicate", "rejected"]
     event_id: UUID | None = None
