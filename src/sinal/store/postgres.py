@@ -954,7 +954,9 @@ def _record_copied(
             contacts = _pair_arrays((k.account_id, k.contact_id) for k in keys)
             people = conn.cursor().execute(_CONTACTS_SQL, contacts)
             first = next(chunks, ())  # validated while PostgreSQL looks up
-            batch = _Streamed(_payloads(dedup, found.fetchall()), _found(contacts, people))
+            batch = _Streamed(
+                _payloads(dedup, found.fetchall()), _found(contacts, people.fetchall())
+            )
         closing: list[tuple[str, tuple[list[Any], ...]]] = []
         with conn.cursor() as cursor:
             cursor.adapters.register_dumper(None, _JsonbTextDumper)
@@ -1177,10 +1179,10 @@ def _payloads(
     }
 
 
-def _found(pairs: tuple[list[A], list[B]], cursor: psycopg.Cursor[TupleRow]) -> set[tuple[A, B]]:
-    """The `pairs` that `cursor`, a lookup answering with their places (`ord`), found."""
+def _found(pairs: tuple[list[A], list[B]], rows: Iterable[TupleRow]) -> set[tuple[A, B]]:
+    """The `pairs` a lookup found, from its `rows`: their places (`ord`) in the arrays."""
     left, right = pairs
-    return {(left[i - 1], right[i - 1]) for (i,) in cursor.fetchall()}
+    return {(left[i - 1], right[i - 1]) for (i,) in rows}
 
 
 def _metric_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
