@@ -74,8 +74,12 @@ _KEY_COLUMNS = "account_id, id, key_hash, hint, name, scopes, created_at, revoke
 
 
 def ts(when: datetime) -> str:
-    """A datetime as stored: UTC, fixed width, so text order is time order."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """A datetime as stored: UTC, fixed width, so text order is time order
+    ("2026-11-29T12:00:00.000000Z"). `isoformat` takes half of `strftime`'s ~3.8 µs, and
+    an event is stored with four or five of these."""
+    utc = when if when.tzinfo is UTC else when.astimezone(UTC)
+    text = utc.isoformat()  # ends in "+00:00", and has no fraction when it is zero
+    return text[:-6] + ("Z" if utc.microsecond else ".000000Z")
 
 
 def parse_ts(text: str) -> datetime:
