@@ -30,7 +30,7 @@ from uuid import UUID
 import orjson
 
 from sinal.errors import ConfigurationError, DuplicateKey, IdentityConflict, StoreError
-from sinal.events import EventKey, PreparedEvent, StoredPayload, dumps_json
+from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
 from sinal.store.base import (
     Account,
@@ -797,29 +797,38 @@ class _Batch:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.contacts: dict[tuple[str, str], bool] = {}
-        self.metrics: set[tuple[str, str]] = set()
+        self.metrics: dict[tuple[str, str], str] = {}  # (account, name) → the metric's id
+        self.texts: dict[UUID, str] = {}  # the batch's accounts and contacts, as stored
         self.created: list[PreparedEvent] = []  # their summaries are written by flush
         self.now = ts(datetime.now(UTC))
 
+    def text(self, ident: UUID) -> str:
+        """An account's or contact's id as stored: the batch repeats a few (`str` of a
+        UUID is ~1 µs of Python)."""
+        text = self.texts.get(ident)
+        if text is None:
+            text = self.texts[ident] = str(ident)
+        return text
+
     def record(self, event: PreparedEvent) -> Outcome:
-        account = str(event.account_id)
+        account = self.text(event.account_id)
         if event.contact_id is None:
             return self.reject(event, "contact_required")
-        contact = str(event.contact_id)
+        contact = self.text(event.contact_id)
         if not self.contact_exists(account, contact):
             return self.reject(event, "contact_not_found")
-        self.ensure_metric(event)
+        metric = self.ensure_metric(event, account)
+        event_id = str(event.id)
         row = self.conn.execute(
             f"INSERT INTO events ({_EVENT_COLUMNS}, metric_id, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (account_id, unique_event_id) DO NOTHING RETURNING id",
             (
-                account, str(event.id), contact, event.metric_name, event.properties_json,
+                account, event_id, contact, event.metric_name, event.properties_json,
                 _opt(event.value), event.currency, event.source, event.source_id,
                 _opt(event.integration_id), event.unique_event_id, event.entity_type,
                 event.entity_id, _opt(event.automation_execution_id), ts(event.occurred_at),
-                ts(event.received_at), event_schema_version(),
-                str(metric_id(event.account_id, event.metric_name)), self.now,
+                ts(event.received_at), SCHEMA_VERSION, metric, self.now,
             ),
         ).fetchone()  # fmt: skip
         if row is None:
@@ -829,7 +838,7 @@ class _Batch:
             self.conn.execute(
                 "INSERT INTO outbox (account_id, event_id, metric_name, created_at, available_at) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (account, str(event.id), event.metric_name, self.now, self.now),
+                (account, event_id, event.metric_name, self.now, self.now),
             )
         return Outcome("created", event_id=event.id)
 
@@ -844,26 +853,29 @@ class _Batch:
             )
         return self.contacts[key]
 
-    def ensure_metric(self, event: PreparedEvent) -> None:
-        key = (str(event.account_id), event.metric_name)
-        if key in self.metrics:
-            return
+    def ensure_metric(self, event: PreparedEvent, account: str) -> str:
+        """Insert the event's metric unless the batch did; its id, as stored."""
+        key = (account, event.metric_name)
+        known = self.metrics.get(key)
+        if known is not None:
+            return known
+        ident = str(metric_id(event.account_id, event.metric_name))
         self.conn.execute(
             "INSERT INTO metrics (account_id, id, name, display_name, category, source, "
             "is_system, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (
-                key[0], str(metric_id(event.account_id, event.metric_name)), event.metric_name,
-                event.display_name, str(event.category), event.source, int(event.is_system),
-                self.now,
+                account, ident, event.metric_name, event.display_name, str(event.category),
+                event.source, int(event.is_system), self.now,
             ),
         )  # fmt: skip
-        self.metrics.add(key)
+        self.metrics[key] = ident
+        return ident
 
     def duplicate(self, event: PreparedEvent) -> Outcome:
         row = self.conn.execute(
             "SELECT id, metric_name, properties, value, currency, occurred_at FROM events "
             "WHERE account_id = ? AND unique_event_id = ?",
-            (str(event.account_id), event.unique_event_id),
+            (self.text(event.account_id), event.unique_event_id),
         ).fetchone()
         stored = StoredPayload(
             metric_name=row[1],
@@ -888,7 +900,8 @@ class _Batch:
 
     def flush_summaries(self) -> None:
         for (account_id, contact_id, metric), delta in summary_deltas(self.created).items():
-            account, contact = str(account_id), str(contact_id)
+            assert contact_id is not None  # stored events all have their contact
+            account, contact = self.text(account_id), self.text(contact_id)
             row = self.conn.execute(
                 "SELECT event_count, total_value, first_event_at, last_event_at "
                 "FROM contact_metrics_summary "
@@ -1013,13 +1026,6 @@ def _summary_row(row: Sequence[Any]) -> SummaryRow:
         first_event_at=parse_ts(row[5]),
         last_event_at=parse_ts(row[6]),
     )
-
-
-def event_schema_version() -> int:
-    """The version of the event's shape written by this code."""
-    from sinal.events import SCHEMA_VERSION
-
-    return SCHEMA_VERSION
 
 
 def _split_sql(script: str) -> list[str]:
