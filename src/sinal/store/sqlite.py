@@ -892,7 +892,7 @@ class _Batch:
             "INSERT INTO rejections (account_id, id, reason, message, source, payload, "
             "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
-                str(event.account_id), str(event.id), reason, message, event.source,
+                self.text(event.account_id), str(event.id), reason, message, event.source,
                 dumps_json(event.as_input()), self.now,
             ),
         )  # fmt: skip
