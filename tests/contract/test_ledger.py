@@ -223,6 +223,41 @@ def test_summary_keeps_min_and_max_with_out_of_order_events(
     assert summary.last_event_at == T0 - timedelta(days=1)
 
 
+def test_a_summary_row_takes_the_id_of_an_event_that_created_it(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    """Each way a summary row is made (one event; a small batch, one statement; a big
+    batch, streamed on PostgreSQL) gives it the id of one of its events; later events
+    leave it."""
+    first = ledger.emit(order_paid(account, contact))
+    ledger.emit(order_paid(account, contact, source_id="1002"))
+    others = [ledger.create_contact(account.id, external_id=f"c{i}") for i in range(3)]
+    small = [
+        order_paid(account, c, metric_name=m, source_id=f"s-{c.id}-{m}")
+        for c in others
+        for m in (sinal.METRIC_ORDER_PLACED, sinal.METRIC_LINK_CLICKED)
+    ]
+    big = [
+        order_paid(account, others[i % 3], metric_name=f"Custom {i % 40}", source_id=f"b-{i}")
+        for i in range(600)
+    ]
+    for batch in (small, big):
+        assert {r.status for r in ledger.emit_many(batch)} == {"created"}
+
+    rows = sql(
+        database_url,
+        "SELECT s.contact_id, s.metric_name, s.id, e.contact_id, e.metric_name "
+        "FROM contact_metrics_summary s LEFT JOIN events e "
+        "ON e.account_id = s.account_id AND e.id = s.id WHERE s.account_id = ?",
+        str(account.id) if database_url.startswith("sqlite:") else account.id,
+    )
+    assert len(rows) == 1 + 3 * 2 + 3 * 40
+    assert all(r[3:] == r[:2] for r in rows)  # an event of the row's contact and metric
+    assert len({r[2] for r in rows}) == len(rows)
+    [own] = [r[2] for r in rows if r[1] == sinal.METRIC_ORDER_PAID]
+    assert str(own) == str(first.event_id)
+
+
 def test_emit_many_answers_in_order_and_first_duplicate_wins(
     ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
 ) -> None:

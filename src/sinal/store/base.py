@@ -418,13 +418,21 @@ def summary_deltas(
     created: Iterable[PreparedEvent],
 ) -> dict[tuple[UUID, UUID | None, str], list[Any]]:
     """What newly stored events add to each summary row, by (account, contact, metric),
-    in order of first appearance: [event count, total value, first and last occurred_at]."""
+    in order of first appearance: [event count, total value, first and last occurred_at,
+    the id of the first of them].
+
+    That id becomes the row's own when these events create the row. A summary row's `id`
+    is the id of an event that created it: unique, since an event adds to one row only,
+    and free, where a new id cost every row of a batch (the upsert makes one per row
+    before it finds the row exists: ~0.4 ms of PostgreSQL's ~2 ms for a batch's ~320
+    summary rows). Nothing refers to it; the seed's model has it. Rebuilt rows get new
+    ones."""
     deltas: dict[tuple[UUID, UUID | None, str], list[Any]] = {}
     for e in created:
         value = Decimal(0) if e.value is None else e.value
         delta = deltas.get(key := (e.account_id, e.contact_id, e.metric_name))
         if delta is None:
-            deltas[key] = [1, value, e.occurred_at, e.occurred_at]
+            deltas[key] = [1, value, e.occurred_at, e.occurred_at, e.id]
         else:
             delta[0] += 1
             delta[1] += value

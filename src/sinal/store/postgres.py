@@ -180,8 +180,9 @@ stored AS (
     RETURNING account_id, id, contact_id, metric_name, value, occurred_at,
               automation_execution_id
 )"""
+# A new summary row takes the id of an event that created it (`summary_deltas`).
 _SUMMARY_COLUMNS = (
-    "account_id, contact_id, metric_name, event_count, total_value, first_event_at, "
+    "account_id, contact_id, metric_name, id, event_count, total_value, first_event_at, "
     "last_event_at, updated_at"
 )
 _SUMMARY_CONFLICT = """
@@ -194,8 +195,8 @@ ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET
 _SUMMARY = f"""
 summary AS (
     INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
-    SELECT account_id, contact_id, metric_name, count(*), coalesce(sum(value), 0),
-           min(occurred_at), max(occurred_at), now()
+    SELECT account_id, contact_id, metric_name, (array_agg(id))[1], count(*),
+           coalesce(sum(value), 0), min(occurred_at), max(occurred_at), now()
     FROM stored GROUP BY account_id, contact_id, metric_name
     ORDER BY account_id, contact_id, metric_name COLLATE "C"
     {_SUMMARY_CONFLICT}
@@ -244,8 +245,9 @@ ORDER BY i.ord
 _RECORD_BODY = ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED)) + _ANSWER
 _SUMMARY_SQL = f"""
 INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
-SELECT *, now() FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::numeric[],
-                            %b::timestamptz[], %b::timestamptz[]) AS t(a, c, m)
+SELECT a, c, m, i, n, v, f, l, now()
+FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::numeric[], %b::timestamptz[],
+            %b::timestamptz[], %b::uuid[]) AS t(a, c, m, n, v, f, l, i)
 ORDER BY a, c, m COLLATE "C"
 {_SUMMARY_CONFLICT}
 """

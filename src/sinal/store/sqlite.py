@@ -920,7 +920,7 @@ class _Batch:
                 "event_count = excluded.event_count, total_value = excluded.total_value, "
                 "first_event_at = excluded.first_event_at, "
                 "last_event_at = excluded.last_event_at, updated_at = excluded.updated_at",
-                (account, contact, metric, str(new_id()), count, str(total), first, last, self.now),
+                (account, contact, metric, str(delta[4]), count, str(total), first, last, self.now),
             )
 
 
