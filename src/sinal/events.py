@@ -133,7 +133,9 @@ class StoredPayload:
     """The parts of a stored event that decide whether a duplicate differs from it."""
 
     metric_name: str
-    properties: Any
+    # As the store gives it back, JSON text: parsed only when a duplicate is compared with
+    # it (a batch reads its duplicates' payloads before it can start storing).
+    properties_json: str
     value: Decimal | None
     currency: str
     occurred_at: datetime
@@ -172,7 +174,9 @@ def differs_from(event: PreparedEvent, stored: StoredPayload) -> bool:
     """
     if _fields_differ(event, stored.metric_name, stored.value, stored.currency, stored.occurred_at):
         return True
-    return bool(event.properties != stored.properties)
+    return event.properties_json != stored.properties_json and bool(
+        event.properties != orjson.loads(stored.properties_json)
+    )
 
 
 def differs_from_earlier(event: PreparedEvent, earlier: PreparedEvent) -> bool:

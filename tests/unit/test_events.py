@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import pickle
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
@@ -654,10 +655,12 @@ STORED_AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
 
 def stored_copy(event: PreparedEvent, **changes: Any) -> StoredPayload:
-    """The stored side of `event` as it comes back from the database, with `changes`."""
+    """The stored side of `event` as PostgreSQL gives it back (jsonb's text: spaced, keys
+    in its own order, not sinal's text), with `changes` (`properties` as an object)."""
+    properties = changes.pop("properties", orjson.loads(event.properties_json))
     stored = StoredPayload(
         metric_name=event.metric_name,
-        properties=orjson.loads(event.properties_json),
+        properties_json=json.dumps(properties, sort_keys=True),
         value=event.value,
         currency=event.currency,
         occurred_at=event.occurred_at,
@@ -683,6 +686,18 @@ def stored_copy(event: PreparedEvent, **changes: Any) -> StoredPayload:
 def test_differs_from_compares_the_payload(stored_changes: dict[str, Any], expected: bool) -> None:
     event = accept(value=297.9, properties={"order": "1001", "items": 3}, occurred_at=STORED_AT)
     assert differs_from(event, stored_copy(event, **stored_changes)) is expected
+
+
+def test_differs_from_reads_properties_stored_as_sinal_wrote_them() -> None:
+    """SQLite gives back the text sinal wrote; PostgreSQL its own: both are the same
+    properties, and another text of other properties is not."""
+    event = accept(properties={"order": "1001", "items": [1, {"b": None, "a": 2.5}]})
+    as_written = dataclasses.replace(stored_copy(event), properties_json=event.properties_json)
+    assert stored_copy(event).properties_json != event.properties_json
+    assert differs_from(event, stored_copy(event)) is False
+    assert differs_from(event, as_written) is False
+    other = dataclasses.replace(as_written, properties_json='{"order": "1001"}')
+    assert differs_from(event, other) is True
 
 
 @pytest.mark.parametrize(

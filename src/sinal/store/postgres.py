@@ -230,7 +230,7 @@ rejected AS (
 # statement's snapshot was taken: a second query reads those).
 _ANSWER = """
 SELECT i.ord, s.id IS NOT NULL, k.ord IS NOT NULL,
-       d.id, d.metric_name, d.properties, d.value, d.currency, d.occurred_at
+       d.id, d.metric_name, d.properties::text, d.value, d.currency, d.occurred_at
 FROM input i
 LEFT JOIN known k ON k.ord = i.ord
 LEFT JOIN stored s ON s.id = i.id
@@ -269,7 +269,11 @@ _RECORD_SQL = _compact(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}")
 _RECORD_ONE_SQL = _compact(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}")
 # One event, with `_RECORD_ONE_SQL`'s parameters: the record statement's row shape, (ord,
 # created, known, stored payload).
-_RECORD_EVENT_SQL = "SELECT 0, * FROM sinal_record_event({}, p_schema_version => {:d})".format(
+_RECORD_EVENT_SQL = (
+    "SELECT 0, created, known, stored_id, stored_metric_name, stored_properties::text, "
+    "stored_value, stored_currency, stored_occurred_at "
+    "FROM sinal_record_event({}, p_schema_version => {:d})"
+).format(
     ", ".join(f"p_{name} => %({name})b::{kind}" for name, kind in _INPUT_COLUMNS[1:]),
     SCHEMA_VERSION,
 )
@@ -282,7 +286,7 @@ _RECORD_EVENT_SQL = "SELECT 0, * FROM sinal_record_event({}, p_schema_version =>
 # Both answer with the key's place in the arrays (`ord`, from 1), not the key: the caller
 # has it already, and loading 400 UUIDs back cost ~0.5 ms of a batch's ~25.
 _DUPLICATES_SQL = """
-SELECT k.ord, e.id, e.metric_name, e.properties, e.value, e.currency, e.occurred_at
+SELECT k.ord, e.id, e.metric_name, e.properties::text, e.value, e.currency, e.occurred_at
 FROM unnest(%b::uuid[], %b::text[]) WITH ORDINALITY AS k(account_id, unique_event_id, ord)
 CROSS JOIN LATERAL (SELECT * FROM events
                     WHERE account_id = k.account_id AND unique_event_id = k.unique_event_id
@@ -949,8 +953,10 @@ def _record_copied(
     """Record a batch by COPY (see `PostgresStore.record_chunks`). Fails with
     UniqueViolation when a key was stored by another transaction after the lookup."""
     with ExitStack() as transaction:
-        transaction.enter_context(conn.transaction())
         with conn.pipeline():
+            # BEGIN goes with the lookups: outside a pipeline it waits for its answer. (Not
+            # `conn.transaction()`, which in a pipeline keeps one open around its block.)
+            transaction.enter_context(psycopg.Transaction(conn))
             dedup = _pair_arrays((k.account_id, k.unique_event_id) for k in keys)
             found = conn.execute(_DUPLICATES_SQL, dedup)
             contacts = _pair_arrays((k.account_id, k.contact_id) for k in keys)

@@ -879,7 +879,7 @@ class _Batch:
         ).fetchone()
         stored = StoredPayload(
             metric_name=row[1],
-            properties=orjson.loads(row[2]),
+            properties_json=row[2],
             value=_opt_decimal(row[3]),
             currency=row[4],
             occurred_at=parse_ts(row[5]),
