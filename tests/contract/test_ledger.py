@@ -871,8 +871,10 @@ def test_the_one_event_function_finds_rows_by_index_on_tables_that_look_tiny(
 
 @pytest.mark.postgres
 def test_one_event_calls_keep_a_cursor_that_outlives_errors(pg_url: str) -> None:
-    """Each pooled connection keeps the cursor of the one-event statement: later events go
-    through it, also after a statement on it failed, and a closed one is made again."""
+    """Each pooled connection keeps the cursor of the one-event statement, for the calls
+    that go through psycopg (here: after psycopg's `DEALLOCATE ALL` took the directly run
+    statement away): later events go through it, also after a statement on it failed,
+    and a closed one is made again."""
     from sinal.store.postgres import PostgresStore
 
     store = PostgresStore(pg_url, max_size=1)
@@ -884,6 +886,7 @@ def test_one_event_calls_keep_a_cursor_that_outlives_errors(pg_url: str) -> None
             kept = conn.one_event_cursor()
             with pytest.raises(psycopg.errors.DivisionByZero):
                 kept.execute("SELECT 1 / 0")
+            conn.execute("DEALLOCATE ALL")
         second = ledger.emit(order_paid(account, contact, source_id="2"))
         with store._pool.connection() as conn:
             assert conn.one_event_cursor() is kept
@@ -900,6 +903,74 @@ def test_one_event_calls_keep_a_cursor_that_outlives_errors(pg_url: str) -> None
     assert (unknown.status, unknown.reason) == ("rejected", "contact_not_found")
     assert count(pg_url, "events") == 2
     assert count(pg_url, "rejections") == 1
+
+
+def _prepared_directly(conn: psycopg.Connection[Any]) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE name = 'sinal_record_event'"
+        ).fetchone()[0]  # type: ignore[index]
+    )
+
+
+@pytest.mark.postgres
+def test_one_event_goes_through_libpq_directly_and_back_to_psycopg_when_it_cannot(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone event on an idle pooled connection runs the function prepared by name, its
+    answers the same as through psycopg (created, a duplicate with its stored payload, an
+    unknown contact); inside a transaction, or when the direct call fails, psycopg runs
+    it, and what it raises is what the caller gets."""
+    from sinal.errors import StoreError
+    from sinal.events import prepare
+    from sinal.store import postgres
+    from sinal.store.postgres import PostgresStore
+
+    direct: list[bool] = []
+    real = postgres._PooledConnection.record_one
+
+    def spy(self: postgres._PooledConnection, params: Any) -> Any:
+        answer = real(self, params)
+        direct.append(answer is not None)
+        return answer
+
+    monkeypatch.setattr(postgres._PooledConnection, "record_one", spy)
+    store = PostgresStore(pg_url, max_size=1)
+    with Ledger(store) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        created = ledger.emit(order_paid(account, contact))
+        same = ledger.emit(order_paid(account, contact))
+        other = ledger.emit(order_paid(account, contact, properties={"order_id": "1002"}))
+        lost = ledger.emit(order_paid(account, contact, source_id="9", contact_id=uuid.uuid4()))
+        assert direct == [True, True, True, True]
+        with store._pool.connection() as conn:
+            assert _prepared_directly(conn)
+
+        # In the caller's transaction: through psycopg (a failed call would abort it).
+        with store._conn() as conn, conn.transaction():
+            [outcome] = postgres._record_in(
+                conn, [prepare(order_paid(account, contact, source_id="2"), ledger.clock())]
+            )
+        assert outcome.kind == "created"
+        assert direct[-1] is False
+
+        # A failing call: psycopg runs it again and raises PostgreSQL's error.
+        sql(pg_url, "ALTER TABLE events ADD CONSTRAINT no_more CHECK (source <> 'x') NOT VALID")
+        with pytest.raises(StoreError, match="no_more"):
+            ledger.emit(order_paid(account, contact, source="x", source_id="3"))
+        assert direct[-1] is False
+        sql(pg_url, "ALTER TABLE events DROP CONSTRAINT no_more")
+        after = ledger.emit(order_paid(account, contact, source_id="4"))
+        assert direct[-1] is True
+
+    assert (created.status, same.status, other.status) == ("created", "duplicate", "duplicate")
+    assert same.event_id == other.event_id == created.event_id
+    assert (same.differs, other.differs) == (False, True)
+    assert (lost.status, lost.reason) == ("rejected", "contact_not_found")
+    assert after.status == "created"
+    assert count(pg_url, "events") == 3
+    assert count(pg_url, "outbox") == 3
 
 
 @pytest.mark.postgres

@@ -51,15 +51,18 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import datetime
 from types import TracebackType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 from uuid import UUID
 
 import orjson
 import psycopg
-from psycopg.adapt import Dumper
+from psycopg import abc
+from psycopg.abc import Buffer
+from psycopg.adapt import Dumper, PyFormat, Transformer
 from psycopg.copy import LibpqWriter
 from psycopg.postgres import types as postgres_types
-from psycopg.pq import Format
+from psycopg.pq import DiagnosticField, ExecStatus, Format, PipelineStatus, TransactionStatus
+from psycopg.pq.abc import PGresult
 from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool
@@ -274,14 +277,20 @@ _RECORD_SQL = _compact(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}")
 _RECORD_ONE_SQL = _compact(f"WITH input AS ({_INPUT_ONE}), {_RECORD_BODY}")
 # One event, with `_RECORD_ONE_SQL`'s parameters: the record statement's row shape, (ord,
 # created, known, stored payload).
-_RECORD_EVENT_SQL = (
+_RECORD_EVENT = (
     "SELECT 0, created, known, stored_id, stored_metric_name, stored_properties::text, "
     "stored_value, stored_currency, stored_occurred_at "
-    "FROM sinal_record_event({}, p_schema_version => {:d})"
-).format(
-    ", ".join(f"p_{name} => %({name})b::{kind}" for name, kind in _INPUT_COLUMNS[1:]),
-    SCHEMA_VERSION,
+    f"FROM sinal_record_event({{}}, p_schema_version => {SCHEMA_VERSION:d})"
 )
+_RECORD_EVENT_SQL = _RECORD_EVENT.format(
+    ", ".join(f"p_{name} => %({name})b::{kind}" for name, kind in _INPUT_COLUMNS[1:])
+)
+# The same, prepared by name on each pooled connection and run through libpq directly
+# (`_PooledConnection.record_one`): its parameters are `_input_row`'s but `ord`.
+_RECORD_EVENT_NAME = b"sinal_record_event"
+_RECORD_EVENT_PREPARED = _RECORD_EVENT.format(
+    ", ".join(f"p_{name} => ${i}::{kind}" for i, (name, kind) in enumerate(_INPUT_COLUMNS[1:], 1))
+).encode()
 
 # Rows looked up by a whole key go through `LATERAL (... LIMIT 1)`, which the planner
 # cannot flatten into a join: planned on statistics older than the table's growth (a new
@@ -351,9 +360,14 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
     """The pool's connections. Each keeps the cursor of the one-event statement: a cursor
     made anew sets up its adapters and loaders again, which cost a fifth of the call's
     client CPU (`record` of one event: 150 → 129 µs, the medians of 10 alternated rounds
-    of 1,000 calls)."""
+    of 1,000 calls).
+
+    And each runs the one-event function through libpq directly when it can
+    (`record_one`): psycopg's execute, a generator-driven wait and per-call query and
+    parameter handling, cost ~50 µs of a ~420 µs call (bench/README.md, session 15)."""
 
     _one_event: psycopg.Cursor[TupleRow] | None = None
+    _one_event_adapter: abc.Transformer | None = None  # set once the statement is prepared
 
     def one_event_cursor(self) -> psycopg.Cursor[TupleRow]:
         """The kept cursor (made on first use, or again if it was closed)."""
@@ -361,6 +375,47 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
         if cursor is None or cursor.closed:
             cursor = self._one_event = self.cursor()
         return cursor
+
+    def record_one(self, params: Sequence[Any]) -> list[TupleRow] | None:
+        """`sinal_record_event`'s answer for one event's `params`, through libpq: the
+        statement prepared by name once per connection, then one blocking call (libpq
+        waits with the GIL released), parameters dumped and the row loaded by psycopg's
+        own adapters. Only on an idle connection in autocommit, where a failed call leaves
+        nothing behind; otherwise, or when PostgreSQL answers anything but the row (an
+        error; the statement gone, after psycopg's `DEALLOCATE ALL`), None: the caller
+        runs it through psycopg, which raises what psycopg raises."""
+        pgconn = self.pgconn
+        if (
+            pgconn.transaction_status != TransactionStatus.IDLE
+            or pgconn.pipeline_status != PipelineStatus.OFF
+        ):
+            return None
+        adapter = self._one_event_adapter
+        if adapter is None:
+            prepared = pgconn.prepare(_RECORD_EVENT_NAME, _RECORD_EVENT_PREPARED)
+            if prepared.status != ExecStatus.COMMAND_OK and _sqlstate(prepared) != _EXISTS:
+                return None
+            adapter = self._one_event_adapter = Transformer(self)
+        values = adapter.dump_sequence(params, _BINARY_PARAMS)
+        # A None value is a NULL, as for `send_query_prepared` (typed so; this one is not).
+        params_ = cast(Sequence[Buffer], values)
+        result = pgconn.exec_prepared(_RECORD_EVENT_NAME, params_, _BINARY_FORMATS, Format.BINARY)
+        if result.status != ExecStatus.TUPLES_OK:
+            if _sqlstate(result) == _NO_SUCH_STATEMENT:
+                self._one_event_adapter = None  # prepared again on the next call
+            return None
+        adapter.set_pgresult(result)
+        return adapter.load_rows(0, result.ntuples, tuple)
+
+
+_BINARY_PARAMS = [PyFormat.BINARY] * (len(_INPUT_COLUMNS) - 1)
+_BINARY_FORMATS = [Format.BINARY] * (len(_INPUT_COLUMNS) - 1)
+_EXISTS = b"42P05"  # duplicate_prepared_statement
+_NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
+
+
+def _sqlstate(result: PGresult) -> bytes | None:
+    return result.error_field(DiagnosticField.SQLSTATE)
 
 
 class _Checkout:
@@ -941,11 +996,17 @@ def _record_in(
     if len(events) > 1:
         rows = conn.execute(_RECORD_SQL, _input_arrays(events)).fetchall()
     else:  # one event: scalars (dumping 21 one-element arrays costs more than the statement)
-        params = dict(zip(_INPUT_NAMES, _input_row(0, events[0]), strict=True))
-        cursor = conn.one_event_cursor() if isinstance(conn, _PooledConnection) else conn.cursor()
-        rows = cursor.execute(_RECORD_EVENT_SQL, params).fetchall()
-        if not rows[0][2]:  # not a contact of the account: the statement keeps the rejection
-            rows = cursor.execute(_RECORD_ONE_SQL, params).fetchall()
+        row = _input_row(0, events[0])
+        pooled = conn if isinstance(conn, _PooledConnection) else None
+        answer = pooled.record_one(row[1:]) if pooled else None
+        if answer is None or not answer[0][2]:  # through psycopg, or a contact not in the account
+            cursor = pooled.one_event_cursor() if pooled else conn.cursor()
+            params = dict(zip(_INPUT_NAMES, row, strict=True))
+            if answer is None:
+                answer = cursor.execute(_RECORD_EVENT_SQL, params).fetchall()
+            if not answer[0][2]:  # not a contact of the account: the statement keeps the rejection
+                answer = cursor.execute(_RECORD_ONE_SQL, params).fetchall()
+        rows = answer
     return _outcomes(conn, events, rows)
 
 
