@@ -174,9 +174,7 @@ def differs_from(event: PreparedEvent, stored: StoredPayload) -> bool:
     """
     if _fields_differ(event, stored.metric_name, stored.value, stored.currency, stored.occurred_at):
         return True
-    return event.properties_json != stored.properties_json and bool(
-        event.properties != orjson.loads(stored.properties_json)
-    )
+    return _properties_differ(event.properties_json, stored.properties_json)
 
 
 def differs_from_earlier(event: PreparedEvent, earlier: PreparedEvent) -> bool:
@@ -186,9 +184,13 @@ def differs_from_earlier(event: PreparedEvent, earlier: PreparedEvent) -> bool:
         event, earlier.metric_name, earlier.value, earlier.currency, earlier.occurred_at
     ):
         return True
-    return (
-        event.properties_json != earlier.properties_json and event.properties != earlier.properties
-    )
+    return _properties_differ(event.properties_json, earlier.properties_json)
+
+
+def _properties_differ(one: str, other: str) -> bool:
+    """Whether two properties' JSON texts hold different objects: the same text is the same
+    properties, and then neither is parsed."""
+    return one != other and bool(orjson.loads(one) != orjson.loads(other))
 
 
 def _fields_differ(
