@@ -59,7 +59,6 @@ from uuid import UUID
 import orjson
 import psycopg
 from psycopg import abc
-from psycopg.abc import Buffer
 from psycopg.adapt import Dumper, PyFormat, Transformer
 from psycopg.copy import LibpqWriter
 from psycopg.postgres import types as postgres_types
@@ -400,7 +399,7 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
             adapter = self._one_event_adapter = Transformer(self)
         values = adapter.dump_sequence(params, _BINARY_PARAMS)
         # A None value is a NULL, as for `send_query_prepared` (typed so; this one is not).
-        params_ = cast(Sequence[Buffer], values)
+        params_ = cast(Sequence[abc.Buffer], values)
         result = pgconn.exec_prepared(_RECORD_EVENT_NAME, params_, _BINARY_FORMATS, Format.BINARY)
         if result.status != ExecStatus.TUPLES_OK:
             if _sqlstate(result) == _NO_SUCH_STATEMENT:
