@@ -222,6 +222,24 @@ async def test_invalid_event_with_new_identifiers_creates_no_contact(api: Api) -
     assert count(api.url, "contacts") == 0
 
 
+async def test_a_bad_event_and_bad_contact_identifiers_are_answered_together(api: Api) -> None:
+    body = order(None, contact={"phone": "x", "name": "Ana"}, metric="", currency="XX")
+    response = await api.post("/v1/events", body)
+
+    assert response.status_code == 422, response.text
+    assert response.json()["type"] == "/problems/invalid-event"
+    assert field_codes(response) == {
+        ("metric", "empty"), ("currency", "invalid_currency"), ("contact.phone", "invalid_phone"),
+    }  # fmt: skip
+    batch = await api.post("/v1/events/batch", {"events": [body]})
+    [item] = batch.json()["results"]
+    assert {(e["field"], e["code"]) for e in item["errors"]} == {
+        ("events[0].metric", "empty"), ("events[0].currency", "invalid_currency"),
+        ("events[0].contact.phone", "invalid_phone"),
+    }  # fmt: skip
+    assert count(api.url, "contacts") == 0
+
+
 @pytest.mark.parametrize(
     ("contact", "expected"),
     [

@@ -53,7 +53,8 @@ async def post_event(request: Request) -> Response:
     event = to_emit(item, key.account_id)
     check_contact_choice(item)
     if item.contact is not None:
-        check_event(event, svc)  # before a contact is created for an event we would refuse
+        # Before a contact is created for an event we would refuse.
+        check_event(event, item.contact, svc)
         [contact_id] = await svc.run(_resolve_contacts, svc, key.account_id, [item.contact])
         event = replace(event, contact_id=contact_id)
     try:
@@ -94,7 +95,7 @@ async def post_batch(request: Request) -> Response:
             event = to_emit(item, key.account_id)
             check_contact_choice(item, f"events[{i}].")
             if item.contact is not None:
-                check_event(event, svc, f"events[{i}].")
+                check_event(event, item.contact, svc, f"events[{i}].")
         except (InvalidInput, InvalidEvent, InvalidContact) as exc:
             results[i] = invalid_item(exc.errors)
             counted.append(("unknown", "rejected"))  # its source may be the problem
@@ -207,12 +208,19 @@ def check_contact_choice(item: EventIn, prefix: str = "") -> None:
         raise InvalidEvent([FieldError(f"{prefix}contact", "ambiguous_contact", message)])
 
 
-def check_event(event: EmitEvent, svc: Service, prefix: str = "") -> None:
-    """Validate an event whose contact is still to be resolved (nothing is written)."""
+def check_event(event: EmitEvent, contact: Any, svc: Service, prefix: str = "") -> None:
+    """Validate an event whose contact is still to be resolved (nothing is written). When
+    the event is invalid, bad `contact` identifiers are listed with its errors: one answer
+    names every field to fix."""
     try:
         prepare(replace(event, contact_id=None), svc.ledger.clock())
     except InvalidEvent as exc:
-        raise InvalidEvent(renamed(exc.errors, prefix)) from None
+        errors = renamed(exc.errors, prefix)
+        try:
+            _check_identities(contact)
+        except InvalidContact as bad:
+            errors += [FieldError(prefix + e.field, e.code, e.message) for e in bad.errors]
+        raise InvalidEvent(errors) from None
 
 
 def renamed(errors: tuple[FieldError, ...], prefix: str = "") -> list[FieldError]:
