@@ -12,7 +12,15 @@ from starlette.responses import Response
 
 from sinal.api.body import read_json, validate
 from sinal.api.errors import InvalidInput, NotFound, Rejected, problem_responses
-from sinal.api.models import BatchIn, BatchOut, EventAccepted, EventIn, EventOut, EventPage
+from sinal.api.models import (
+    BatchIn,
+    BatchOut,
+    ContactIdentities,
+    EventAccepted,
+    EventIn,
+    EventOut,
+    EventPage,
+)
 from sinal.api.openapi import body_of
 from sinal.api.service import Service, service
 from sinal.api.views import (
@@ -208,7 +216,9 @@ def check_contact_choice(item: EventIn, prefix: str = "") -> None:
         raise InvalidEvent([FieldError(f"{prefix}contact", "ambiguous_contact", message)])
 
 
-def check_event(event: EmitEvent, contact: Any, svc: Service, prefix: str = "") -> None:
+def check_event(
+    event: EmitEvent, contact: ContactIdentities, svc: Service, prefix: str = ""
+) -> None:
     """Validate an event whose contact is still to be resolved (nothing is written). When
     the event is invalid, bad `contact` identifiers are listed with its errors: one answer
     names every field to fix."""
@@ -323,7 +333,7 @@ def _resolve_contacts(svc: Service, account_id: UUID, refs: list[Any]) -> list[U
     return ids
 
 
-def _check_identities(ref: Any) -> None:
+def _check_identities(ref: ContactIdentities) -> None:
     """InvalidContact with fields under `contact.` (the ledger names them bare)."""
     try:
         Identities.parse(phone=ref.phone, email=ref.email, external_id=ref.external_id)
