@@ -276,27 +276,29 @@ def prepare(event: EmitEvent, now: datetime, key: EventKey | None = None) -> Pre
     assert account_id is not None
     assert metric_name is not None
     assert source is not None
+    # Positionally, in the fields' order: keywords cost ~1.5 µs more per event (the named
+    # tuple's `__new__` binds them), a few percent of a batch's client CPU.
     return PreparedEvent(
-        id=new_id(),
-        account_id=account_id,
-        contact_id=key.contact_id,
-        metric_name=metric_name,
-        category=get_metric_category(metric_name),
-        is_system=is_system_metric(metric_name),
-        display_name=get_metric_label(metric_name, "en"),
-        properties_json=properties_json,
-        value=value,
-        currency=currency,
-        source=source,
-        source_id=key.source_id,
-        integration_id=integration_id,
-        unique_event_id=key.unique_event_id,
-        entity_type=key.entity_type,
-        entity_id=entity_id,
-        automation_execution_id=execution_id,
-        occurred_at=occurred_at or now,
-        occurred_at_given=occurred_at is not None,
-        received_at=now,
+        new_id(),  # id
+        account_id,
+        key.contact_id,
+        metric_name,
+        get_metric_category(metric_name),
+        is_system_metric(metric_name),
+        get_metric_label(metric_name, "en"),  # display_name
+        properties_json,
+        value,
+        currency,
+        source,
+        key.source_id,
+        integration_id,
+        key.unique_event_id,
+        key.entity_type,
+        entity_id,
+        execution_id,  # automation_execution_id
+        occurred_at or now,
+        occurred_at is not None,  # occurred_at_given
+        now,  # received_at
     )
 
 

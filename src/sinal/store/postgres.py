@@ -1118,10 +1118,10 @@ class _Streamed:
         key = e.unique_event_id
         repeated = None if key is None else self.stored.get((e.account_id, key))
         if repeated is not None:
-            self.answers.append(Outcome("duplicate", event_id=repeated[0], stored=repeated[1]))
+            self.answers.append(Outcome("duplicate", repeated[0], repeated[1]))
             return False
         self.created.append(e)
-        self.answers.append(Outcome("created", event_id=e.id))
+        self.answers.append(Outcome("created", e.id))  # (kind, event_id): positional is cheaper
         return True
 
     def record_unknown(self, conn: psycopg.Connection[TupleRow]) -> None:
