@@ -453,6 +453,48 @@ def test_occurred_at_defaults_to_now(raw: str | None) -> None:
     assert event.received_at == NOW
 
 
+def test_every_field_of_a_prepared_event_comes_from_its_own_input() -> None:
+    """`prepare()` builds the event positionally: each field gets a distinct value here,
+    so two swapped arguments cannot pass."""
+    integration, execution = UUID(int=3), UUID(int=4)
+    event = accept(
+        metric_name="Order Paid",
+        properties={"order_id": "1001"},
+        value="297.90",
+        currency="usd",
+        source="shopify",
+        source_id="1001",
+        integration_id=integration,
+        entity_type="order",
+        entity_id="gid-1001",
+        automation_execution_id=execution,
+        occurred_at="2026-11-29T09:00:00-03:00",
+    )
+    assert event._asdict() | {"id": None} == {
+        "id": None,
+        "account_id": UUID(ACCOUNT),
+        "contact_id": UUID(CONTACT),
+        "metric_name": "Order Paid",
+        "category": "ecommerce",
+        "is_system": True,
+        "display_name": "Order Paid",
+        "properties_json": '{"order_id":"1001"}',
+        "value": Decimal("297.90"),
+        "currency": "USD",
+        "source": "shopify",
+        "source_id": "1001",
+        "integration_id": integration,
+        "unique_event_id": "shopify:order:1001",
+        "entity_type": "order",
+        "entity_id": "gid-1001",
+        "automation_execution_id": execution,
+        "occurred_at": NOW,
+        "occurred_at_given": True,
+        "received_at": NOW,
+    }
+    assert event.id.version == 7
+
+
 # --- UUID fields -----------------------------------------------------------------------
 
 UUID_FIELDS = ["account_id", "contact_id", "integration_id", "automation_execution_id"]
