@@ -967,7 +967,8 @@ def print_report(reports: list[Report]) -> None:
         out.print(f"[bold]{report.backend}[/bold] — {scope}:")
         for what, ratio, required in targets(report):
             verdict = "[green]holds[/green]" if ratio >= required else "[red]MISSED[/red]"
-            out.print(f"  {what}: {ratio:.2f} → {verdict}")
+            # Three places: at two, 0.4954 would print as a "0.50" that missed 0.5.
+            out.print(f"  {what}: {ratio:.3f} → {verdict}")
 
 
 def as_json(reports: list[Report]) -> str:
