@@ -229,7 +229,7 @@ def check_event(
         try:
             _check_identities(contact)
         except InvalidContact as bad:
-            errors += [FieldError(prefix + e.field, e.code, e.message) for e in bad.errors]
+            errors += renamed(bad.errors, prefix)
         raise InvalidEvent(errors) from None
 
 
