@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import TransactionStatus
 
 import sinal
@@ -648,6 +649,35 @@ def test_a_streamed_batch_builds_its_closing_statements_before_its_copy_ends(
     assert [r.status for r in results] == ["created"] * 300
     assert seen == [1]  # one COPY, not yet ended
     assert count(pg_url, "events") == count(pg_url, "outbox") == 300
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("n", [0, 1, 2, 500])
+def test_the_stores_own_array_dumpers_send_what_psycopg_would(pg_url: str, n: int) -> None:
+    """The uuid[] and text[] parameters of a streamed batch are written by sinal's own
+    binary dumpers: PostgreSQL reads them as the very arrays psycopg's list dumper sends,
+    element for element and in order, multi-byte text and the empty array included."""
+    from sinal.store import postgres
+
+    ids = [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1), *(uuid.uuid4() for _ in range(n))][:n]
+    texts = ["", "São Paulo ✓ 🎉", "x" * 10_000, *(f"whatsapp:message:wamid.{i}" for i in range(n))]
+    texts = texts[:n]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        postgres._configure(conn)
+        ours = (postgres._UuidArray(ids), postgres._TextArray(texts))
+        row = conn.execute(
+            "SELECT %b::uuid[], %b::text[], %b::uuid[] = %b::uuid[], %b::text[] = %b::text[], "
+            "cardinality(%b::uuid[]), array_ndims(%b::text[])",
+            (*ours, ours[0], ids, ours[1], texts, *ours),
+        ).fetchone()
+
+    assert row == (ids, texts, True, True, n, 1 if n else None)
+    # ... and they are the ones used, not psycopg's list dumper for a list subclass.
+    with psycopg.connect(pg_url) as conn:
+        postgres._configure(conn)
+        adapt = Transformer(conn)
+        assert isinstance(adapt.get_dumper(ours[0], PyFormat.BINARY), postgres._UuidArrayDumper)
+        assert isinstance(adapt.get_dumper(ours[1], PyFormat.BINARY), postgres._TextArrayDumper)
 
 
 @pytest.mark.postgres

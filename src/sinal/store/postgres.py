@@ -47,6 +47,7 @@ the event and its summary.
 from __future__ import annotations
 
 import itertools
+import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -355,6 +356,8 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
 def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     set_json_loads(orjson.loads, conn)
     set_json_dumps(dumps_json, conn)
+    conn.adapters.register_dumper(_UuidArray, _UuidArrayDumper)
+    conn.adapters.register_dumper(_TextArray, _TextArrayDumper)
 
 
 class _PooledConnection(psycopg.Connection[TupleRow]):
@@ -1024,9 +1027,9 @@ def _record_copied(
             # BEGIN goes with the lookups: outside a pipeline it waits for its answer. (Not
             # `conn.transaction()`, which in a pipeline keeps one open around its block.)
             transaction.enter_context(psycopg.Transaction(conn))
-            dedup = _pair_arrays((k.account_id, k.unique_event_id) for k in keys)
+            dedup = _key_arrays((k.account_id, k.unique_event_id) for k in keys)
             found = conn.execute(_DUPLICATES_SQL, dedup)
-            contacts = _pair_arrays((k.account_id, k.contact_id) for k in keys)
+            contacts = _contact_arrays((k.account_id, k.contact_id) for k in keys)
             people = conn.cursor().execute(_CONTACTS_SQL, contacts)
             first = next(chunks, ())  # validated while PostgreSQL looks up
             batch = _Streamed(
@@ -1137,6 +1140,57 @@ class _Streamed:
         return self.answers  # type: ignore[return-value]
 
 
+class _UuidArray(list[UUID]):
+    """A uuid[] parameter of non-null ids, dumped by `_UuidArrayDumper`."""
+
+
+class _TextArray(list[str]):
+    """A text[] parameter of non-null strings, dumped by `_TextArrayDumper`."""
+
+
+# PostgreSQL's binary array (`array_send`): dimensions, a has-nulls flag and the element
+# type, each dimension's length and lower bound, then each element as its length and bytes.
+# (`array_recv` reads one dimension of no elements as '{}'.)
+_ARRAY_HEAD = struct.Struct(">iiIii")
+_UUID_OID = postgres_types["uuid"].oid
+_TEXT_OID = postgres_types["text"].oid
+_UUID_ELEMENT = 16 << 128  # an element's length (16) before its 128 bits: 20 bytes in all
+_LENGTH = struct.Struct(">i").pack
+
+
+def _array_head(oid: int, n: int) -> bytes:
+    return _ARRAY_HEAD.pack(1, 0, oid, n, 1)  # one dimension, no nulls, from 1
+
+
+class _UuidArrayDumper(Dumper):
+    """uuid[] in binary, written in one pass. psycopg's list dumper finds the elements'
+    type, then calls a dumper per element: 344 ns an id against 149 here, and a streamed
+    batch of 500 events sends ~3,300 ids (its lookups, outbox rows and summaries)."""
+
+    format = Format.BINARY
+    oid = postgres_types["uuid"].array_oid
+
+    def dump(self, obj: list[UUID]) -> bytes:
+        body = b"".join([(_UUID_ELEMENT | u.int).to_bytes(20, "big") for u in obj])
+        return _array_head(_UUID_OID, len(obj)) + body
+
+
+class _TextArrayDumper(Dumper):
+    """text[] in binary, written in one pass (as `_UuidArrayDumper`: 339 ns a string
+    against ~170)."""
+
+    format = Format.BINARY
+    oid = postgres_types["text"].array_oid
+
+    def dump(self, obj: list[str]) -> bytes:
+        parts = []
+        for text in obj:
+            data = text.encode()
+            parts.append(_LENGTH(len(data)))
+            parts.append(data)
+        return _array_head(_TEXT_OID, len(obj)) + b"".join(parts)
+
+
 class _JsonbTextDumper(Dumper):
     """jsonb in binary from JSON text already serialized (the properties' canonical
     text): the format's version byte, then the text."""
@@ -1157,10 +1211,19 @@ def _pulling(
         yield chunk
 
 
-def _pair_arrays(pairs: Iterable[tuple[A | None, B | None]]) -> tuple[list[A], list[B]]:
-    """The distinct pairs with neither side None, as two arrays (for `unnest`)."""
-    valid = {(a, b) for a, b in pairs if a is not None and b is not None}
-    return [a for a, _ in valid], [b for _, b in valid]
+def _key_arrays(keys: Iterable[tuple[UUID | None, str | None]]) -> tuple[_UuidArray, _TextArray]:
+    """The distinct (account, dedup key) pairs with neither side None, as two arrays (for
+    `unnest`)."""
+    valid = {(a, k) for a, k in keys if a is not None and k is not None}
+    return _UuidArray([a for a, _ in valid]), _TextArray([k for _, k in valid])
+
+
+def _contact_arrays(
+    contacts: Iterable[tuple[UUID | None, UUID | None]],
+) -> tuple[_UuidArray, _UuidArray]:
+    """The distinct (account, contact) pairs with neither side None, as two arrays."""
+    valid = {(a, c) for a, c in contacts if a is not None and c is not None}
+    return _UuidArray([a for a, _ in valid]), _UuidArray([c for _, c in valid])
 
 
 def _copy_row(e: PreparedEvent) -> tuple[Any, ...]:
@@ -1175,7 +1238,11 @@ def _copy_row(e: PreparedEvent) -> tuple[Any, ...]:
 
 def _outbox_params(events: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
     """The outbox rows of `events`, as arrays."""
-    return [e.account_id for e in events], [e.id for e in events], [e.metric_name for e in events]
+    return (
+        _UuidArray([e.account_id for e in events]),
+        _UuidArray([e.id for e in events]),
+        _TextArray([e.metric_name for e in events]),
+    )
 
 
 def _outcomes(
@@ -1238,7 +1305,7 @@ def _stored_payloads(
     conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
 ) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
     """The stored events (id and payload) that `events`, duplicates, repeat, by dedup key."""
-    keys = _pair_arrays((e.account_id, e.unique_event_id) for e in events)
+    keys = _key_arrays((e.account_id, e.unique_event_id) for e in events)
     return _payloads(keys, conn.execute(_DUPLICATES_SQL, keys).fetchall())
 
 
@@ -1276,8 +1343,19 @@ def _metric_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
 def _summary_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
     """The summary rows the `created` events add up to, as arrays; the statement sorts
     them into lock order."""
-    rows = (key + tuple(delta) for key, delta in summary_deltas(created).items())
-    return tuple(list(column) for column in zip(*rows, strict=True))
+    deltas = summary_deltas(created)
+    keys, rows = deltas.keys(), deltas.values()
+    contacts = [c for _, c, _ in keys]  # every created event has its contact
+    return (
+        _UuidArray([a for a, _, _ in keys]),
+        _UuidArray(cast(list[UUID], contacts)),
+        _TextArray([m for _, _, m in keys]),
+        [d[0] for d in rows],  # event count
+        [d[1] for d in rows],  # total value
+        [d[2] for d in rows],  # first occurred_at
+        [d[3] for d in rows],  # last
+        _UuidArray([d[4] for d in rows]),  # the id of the first event
+    )
 
 
 def _input_row(ord_: int, e: PreparedEvent) -> tuple[Any, ...]:
