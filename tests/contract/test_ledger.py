@@ -224,6 +224,24 @@ def test_summary_keeps_min_and_max_with_out_of_order_events(
     assert summary.last_event_at == T0 - timedelta(days=1)
 
 
+def test_a_big_batchs_summaries_add_every_value_exactly(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    """A batch big enough to be streamed on PostgreSQL adds its values to the summary to
+    the last place, whatever their form: exponents, four places, negatives, the largest
+    allowed, none."""
+    values = ["1E+3", "0.0001", "-99999999999999.9999", "99999999999999.9999", None, "297.90"]
+    batch = [
+        order_paid(account, contact, source_id=f"v-{i}", value=values[i % len(values)])
+        for i in range(300)
+    ]
+    assert {r.status for r in ledger.emit_many(batch)} == {"created"}
+
+    [summary] = ledger.get_summary(account.id, contact.id)
+    assert summary.event_count == 300
+    assert summary.total_value == 50 * (Decimal("1000") + Decimal("0.0001") + Decimal("297.90"))
+
+
 def test_a_summary_row_takes_the_id_of_an_event_that_created_it(
     ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
 ) -> None:

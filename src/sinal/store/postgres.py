@@ -253,10 +253,12 @@ ORDER BY i.ord
 # summaries, metrics (seen on PostgreSQL 15 with a sequence default on each table). A
 # streamed batch writes events, outbox, summaries and metrics in that order.
 _RECORD_BODY = ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED)) + _ANSWER
+# The values' sums go as text, exact, for PostgreSQL to read: psycopg's binary numeric
+# dumper took ~1.6 µs a value, on the client, while PostgreSQL waited for the statement.
 _SUMMARY_SQL = f"""
 INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
-SELECT a, c, m, i, n, v, f, l, now()
-FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::numeric[], %b::timestamptz[],
+SELECT a, c, m, i, n, v::numeric, f, l, now()
+FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::text[], %b::timestamptz[],
             %b::timestamptz[], %b::uuid[]) AS t(a, c, m, n, v, f, l, i)
 ORDER BY a, c, m COLLATE "C"
 {_SUMMARY_CONFLICT}
@@ -1351,7 +1353,7 @@ def _summary_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
         _UuidArray(cast(list[UUID], contacts)),
         _TextArray([m for _, _, m in keys]),
         [d[0] for d in rows],  # event count
-        [d[1] for d in rows],  # total value
+        _TextArray([str(d[1]) for d in rows]),  # total value (a Decimal's text is exact)
         [d[2] for d in rows],  # first occurred_at
         [d[3] for d in rows],  # last
         _UuidArray([d[4] for d in rows]),  # the id of the first event
