@@ -100,6 +100,20 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def latin1_url(pg_template: str) -> Iterator[str]:
+    """An empty PostgreSQL database in LATIN1, not UTF8."""
+    name = f"sinal_latin1_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(
+            f"CREATE DATABASE \"{name}\" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+            "TEMPLATE template0"
+        )
+    yield _admin_url(name)
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
 def ledger(database_url: str) -> Iterator[Ledger]:
     """A ledger on a fresh database, on each backend."""
     with connect(database_url) as led:

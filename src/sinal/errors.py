@@ -12,7 +12,7 @@ SinalError
 ├── AccountNotFound
 ├── IdentityConflict      # .field: the identity already names another contact
 ├── ConversationClosed    # a closed conversation cannot be assigned
-├── ConfigurationError    # a malformed setting
+├── ConfigurationError    # a malformed setting, or a database not in UTF8
 ├── StoreError            # the driver's error is __cause__
 │   ├── DuplicateKey      # .constraint
 │   └── SchemaOutOfDate   # migrations not applied
@@ -113,7 +113,8 @@ class ConversationClosed(SinalError):
 
 
 class ConfigurationError(SinalError, ValueError):
-    """A setting is malformed (e.g. an unsupported database URL)."""
+    """A setting is malformed (e.g. an unsupported database URL), or the database it
+    names cannot hold sinal's data (PostgreSQL not in UTF8)."""
 
 
 class StoreError(SinalError):

@@ -62,6 +62,19 @@ def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.postgres
+def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
+    latin1_url: str,
+) -> None:
+    result = run(latin1_url, "migrate")
+
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "needs a UTF8 database" in result.stderr
+    assert "is LATIN1" in result.stderr
+    assert sql(latin1_url, "SELECT to_regclass('schema_migrations') IS NULL") == [(True,)]
+
+
 @pytest.mark.parametrize("command", ["serve", "worker"])
 def test_cli_malformed_public_url_is_one_line_naming_the_setting(
     command: str, tmp_path: Path

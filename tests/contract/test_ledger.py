@@ -224,6 +224,49 @@ def test_summary_keeps_min_and_max_with_out_of_order_events(
     assert summary.last_event_at == T0 - timedelta(days=1)
 
 
+@pytest.mark.postgres
+def test_migrate_refuses_a_database_that_does_not_store_utf8(latin1_url: str) -> None:
+    """A LATIN1 database would fail on text it cannot hold, long after setup: `migrate`
+    says so at once, names the encoding, and creates nothing."""
+    with sinal.connect(latin1_url) as ledger:
+        with pytest.raises(sinal.ConfigurationError, match=r"needs a UTF8 database.*LATIN1"):
+            ledger.migrate()
+        assert ledger.schema_version() == 0
+
+
+@pytest.mark.postgres
+def test_text_goes_as_utf8_whatever_the_default_client_encoding(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sinal's connections speak UTF-8 even where libpq would pick another encoding
+    (PGCLIENTENCODING here): a streamed batch's metric names, keys and properties, written
+    by sinal's own dumpers, are stored as given, and add up with a lone event's."""
+    monkeypatch.setenv("PGCLIENTENCODING", "LATIN1")
+    name, properties = "Avaliação Concluída", {"nome": "João", "nota": "✓ ótimo"}
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        batch = [
+            order_paid(
+                account, contact, metric_name=name, source_id=f"ação-{i}", properties=properties
+            )
+            for i in range(100)
+        ]
+        assert {r.status for r in ledger.emit_many(batch)} == {"created"}
+        one = order_paid(account, contact, metric_name=name, source_id="só", properties=properties)
+        assert ledger.emit(one).status == "created"
+        assert [r.status for r in ledger.emit_many(batch[:70])] == ["duplicate"] * 70
+        assert not any(r.differs for r in ledger.emit_many(batch[:70]))
+        [summary] = ledger.get_summary(account.id, contact.id)
+        stored = ledger.list_events(EventQuery(account.id, limit=200))
+
+    assert (summary.metric_name, summary.event_count) == (name, 101)
+    assert {(e.metric_name, e.source_id[:4]) for e in stored} == {(name, "ação"), (name, "só")}
+    assert all(e.properties == properties for e in stored)
+    rows = sql(pg_url, "SELECT DISTINCT metric_name FROM outbox")
+    assert rows == [(name,)]
+
+
 def test_a_big_batchs_summaries_add_every_value_exactly(
     ledger: Ledger, account: sinal.Account, contact: sinal.Contact
 ) -> None:

@@ -69,7 +69,7 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool
 
-from sinal.errors import DuplicateKey, IdentityConflict, StoreError
+from sinal.errors import ConfigurationError, DuplicateKey, IdentityConflict, StoreError
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id
 from sinal.store.base import (
@@ -362,6 +362,20 @@ def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     conn.adapters.register_dumper(_TextArray, _TextArrayDumper)
 
 
+def _check_encoding(conn: psycopg.Connection[TupleRow]) -> None:
+    """`ConfigurationError` unless the database stores text as UTF-8: in any other
+    encoding, text PostgreSQL cannot convert fails on write, and SQL_ASCII keeps bytes
+    unchecked."""
+    row = conn.execute("SELECT current_database(), current_setting('server_encoding')").fetchone()
+    assert row is not None
+    database, encoding = row
+    if encoding != "UTF8":
+        raise ConfigurationError(
+            f"sinal needs a UTF8 database; {database!r} is {encoding}: create one with "
+            "CREATE DATABASE ... ENCODING 'UTF8' TEMPLATE template0"
+        )
+
+
 class _PooledConnection(psycopg.Connection[TupleRow]):
     """The pool's connections. Each keeps the cursor of the one-event statement: a cursor
     made anew sets up its adapters and loaders again, which cost a fifth of the call's
@@ -467,7 +481,9 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             connection_class=_PooledConnection,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True},
+            # UTF-8 whatever the server's or the environment's default (PGCLIENTENCODING):
+            # sinal's own dumpers write text as UTF-8 (`_TextArrayDumper`, `_JsonbTextDumper`).
+            kwargs={"autocommit": True, "client_encoding": "UTF8"},
             configure=_configure,
             open=False,
             name="sinal",
@@ -500,6 +516,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         """Apply pending migrations under an advisory lock (safe from many processes)."""
         applied: list[int] = []
         with self._tx() as conn:
+            _check_encoding(conn)
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
