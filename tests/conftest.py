@@ -67,6 +67,17 @@ def pg_url(pg_template: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_serializable_url(pg_url: str) -> str:
+    """A fresh, migrated PostgreSQL database whose transactions default to serializable."""
+    name = pg_url.rsplit("/", 1)[1]
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(
+            f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'"
+        )
+    return pg_url
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A fresh, migrated SQLite database for one test."""
     url = f"sqlite:///{tmp_path / 'sinal.db'}"

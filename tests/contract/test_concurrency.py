@@ -117,6 +117,19 @@ def _actual_summary(url: str, account: str) -> dict[tuple[str, str], tuple[Any, 
 
 
 def test_eight_processes_racing_on_the_same_500_ids_store_each_once(database_url: str) -> None:
+    _race_on_the_same_ids(database_url)
+
+
+@pytest.mark.postgres
+def test_the_race_holds_where_the_database_defaults_to_serializable(
+    pg_serializable_url: str,
+) -> None:
+    """sinal's sessions run read committed whatever the database's default: with
+    serializable, racing writers failed with serialization errors faster than they retried."""
+    _race_on_the_same_ids(pg_serializable_url)
+
+
+def _race_on_the_same_ids(database_url: str) -> None:
     account, contacts = _setup(database_url, 20)
 
     answers = _run(8, _emit_same_ids, database_url, account, contacts)

@@ -358,6 +358,10 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
 def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     set_json_loads(orjson.loads, conn)
     set_json_dumps(dumps_json, conn)
+    # Read committed, whatever the database's or the role's default: sinal's writes are
+    # built for it (a statement waits for a concurrent key and then sees its row), where
+    # a serializable default made racing writers fail more often than they retry.
+    conn.execute("SET default_transaction_isolation = 'read committed'")
     conn.adapters.register_dumper(_UuidArray, _UuidArrayDumper)
     conn.adapters.register_dumper(_TextArray, _TextArrayDumper)
 
