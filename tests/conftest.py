@@ -67,13 +67,19 @@ def pg_url(pg_template: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def pg_serializable_url(pg_url: str) -> str:
-    """A fresh, migrated PostgreSQL database whose transactions default to serializable."""
+def pg_unusual_url(pg_url: str) -> str:
+    """A fresh, migrated PostgreSQL database with unusual session defaults: transactions
+    serializable, dates in the SQL style, day first, intervals in the SQL standard's, the
+    time zone +05:45. (Read it through sinal: psycopg cannot read such dates back.)"""
     name = pg_url.rsplit("/", 1)[1]
     with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(
-            f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'serializable'"
-        )
+        for setting, value in (
+            ("default_transaction_isolation", "serializable"),
+            ("datestyle", "SQL, DMY"),
+            ("intervalstyle", "sql_standard"),
+            ("timezone", "Asia/Kathmandu"),
+        ):
+            admin.execute(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'")
     return pg_url
 
 

@@ -358,10 +358,15 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
 def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     set_json_loads(orjson.loads, conn)
     set_json_dumps(dumps_json, conn)
-    # Read committed, whatever the database's or the role's default: sinal's writes are
-    # built for it (a statement waits for a concurrent key and then sees its row), where
-    # a serializable default made racing writers fail more often than they retry.
-    conn.execute("SET default_transaction_isolation = 'read committed'")
+    # Whatever the database's or the role's defaults: read committed, which sinal's writes
+    # are built for (a statement waits for a concurrent key and then sees its row; with a
+    # serializable default, racing writers failed more often than they retried); and
+    # dates in ISO, the only style psycopg reads back (with 'SQL, DMY' every read of a
+    # timestamp failed).
+    conn.execute(
+        "SELECT set_config('default_transaction_isolation', 'read committed', false), "
+        "set_config('datestyle', 'ISO', false), set_config('intervalstyle', 'postgres', false)"
+    )
     conn.adapters.register_dumper(_UuidArray, _UuidArrayDumper)
     conn.adapters.register_dumper(_TextArray, _TextArrayDumper)
 
