@@ -116,14 +116,14 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture
-def latin1_url(pg_template: str) -> Iterator[str]:
-    """An empty PostgreSQL database in LATIN1, not UTF8."""
+@pytest.fixture(params=["LATIN1", "SQL_ASCII"])
+def latin1_url(request: pytest.FixtureRequest, pg_template: str) -> Iterator[str]:
+    """An empty PostgreSQL database not in UTF8: LATIN1, or SQL_ASCII (no encoding)."""
     name = f"sinal_latin1_{os.getpid()}_{next(_counter)}"
     with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(
-            f"CREATE DATABASE \"{name}\" ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
-            "TEMPLATE template0"
+            f"CREATE DATABASE \"{name}\" ENCODING '{request.param}' LC_COLLATE 'C' "
+            "LC_CTYPE 'C' TEMPLATE template0"
         )
     yield _admin_url(name)
     with psycopg.connect(PG_URL, autocommit=True) as admin:
