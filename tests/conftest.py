@@ -117,9 +117,9 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture(params=["LATIN1", "SQL_ASCII"])
-def latin1_url(request: pytest.FixtureRequest, pg_template: str) -> Iterator[str]:
+def non_utf8_url(request: pytest.FixtureRequest, pg_template: str) -> Iterator[str]:
     """An empty PostgreSQL database not in UTF8: LATIN1, or SQL_ASCII (no encoding)."""
-    name = f"sinal_latin1_{os.getpid()}_{next(_counter)}"
+    name = f"sinal_non_utf8_{os.getpid()}_{next(_counter)}"
     with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(
             f"CREATE DATABASE \"{name}\" ENCODING '{request.param}' LC_COLLATE 'C' "

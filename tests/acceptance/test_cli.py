@@ -64,17 +64,17 @@ def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
 
 @pytest.mark.postgres
 def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
-    latin1_url: str,
+    non_utf8_url: str,
 ) -> None:
-    result = run(latin1_url, "migrate")
+    result = run(non_utf8_url, "migrate")
 
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "needs a UTF8 database" in result.stderr
-    [(raw,)] = sql(latin1_url, "SHOW server_encoding")
+    [(raw,)] = sql(non_utf8_url, "SHOW server_encoding")
     encoding = raw.decode() if isinstance(raw, bytes) else raw  # SQL_ASCII answers bytes
     assert f"is {encoding}" in result.stderr
-    assert sql(latin1_url, "SELECT to_regclass('schema_migrations') IS NULL") == [(True,)]
+    assert sql(non_utf8_url, "SELECT to_regclass('schema_migrations') IS NULL") == [(True,)]
 
 
 @pytest.mark.parametrize("command", ["serve", "worker"])

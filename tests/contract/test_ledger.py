@@ -225,11 +225,11 @@ def test_summary_keeps_min_and_max_with_out_of_order_events(
 
 
 @pytest.mark.postgres
-def test_migrate_refuses_a_database_that_does_not_store_utf8(latin1_url: str) -> None:
+def test_migrate_refuses_a_database_that_does_not_store_utf8(non_utf8_url: str) -> None:
     """A LATIN1 database would fail on text it cannot hold, long after setup, and a
     SQL_ASCII one keeps bytes unchecked: `migrate` says so at once, names the encoding,
     and creates nothing."""
-    with sinal.connect(latin1_url) as ledger:
+    with sinal.connect(non_utf8_url) as ledger:
         with pytest.raises(
             sinal.ConfigurationError, match=r"needs a UTF8 database.*(LATIN1|SQL_ASCII)"
         ):
