@@ -113,6 +113,8 @@ _ATTEMPTS = 5
 T = TypeVar("T")
 A = TypeVar("A")
 B = TypeVar("B")
+LA = TypeVar("LA", bound=list[Any])
+LB = TypeVar("LB", bound=list[Any])
 
 _EVENT_COLUMNS = (
     "account_id, id, contact_id, metric_name, properties, value, currency, source, source_id, "
@@ -1057,7 +1059,9 @@ def _record_copied(
             transaction.enter_context(psycopg.Transaction(conn))
             dedup = _key_arrays((k.account_id, k.unique_event_id) for k in keys)
             found = conn.execute(_DUPLICATES_SQL, dedup)
-            contacts = _contact_arrays((k.account_id, k.contact_id) for k in keys)
+            contacts = _pair_arrays(
+                ((k.account_id, k.contact_id) for k in keys), _UuidArray, _UuidArray
+            )
             people = conn.cursor().execute(_CONTACTS_SQL, contacts)
             first = next(chunks, ())  # validated while PostgreSQL looks up
             batch = _Streamed(
@@ -1239,19 +1243,20 @@ def _pulling(
         yield chunk
 
 
+def _pair_arrays(
+    pairs: Iterable[tuple[A | None, B | None]],
+    left: Callable[[list[A]], LA],
+    right: Callable[[list[B]], LB],
+) -> tuple[LA, LB]:
+    """The distinct pairs with neither side None, as two arrays (for `unnest`), each made
+    by its array type (`_UuidArray`, `_TextArray`)."""
+    valid = {(a, b) for a, b in pairs if a is not None and b is not None}
+    return left([a for a, _ in valid]), right([b for _, b in valid])
+
+
 def _key_arrays(keys: Iterable[tuple[UUID | None, str | None]]) -> tuple[_UuidArray, _TextArray]:
-    """The distinct (account, dedup key) pairs with neither side None, as two arrays (for
-    `unnest`)."""
-    valid = {(a, k) for a, k in keys if a is not None and k is not None}
-    return _UuidArray([a for a, _ in valid]), _TextArray([k for _, k in valid])
-
-
-def _contact_arrays(
-    contacts: Iterable[tuple[UUID | None, UUID | None]],
-) -> tuple[_UuidArray, _UuidArray]:
-    """The distinct (account, contact) pairs with neither side None, as two arrays."""
-    valid = {(a, c) for a, c in contacts if a is not None and c is not None}
-    return _UuidArray([a for a, _ in valid]), _UuidArray([c for _, c in valid])
+    """The distinct (account, dedup key) pairs, as arrays."""
+    return _pair_arrays(keys, _UuidArray, _TextArray)
 
 
 def _copy_row(e: PreparedEvent) -> tuple[Any, ...]:
