@@ -54,6 +54,7 @@ from sinal.store.automations import (
     AutomationStore,
     Claim,
     Integration,
+    Notices,
     StepFinish,
     StepStart,
     StepStatus,
@@ -145,7 +146,7 @@ class Dispatcher:
         self._wake = threading.Event()
         self._outbox_due = threading.Event()  # set: the outbox may hold rows to fan out
         self._outbox_due.set()
-        self._listening = False  # True once NOTIFY says when the outbox fills
+        self._notices: Notices | None = None  # set once NOTIFY says when the outbox fills
         # set: executions may be due. Cleared as a claim starts and set again only by a
         # full claim (a backlog), a NOTIFY, or our own fan-out, so a thread freeing up
         # costs no claim query otherwise; `_last_claim` adds one claim per poll interval
@@ -154,6 +155,7 @@ class Dispatcher:
         self._claims_due.set()
         self._last_claim = 0.0
         self._fanned_at = 0.0  # monotonic time of the last fan-out
+        self._backlog = False  # the last fan-out took a full batch
         self._pool: ThreadPoolExecutor | None = None
         self._integrations = _IntegrationCache(self.store, INTEGRATION_TTL)
         self._links = StepLinks(ledger, self.settings.public_url)
@@ -187,6 +189,8 @@ class Dispatcher:
         one thread, not the worker); on stop, the executions in hand are finished."""
         listener = self._start_listener(stop)
         housekeeper = self._start_housekeeping(stop)
+        # a stop wakes the loop at once, not at its next poll
+        threading.Thread(target=self._wake_on, args=(stop,), daemon=True).start()
         log.info("worker %s started", self.settings.worker_id)
         running: set[Future[None]] = set()
         while not stop.is_set():
@@ -205,6 +209,11 @@ class Dispatcher:
         wait(running)
         if listener is not None:
             listener.join(timeout=2)
+        if self._notices is not None:
+            try:  # the flag up again, should this worker have lowered it last
+                self._notices.arm_outbox()
+            except StoreError as exc:
+                log.warning("worker %s: %s", self.settings.worker_id, exc)
         if housekeeper is not None:
             # a task is a series of short transactions: one cut short by exit rolls back
             housekeeper.join(timeout=HOUSEKEEPING_GRACE)
@@ -212,19 +221,32 @@ class Dispatcher:
                 log.warning("worker %s: housekeeping still running", self.settings.worker_id)
         log.info("worker %s stopped", self.settings.worker_id)
 
+    def _wake_on(self, stop: threading.Event) -> None:
+        stop.wait()
+        self._wake.set()
+
     def _feed(self, running: set[Future[None]]) -> bool:
         """One turn of the loop: fan out (when the outbox was notified, or on every turn
         without LISTEN), then top the threads up; whether more work is likely waiting."""
         running.difference_update([f for f in running if f.done()])
         more = False
-        if (self._outbox_due.is_set() or not self._listening) and self._fan_out_wait() <= 0:
+        if (self._outbox_due.is_set() or self._notices is None) and self._fan_out_wait() <= 0:
             self._outbox_due.clear()  # before: a NOTIFY from now on sets it again
             self._fanned_at = time.monotonic()
+            # The worker waits for a NOTIFY only after a look at the outbox that followed
+            # `arm_outbox`: whatever that look missed, its writer notifies. After a full
+            # batch the next look comes at once: no need to arm, and writers keep quiet
+            # while the worker works through a backlog.
+            notices, armed = self._notices, False
+            if notices is not None and not self._backlog:
+                notices.arm_outbox()
+                armed = True
             fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
             if fanned.executions:
                 self._claims_due.set()
-            if fanned.events >= self.settings.fan_out_batch:  # a full batch: more may wait
-                self._outbox_due.set()
+            self._backlog = fanned.events >= self.settings.fan_out_batch  # more may wait
+            if self._backlog or (notices is not None and not armed):
+                self._outbox_due.set()  # look again at once (armed, unless a backlog)
                 self._fanned_at = 0.0
                 more = True
         # Keep up to one claim queued per thread and claim in batches (not one per freed
@@ -234,7 +256,7 @@ class Dispatcher:
         if len(running) > concurrency or room <= 0:
             return more
         polled = time.monotonic() - self._last_claim >= self.settings.poll_interval
-        if self._listening and not polled and not self._claims_due.is_set():
+        if self._notices is not None and not polled and not self._claims_due.is_set():
             return more
         self._claims_due.clear()  # before: a NOTIFY from now on sets it again
         self._last_claim = time.monotonic()
@@ -251,7 +273,7 @@ class Dispatcher:
 
     def _fan_out_wait(self) -> float:
         """Seconds until a notified fan-out may run (polling without LISTEN: none)."""
-        if not self._listening:
+        if self._notices is None:
             return 0.0
         return self._fanned_at + self.settings.fan_out_interval - time.monotonic()
 
@@ -290,15 +312,24 @@ class Dispatcher:
         return thread
 
     def _start_listener(self, stop: threading.Event) -> threading.Thread | None:
-        listen = getattr(self.store, "listen", None)
-        if listen is None:
+        """Listen for NOTIFY on a thread of its own (PostgreSQL). Writers of the outbox
+        notify only while the flag `arm_outbox` sets is up: woken, the worker lowers it
+        (the other writers meanwhile need not notify) and raises it again before it next
+        looks at the outbox."""
+        if not hasattr(self.store, "listen"):
             return None
-        self._listening = True
+        notices = self._notices = cast(Notices, self.store)
 
         def loop() -> None:
-            for channels in listen(["sinal_outbox", "sinal_executions"]):
+            channels_ = ["sinal_outbox", "sinal_executions"]
+            for channels in notices.listen(channels_, self.settings.poll_interval):
                 if stop.is_set():
                     return
+                if "sinal_outbox" in channels:
+                    try:
+                        notices.disarm_outbox()
+                    except StoreError as exc:  # writers go on notifying: only slower
+                        log.warning("worker %s: %s", self.settings.worker_id, exc)
                 if "sinal_outbox" in channels or not channels:  # notified, or the poll
                     self._outbox_due.set()
                 if "sinal_executions" in channels or not channels:

@@ -7,7 +7,7 @@ its aggregate recorder): the same backend classes implement both, through mixins
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -277,6 +277,25 @@ class AutomationStore(Protocol):
         ...
 
 
+class Notices(Protocol):
+    """A store whose writers wake waiting workers with a NOTIFY (PostgreSQL)."""
+
+    def listen(self, channels: Sequence[str], timeout: float = 1.0) -> Iterator[set[str]]:
+        """The channels notified, each time a NOTIFY arrives; an empty set every `timeout`
+        seconds without one."""
+        ...
+
+    def arm_outbox(self) -> None:
+        """Have the next writer of outbox rows notify; returns once every writer that would
+        not has committed. Call it before each look at the outbox that may be followed by
+        waiting for a NOTIFY."""
+        ...
+
+    def disarm_outbox(self) -> None:
+        """Let writers of outbox rows stop notifying (on being woken by one)."""
+        ...
+
+
 def decode_json(value: Any) -> Any:
     """JSON columns come back parsed from PostgreSQL and as text from SQLite."""
     if isinstance(value, str | bytes):
@@ -295,6 +314,7 @@ __all__ = [
     "Execution",
     "FanOut",
     "Integration",
+    "Notices",
     "StepFinish",
     "StepRecord",
     "StepStart",

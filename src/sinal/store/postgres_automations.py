@@ -466,9 +466,22 @@ class PostgresAutomations:
         pool = getattr(self, "_pool")  # noqa: B009 - set by PostgresStore
         pool.resize(pool.min_size, pool.max_size + n)
 
-    def listen(self, channels: Sequence[str]) -> Iterator[set[str]]:
+    def arm_outbox(self) -> None:
+        """Ask the next writer of outbox rows to notify "sinal_outbox"; returns once every
+        writer that would not has committed (migration 0014). Call it before each look
+        at the outbox that may be followed by waiting for a NOTIFY."""
+        with self._conn() as conn:
+            conn.execute("SELECT sinal_outbox_arm()")
+
+    def disarm_outbox(self) -> None:
+        """Let writers of outbox rows stop notifying: call it on being woken by a NOTIFY on
+        "sinal_outbox", and arm again before the next look at the outbox."""
+        with self._conn() as conn:
+            conn.execute("UPDATE outbox_wake SET armed = false WHERE id AND armed")
+
+    def listen(self, channels: Sequence[str], timeout: float = 1.0) -> Iterator[set[str]]:
         """Yield the channels notified each time a NOTIFY arrives on `channels`, or an empty
-        set every second without one (the caller polls then, as a fallback).
+        set every `timeout` seconds without one (the caller polls then, as a fallback).
 
         Uses its own connection (a LISTEN must stay on one session); reconnects on errors.
         """
@@ -479,7 +492,7 @@ class PostgresAutomations:
                     for channel in channels:
                         conn.execute(f"LISTEN {channel}")  # channel names are ours, not input
                     while True:
-                        yield {n.channel for n in conn.notifies(timeout=1.0, stop_after=1)}
+                        yield {n.channel for n in conn.notifies(timeout=timeout, stop_after=1)}
             except psycopg.OperationalError:
                 yield set()  # the server went away: the caller polls; we reconnect
 
