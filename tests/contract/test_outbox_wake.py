@@ -71,6 +71,11 @@ def _waits_for_the_barrier(url: str) -> bool:
     return waiting == [(1,)]
 
 
+def _disarm(url: str) -> None:
+    """Lower the flag, as a worker's listener does when a NOTIFY wakes it."""
+    sql(url, "UPDATE outbox_wake SET armed = false")
+
+
 def _order_paid(account: sinal.Account, contact: sinal.Contact) -> dict[str, Any]:
     return {
         "account_id": account.id, "contact_id": contact.id, "source": "shopify",
@@ -98,7 +103,7 @@ def test_writers_notify_only_while_the_flag_is_armed(
     _emit(pg_ledger, account, contact)
     assert _notified(listener, pg_url) == 1  # armed: writers notify, as before 0014
 
-    store.disarm_outbox()
+    _disarm(pg_url)
     _emit(pg_ledger, account, contact, 3)
     pg_ledger.emit_many(_batch(account, contact, 5))  # one statement
     pg_ledger.emit_many(_batch(account, contact, 600))  # streamed: COPY, closing statements
@@ -125,7 +130,7 @@ def test_a_writer_notifies_while_a_worker_holds_the_barrier(
 ) -> None:
     account = pg_ledger.create_account("Loja")
     contact = pg_ledger.create_contact(account.id, phone="+55 11 98765-4321")
-    _store(pg_ledger).disarm_outbox()
+    _disarm(pg_url)
     with psycopg.connect(pg_url, autocommit=True) as worker:
         worker.execute("SELECT pg_advisory_lock(%s, %s)", BARRIER)  # as while arming
         _emit(pg_ledger, account, contact)
@@ -143,7 +148,7 @@ def test_arming_waits_for_the_writers_that_would_not_notify(pg_ledger: Ledger, p
     account = pg_ledger.create_account("Loja")
     contact = pg_ledger.create_contact(account.id, phone="+55 11 98765-4321")
     store = _store(pg_ledger)
-    store.disarm_outbox()
+    _disarm(pg_url)
     with psycopg.connect(pg_url) as writer:  # a transaction left open after its insert
         writer.execute(
             "INSERT INTO outbox (account_id, event_id, metric_name) VALUES (%s, %s, 'x')",

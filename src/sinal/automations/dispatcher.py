@@ -313,9 +313,8 @@ class Dispatcher:
 
     def _start_listener(self, stop: threading.Event) -> threading.Thread | None:
         """Listen for NOTIFY on a thread of its own (PostgreSQL). Writers of the outbox
-        notify only while the flag `arm_outbox` sets is up: woken, the worker lowers it
-        (the other writers meanwhile need not notify) and raises it again before it next
-        looks at the outbox."""
+        notify only while the flag `arm_outbox` raises is up; a NOTIFY lowers it (see
+        `Notices.listen`), and `_feed` raises it again before it next looks."""
         if not hasattr(self.store, "listen"):
             return None
         notices = self._notices = cast(Notices, self.store)
@@ -325,11 +324,6 @@ class Dispatcher:
             for channels in notices.listen(channels_, self.settings.poll_interval):
                 if stop.is_set():
                     return
-                if "sinal_outbox" in channels:
-                    try:
-                        notices.disarm_outbox()
-                    except StoreError as exc:  # writers go on notifying: only slower
-                        log.warning("worker %s: %s", self.settings.worker_id, exc)
                 if "sinal_outbox" in channels or not channels:  # notified, or the poll
                     self._outbox_due.set()
                 if "sinal_executions" in channels or not channels:

@@ -282,17 +282,14 @@ class Notices(Protocol):
 
     def listen(self, channels: Sequence[str], timeout: float = 1.0) -> Iterator[set[str]]:
         """The channels notified, each time a NOTIFY arrives; an empty set every `timeout`
-        seconds without one."""
+        seconds without one. A NOTIFY on "sinal_outbox" lowers the flag `arm_outbox`
+        raises."""
         ...
 
     def arm_outbox(self) -> None:
         """Have the next writer of outbox rows notify; returns once every writer that would
         not has committed. Call it before each look at the outbox that may be followed by
         waiting for a NOTIFY."""
-        ...
-
-    def disarm_outbox(self) -> None:
-        """Let writers of outbox rows stop notifying (on being woken by one)."""
         ...
 
 

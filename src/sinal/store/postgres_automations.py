@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import replace
 from functools import cache
 from typing import Any, TypeVar
@@ -134,6 +134,12 @@ _SET_STEP_EVENT = (
 )
 
 Conn = psycopg.Connection[TupleRow]
+# Lower the outbox's wake-up flag (migration 0014), unless a worker is arming it right now:
+# then it stays up, and writers notify a little longer.
+_DISARM_OUTBOX = (
+    "UPDATE outbox_wake SET armed = false "
+    "WHERE id = (SELECT id FROM outbox_wake WHERE id AND armed FOR UPDATE SKIP LOCKED)"
+)
 T = TypeVar("T")
 
 
@@ -473,17 +479,15 @@ class PostgresAutomations:
         with self._conn() as conn:
             conn.execute("SELECT sinal_outbox_arm()")
 
-    def disarm_outbox(self) -> None:
-        """Let writers of outbox rows stop notifying: call it on being woken by a NOTIFY on
-        "sinal_outbox", and arm again before the next look at the outbox."""
-        with self._conn() as conn:
-            conn.execute("UPDATE outbox_wake SET armed = false WHERE id AND armed")
-
     def listen(self, channels: Sequence[str], timeout: float = 1.0) -> Iterator[set[str]]:
         """Yield the channels notified each time a NOTIFY arrives on `channels`, or an empty
         set every `timeout` seconds without one (the caller polls then, as a fallback).
 
-        Uses its own connection (a LISTEN must stay on one session); reconnects on errors.
+        A NOTIFY on "sinal_outbox" lowers the flag `arm_outbox` raised, before it is
+        yielded: the writers meanwhile need not notify; the caller arms again before it
+        next looks at the outbox. Uses its own connection (a LISTEN must stay on one
+        session, and waiting for a pooled one would hold the wake-up up); reconnects on
+        errors.
         """
         url: str = getattr(self, "url")  # noqa: B009 - set by PostgresStore
         while True:
@@ -492,7 +496,14 @@ class PostgresAutomations:
                     for channel in channels:
                         conn.execute(f"LISTEN {channel}")  # channel names are ours, not input
                     while True:
-                        yield {n.channel for n in conn.notifies(timeout=timeout, stop_after=1)}
+                        notices = conn.notifies(timeout=timeout, stop_after=1)
+                        notified = {n.channel for n in notices}
+                        if "sinal_outbox" in notified:
+                            # failing, writers go on notifying: only slower (a broken
+                            # connection fails the next wait, and is replaced)
+                            with suppress(psycopg.Error):
+                                conn.execute(_DISARM_OUTBOX)
+                        yield notified
             except psycopg.OperationalError:
                 yield set()  # the server went away: the caller polls; we reconnect
 
