@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,25 +79,28 @@ METHODS = (
 def run_process(key: str, url: str, inputs: Sequence[Input], signals: tuple[Any, ...]) -> None:
     """One process's share of a run: connect, say so on `ready`, wait for `go`, store
     `inputs`, put on `done` when it finished (the monotonic clock, which the processes of
-    one machine share)."""
+    one machine share) or what went wrong."""
     ready, go, done = signals
-    if key == "insert_each":
-        conn = psycopg.connect(url, autocommit=True)
+    try:
+        if key == "insert_each":
+            with psycopg.connect(url, autocommit=True) as conn:
+                ready.put(os.getpid())
+                go.wait()
+                for item in inputs:
+                    conn.execute(PG_INSERT, pg_row(item.row, item.row.metric_id))
+                done.put(time.monotonic())
+            return
+        ledger = connect(url)
+        ledger.emit_event(**inputs[0].params)  # the pool's connection and prepared statement
         ready.put(os.getpid())
         go.wait()
-        for item in inputs:
-            conn.execute(PG_INSERT, pg_row(item.row, item.row.metric_id))
+        for item in inputs[1:]:
+            ledger.emit_event(**item.params)
         done.put(time.monotonic())
-        conn.close()
-        return
-    ledger = connect(url)
-    ledger.emit_event(**inputs[0].params)  # the pool's connection and prepared statement
-    ready.put(os.getpid())
-    go.wait()
-    for item in inputs[1:]:
-        ledger.emit_event(**item.params)
-    done.put(time.monotonic())
-    ledger.close()
+        ledger.close()
+    except BaseException:
+        done.put(traceback.format_exc())
+        raise
 
 
 def shares(inputs: Sequence[Input], n: int) -> list[list[Input]]:
@@ -129,9 +133,14 @@ def timed_run(bench: PostgresBench, method: Method, processes: int) -> tuple[flo
         gc.collect()
         started = time.monotonic()
         go.set()
-        ended = max(done.get(timeout=600) for _ in workers)
-        for w in workers:
-            w.join()
+        for w in workers:  # what they put on `done` is small: it never holds them up
+            w.join(timeout=600)
+        finished = [done.get(timeout=1) for _ in range(done.qsize())]
+        failed = [f for f in finished if isinstance(f, str)]
+        if failed or len(finished) < len(workers):
+            codes = [w.exitcode for w in workers]
+            raise Mismatch(f"writing processes failed (exit codes {codes}):\n{''.join(failed)}")
+        ended = max(finished)
         heard = _notifications(listener, bench.url)
     if worker is not None:
         _wait_for(lambda: bench.count("outbox") == 0, timeout=60)
