@@ -6,9 +6,11 @@
 -- flush. Eight processes calling `emit_event` stored 1,936 events/s with the NOTIFY and
 -- 3,462 without (2026-12-01, 4 rounds of 3 s alternated, this machine).
 --
--- Now a worker arms `outbox_wake` before it looks at the outbox, and the worker that a
--- NOTIFY wakes disarms it. A writer notifies only when the flag is armed, or when it
--- cannot take the barrier lock below in shared mode. No wake-up is lost:
+-- Now a worker arms `outbox_wake` before a look at the outbox after which it may wait
+-- (not while it works through a backlog), and the worker that a NOTIFY wakes disarms it
+-- (unless another is arming it right then). A writer notifies only when the flag is
+-- armed, or when it cannot take the barrier lock below in shared mode. No wake-up is
+-- lost:
 --
 -- - `sinal_outbox_arm()` sets the flag and, in the same transaction, waits for the
 --   barrier lock in exclusive mode: for every writer that already took it in shared mode
@@ -32,9 +34,9 @@ INSERT INTO outbox_wake DEFAULT VALUES;
 CREATE FUNCTION sinal_outbox_arm() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE outbox_wake SET armed = true WHERE id AND NOT armed;
-    IF FOUND THEN  -- armed already: by a worker that waited for the writers then
+    IF FOUND THEN  -- it was down: wait for the writers that saw it so
         PERFORM pg_advisory_xact_lock(1936289388, 14);
-    END IF;
+    END IF;  -- up already: raised by a worker that waited for them then
 END $$;
 
 -- The flag is read by primary key: `sinal_record_event` runs with enable_seqscan off,
