@@ -44,8 +44,8 @@ from rich.table import Table
 
 from ingest import (
     DEFAULT_PG,
+    EVENT_COLUMNS,
     HISTORY,
-    PG_INSERT,
     SEED,
     Input,
     Mismatch,
@@ -57,6 +57,12 @@ from ingest import (
 from sinal.ledger import connect
 from sinal.store.postgres import PostgresStore
 
+# A repeated input carries its first row's id: two processes inserting it at once collide
+# on the primary key as well as on the dedup key, and a conflict target naming only the
+# latter (`bench/ingest.py`'s statement, run by one process) lets the former raise.
+INSERT = (
+    f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join(['%s'] * 18)}) ON CONFLICT DO NOTHING"
+)
 FULL = (8, 6_000)  # (processes, events)
 QUICK = (4, 1_200)
 
@@ -87,7 +93,7 @@ def run_process(key: str, url: str, inputs: Sequence[Input], signals: tuple[Any,
                 ready.put(os.getpid())
                 go.wait()
                 for item in inputs:
-                    conn.execute(PG_INSERT, pg_row(item.row, item.row.metric_id))
+                    conn.execute(INSERT, pg_row(item.row, item.row.metric_id))
                 done.put(time.monotonic())
             return
         ledger = connect(url)
