@@ -51,6 +51,7 @@ from ingest import (
     Mismatch,
     PostgresBench,
     console,
+    failed,
     generate,
     pg_row,
 )
@@ -115,7 +116,7 @@ def shares(inputs: Sequence[Input], n: int) -> list[list[Input]]:
 
 
 def timed_run(bench: PostgresBench, method: Method, processes: int) -> tuple[float, int]:
-    """One run of `method` from empty tables: events/s, and NOTIFYs heard per 1,000 events."""
+    """One run of `method` from empty tables: events/s, and the NOTIFYs heard."""
     bench.reset()
     store = bench.ledger.store
     assert isinstance(store, PostgresStore)
@@ -142,10 +143,10 @@ def timed_run(bench: PostgresBench, method: Method, processes: int) -> tuple[flo
         for w in workers:  # what they put on `done` is small: it never holds them up
             w.join(timeout=600)
         finished = [done.get(timeout=1) for _ in range(done.qsize())]
-        failed = [f for f in finished if isinstance(f, str)]
-        if failed or len(finished) < len(workers):
+        errors = [f for f in finished if isinstance(f, str)]
+        if errors or len(finished) < len(workers):
             codes = [w.exitcode for w in workers]
-            raise Mismatch(f"writing processes failed (exit codes {codes}):\n{''.join(failed)}")
+            raise Mismatch(f"writing processes failed (exit codes {codes}):\n{''.join(errors)}")
         ended = max(finished)
         heard = _notifications(listener, bench.url)
     if worker is not None:
@@ -249,12 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"round {round_}/{args.repeat} {method.label:<24} {rate:>9,.0f} events/s"
                         f" {notified:>6,} NOTIFYs (load {os.getloadavg()[0]:.2f})"
                     )
-    except Mismatch as exc:
-        console.print(f"[bold red]MISMATCH[/bold red] {exc}")
-        return 1
-    except psycopg.OperationalError as exc:
-        console.print(f"[bold red]PostgreSQL failed[/bold red] (see SINAL_BENCH_PG): {exc}")
-        return 2
+    except (Mismatch, psycopg.OperationalError) as exc:
+        return failed(exc)
     medians = {key: statistics.median(values) for key, values in rates.items()}
     if args.json:
         sys.stdout.write(json.dumps({"postgresql": medians, "processes": args.processes}) + "\n")

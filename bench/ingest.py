@@ -1018,6 +1018,15 @@ def open_bench(backend: Backend, workload: Workload, history: Workload) -> Bench
     return SQLiteBench(workload, history)
 
 
+def failed(exc: Mismatch | psycopg.OperationalError) -> int:
+    """Say why a run stopped; the exit status: 1 on a mismatch, 2 when PostgreSQL failed."""
+    if isinstance(exc, Mismatch):
+        console.print(f"[bold red]MISMATCH[/bold red] {exc}")
+        return 1
+    console.print(f"[bold red]PostgreSQL failed[/bold red] (see SINAL_BENCH_PG): {exc}")
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; 1 when a method stored the wrong number of events, 2 when the
     PostgreSQL connection fails."""
@@ -1043,12 +1052,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for backend in backends:
             with open_bench(backend, workload, history) as bench:
                 reports.append(run_backend(bench, args))
-    except Mismatch as exc:
-        console.print(f"[bold red]MISMATCH[/bold red] {exc}")
-        return 1
-    except psycopg.OperationalError as exc:
-        console.print(f"[bold red]PostgreSQL failed[/bold red] (see SINAL_BENCH_PG): {exc}")
-        return 2
+    except (Mismatch, psycopg.OperationalError) as exc:
+        return failed(exc)
     if args.json:
         sys.stdout.write(as_json(reports) + "\n")
     else:
