@@ -74,7 +74,7 @@ class PreparedEvent(NamedTuple):
 
     Immutable like the frozen dataclasses sinal uses for values, but a named tuple: one is
     made for every event emitted, and a frozen dataclass of 20 fields took 2.6 µs to make
-    against 1.0 (bench/README.md, session 13)."""
+    against 1.0 (bench/HISTORY.md, session 13)."""
 
     id: UUID
     account_id: UUID

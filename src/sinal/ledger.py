@@ -689,9 +689,9 @@ class _FirstWins:
         return True
 
 
-CHUNK = 64  # events per chunk of a batch (measured: bench/README.md)
+CHUNK = 64  # events per chunk of a batch (measured: bench/HISTORY.md)
 # The first chunk is validated while PostgreSQL looks the batch's keys and contacts up,
-# which takes about as long as validating 128 events (bench/README.md); PostgreSQL has
+# which takes about as long as validating 128 events (bench/HISTORY.md); PostgreSQL has
 # nothing to store until the answer is in.
 FIRST_CHUNK = 128
 

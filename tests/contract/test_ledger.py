@@ -860,7 +860,7 @@ def test_a_streamed_batch_holds_each_key_as_soon_as_postgresql_reads_its_row(
 ) -> None:
     """A big batch's COPY inserts each row as PostgreSQL reads it, while the ledger still
     validates the rows after it. (PostgreSQL would otherwise keep a binary COPY's rows and
-    insert them all at its end, the client idle meanwhile: bench/README.md.) Seen from
+    insert them all at its end, the client idle meanwhile: bench/HISTORY.md.) Seen from
     another transaction: once PostgreSQL has read the batch's first row, and before the
     ledger hands over its second chunk, an insert of that row's key waits on the batch."""
     from sinal.events import prepare

@@ -326,7 +326,7 @@ CROSS JOIN LATERAL (SELECT 1 FROM contacts
 # per 64 kB of text lines, and a binary row has no line: a batch's heap and index inserts
 # all waited for its last row, the client idle meanwhile (6-7 ms of a ~37 ms batch of
 # 500). With a volatile WHERE, PostgreSQL inserts each row as it reads it, while the
-# ledger validates the next ones (bench/README.md, session 12).
+# ledger validates the next ones (bench/HISTORY.md, session 12).
 _COPY_SQL = (
     f"COPY events ({_EVENT_COLUMNS}, metric_id) FROM STDIN (FORMAT BINARY) WHERE random() >= 0"
 )
@@ -395,7 +395,7 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
 
     And each runs the one-event function through libpq directly when it can
     (`record_one`): psycopg's execute, a generator-driven wait and per-call query and
-    parameter handling, cost ~50 µs of a ~420 µs call (bench/README.md, session 15)."""
+    parameter handling, cost ~50 µs of a ~420 µs call (bench/HISTORY.md, session 15)."""
 
     _one_event: psycopg.Cursor[TupleRow] | None = None
     _one_event_adapter: abc.Transformer | None = None  # set once the statement is prepared
