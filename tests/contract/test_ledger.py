@@ -1317,3 +1317,30 @@ def test_closing_a_sqlite_store_waits_for_the_writes_in_progress(sqlite_url: str
     assert not closer.is_alive()
     assert [a.status for a in answers] == ["created"]
     assert count(sqlite_url, "events") == 1
+
+
+@pytest.mark.postgres
+def test_the_pool_hands_out_the_connection_returned_last(pg_url: str) -> None:
+    """After a burst opened several connections, a sequential caller keeps getting the one
+    returned last (one warm backend), not each in turn; the others stay idle for the pool
+    to close."""
+    from sinal.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url, min_size=1, max_size=4)
+    with Ledger(store) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        held = [store._pool.getconn() for _ in range(4)]  # the burst: four at once
+        pids = [conn.info.backend_pid for conn in held]
+        for conn in held:
+            store._pool.putconn(conn)
+        assert len(set(pids)) == 4
+
+        used = []
+        for n in range(6):
+            ledger.emit(order_paid(account, contact, source_id=str(n)))
+            with store._pool.connection() as conn:
+                used.append(conn.info.backend_pid)
+
+    assert used == [pids[-1]] * 6
+    assert count(pg_url, "events") == 6
