@@ -11,6 +11,9 @@ For each backend, in one run, on the same generated events:
   and one big COPY) or SQLite `executemany` (one transaction per 500 rows);
 - `Ledger.emit_many` in batches of 500;
 - `Ledger.emit_event`, one event per call;
+- 32 concurrent asyncio callers, through `AsyncLedger` (their events share transactions)
+  and through `asyncio.to_thread(ledger.emit_event)` (a transaction each), for
+  information;
 - the seed's flow: per event five statements, each in its own transaction;
 - one INSERT per event in its own transaction: the ceiling for per-event commits.
 
@@ -24,6 +27,7 @@ bench/README.md.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import os
@@ -36,7 +40,7 @@ import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -52,6 +56,7 @@ from psycopg import sql
 from rich.console import Console
 from rich.table import Table
 
+from sinal.aio import AsyncLedger
 from sinal.catalog import (
     METRIC_MESSAGE_DELIVERED,
     METRIC_MESSAGE_READ,
@@ -76,6 +81,7 @@ WARMUP = 100  # events run through each method, untimed, before it is measured
 HISTORY = 2  # another tenant's events stored beforehand, per batch-method event
 SEED = 20261129
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432"
+CONCURRENT = 32  # asyncio callers in flight at once, for the concurrent methods
 FULL = (20_000, 3_000)  # (batch methods, per-event methods)
 QUICK = (2_000, 500)
 
@@ -454,11 +460,29 @@ class Bench(ABC):
             results.extend(self.ledger.emit_many([i.event for i in chunk]))
         return results
 
+    def async_shared(self, inputs: Sequence[Input]) -> Results:
+        """`AsyncLedger.emit_event` from 32 concurrent callers on one event loop: their
+        events share transactions."""
+        aledger = AsyncLedger(self.ledger)
+        return asyncio.run(concurrently(aledger.emit_event, inputs))
+
+    def async_threads(self, inputs: Sequence[Input]) -> Results:
+        """`Ledger.emit_event` in `asyncio.to_thread` from 32 concurrent callers: one
+        transaction per event, on the loop's default executor."""
+
+        def emit(**params: Any) -> Awaitable[EmitResult]:
+            return asyncio.to_thread(self.ledger.emit_event, **params)
+
+        return asyncio.run(concurrently(emit, inputs))
+
     def ledger_methods(self) -> list[Method]:
-        """The two methods under test, the same on every backend."""
+        """The methods under test, the same on every backend: the two of the targets, then
+        concurrent asyncio callers (for information)."""
         return [
             Method("emit_many", f"emit_many ×{BATCH}", self.emit_many, False, whole=True),
             Method("emit_event", "emit_event", self.emit_event, True, whole=True),
+            Method("async_shared", f"AsyncLedger ×{CONCURRENT}", self.async_shared, True, True),
+            Method("async_threads", f"to_thread ×{CONCURRENT}", self.async_threads, True, True),
         ]
 
     def warm_up(self, method: Method) -> None:
@@ -507,6 +531,20 @@ class Bench(ABC):
             raise Mismatch(
                 f"{self.name} / {method.label}, {len(inputs)} inputs: {'; '.join(wrong)}"
             )
+
+
+async def concurrently(
+    call: Callable[..., Awaitable[EmitResult]], inputs: Sequence[Input]
+) -> list[EmitResult]:
+    """`call(**params)` for every input, `CONCURRENT` at most in flight; the answers in
+    input order."""
+    gate = asyncio.Semaphore(CONCURRENT)
+
+    async def one(item: Input) -> EmitResult:
+        async with gate:
+            return await call(**item.params)
+
+    return list(await asyncio.gather(*(one(item) for item in inputs)))
 
 
 def now() -> datetime:

@@ -7,7 +7,7 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, cast
@@ -16,6 +16,7 @@ from uuid import UUID
 import psycopg
 
 from sinal.automations.service import Automations
+from sinal.events import EmitResult, PreparedEvent
 from sinal.ledger import Ledger
 from sinal.store.commerce import CheckoutUpdate, CommerceStore
 
@@ -92,3 +93,22 @@ class DrivenClock:
         """Move the clock `delta` forward."""
         with self._lock:
             self._offset += delta
+
+
+class WatchedLedger(Ledger):
+    """The real ledger, recording the size of each shared transaction (`record_prepared`,
+    what group commit calls); with `hold`, the first one waits until `release` is set (a
+    slow commit while more callers arrive)."""
+
+    def __init__(self, ledger: Ledger, *, hold: bool = False) -> None:
+        super().__init__(ledger.store, clock=ledger.clock)
+        self.sizes: list[int] = []
+        self.release = threading.Event()
+        if not hold:
+            self.release.set()
+
+    def record_prepared(self, events: Sequence[PreparedEvent]) -> list[EmitResult]:
+        self.sizes.append(len(events))
+        if len(self.sizes) == 1:
+            self.release.wait(10)
+        return super().record_prepared(events)

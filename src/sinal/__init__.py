@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from sinal.aio import AsyncLedger
 from sinal.catalog import *  # noqa: F403 - the seed's constants are part of the public API
 from sinal.catalog import __all__ as _catalog_all
 from sinal.errors import (
@@ -33,7 +34,7 @@ from sinal.errors import (
     WebhookError,
 )
 from sinal.events import EmitEvent, EmitResult
-from sinal.ledger import AsyncLedger, Ledger, connect
+from sinal.ledger import Ledger, connect
 from sinal.store.base import Account, Contact, EventQuery, Rejection, SummaryRow
 
 __version__ = "0.1.0"

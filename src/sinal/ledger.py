@@ -2,12 +2,11 @@
 
 The seed's flow (validate contact → upsert metric → dedup → insert → dispatch), with the
 dispatch written to the outbox in the same transaction instead of fired and forgotten.
-`AsyncLedger` runs the same code in worker threads, so asyncio callers never block.
+`sinal.aio.AsyncLedger` runs it for asyncio code.
 """
 
 from __future__ import annotations
 
-import asyncio
 import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -562,35 +561,6 @@ class Ledger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class AsyncLedger:
-    """The same ledger for asyncio code: each call runs in a worker thread."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
-
-    async def emit_event(self, **params: Any) -> EmitResult:
-        """See `Ledger.emit_event`."""
-        return await asyncio.to_thread(self.ledger.emit_event, **params)
-
-    async def emit(self, event: EmitEvent) -> EmitResult:
-        """See `Ledger.emit`."""
-        return await asyncio.to_thread(self.ledger.emit, event)
-
-    async def emit_many(self, events: Sequence[EmitEvent]) -> list[EmitResult]:
-        """See `Ledger.emit_many`."""
-        return await asyncio.to_thread(self.ledger.emit_many, events)
-
-    async def create_contact(self, account_id: UUID | str, **identities: str | None) -> Contact:
-        """See `Ledger.create_contact`."""
-        return await asyncio.to_thread(self.ledger.create_contact, account_id, **identities)
-
-    async def get_summary(
-        self, account_id: UUID | str, contact_id: UUID | str | None = None
-    ) -> list[SummaryRow]:
-        """See `Ledger.get_summary`."""
-        return await asyncio.to_thread(self.ledger.get_summary, account_id, contact_id)
 
 
 def connect(url: str, *, clock: Clock = utcnow) -> Ledger:

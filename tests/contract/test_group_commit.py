@@ -4,18 +4,15 @@ with its own result; batches grow while the transactions in flight are busy."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 
 import sinal
-from sinal import EmitEvent, EmitResult, InvalidEvent, Ledger
-from sinal.events import PreparedEvent
+from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.group_commit import GroupCommitter
 from sinal.ids import new_id
-from tests.helpers import count, sql
+from tests.helpers import WatchedLedger, count, sql
 
 pytestmark = pytest.mark.anyio
 
@@ -23,22 +20,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class WatchedLedger(Ledger):
-    """The real ledger, recording the size of each transaction and holding the first one
-    until `release` is set (a slow commit, while more requests arrive)."""
-
-    def __init__(self, ledger: Ledger) -> None:
-        super().__init__(ledger.store, clock=ledger.clock)
-        self.sizes: list[int] = []
-        self.release = threading.Event()
-
-    def record_prepared(self, events: Sequence[PreparedEvent]) -> list[EmitResult]:
-        self.sizes.append(len(events))
-        if len(self.sizes) == 1:
-            self.release.wait(10)
-        return super().record_prepared(events)
 
 
 @pytest.fixture
@@ -55,7 +36,7 @@ async def test_while_the_slot_is_busy_arrivals_wait_and_go_in_one_transaction(
     ledger: Ledger, account: sinal.Account, database_url: str
 ) -> None:
     contact = ledger.create_contact(account.id, phone="+5511987654321")
-    watched = WatchedLedger(ledger)
+    watched = WatchedLedger(ledger, hold=True)
     committer = GroupCommitter(watched, max_delay=0.001, max_inflight=1)
 
     first = asyncio.create_task(committer.emit(paid(account, contact, 0)))
@@ -83,7 +64,6 @@ async def test_a_batch_never_exceeds_max_batch(
 ) -> None:
     contact = ledger.create_contact(account.id, phone="+5511987654321")
     watched = WatchedLedger(ledger)
-    watched.release.set()
     committer = GroupCommitter(watched, max_batch=7, max_delay=0.001, max_inflight=2)
 
     results = await asyncio.gather(*(committer.emit(paid(account, contact, n)) for n in range(50)))
