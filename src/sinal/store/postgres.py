@@ -458,9 +458,8 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
     and 1,966 events/s through the pool's own order, 2,601 and 2,425 through this one, and
     2,554 and 2,511 before the pool grew (2026-12-01, 2,000 events a run, the bench's
     workload): each call woke a backend whose caches the other seven had cooled. The
-    connections left at the back stay idle, and the pool closes those it has not needed
-    for `max_idle` seconds (psycopg's `ShrinkPool` takes them from the front of the same
-    queue, which holds the ones returned first).
+    others stay idle at the front of the queue, where psycopg's `ShrinkPool` takes the
+    connections it closes when some went unused for `max_idle` seconds.
 
     The order is psycopg_pool's internals (`_pool`, a deque taken from the left by
     `_get_ready_connection`, under the pool's lock):
