@@ -103,12 +103,14 @@ class WatchedLedger(Ledger):
     def __init__(self, ledger: Ledger, *, hold: bool = False) -> None:
         super().__init__(ledger.store, clock=ledger.clock)
         self.sizes: list[int] = []
+        self.started = threading.Event()  # set once the first transaction has begun
         self.release = threading.Event()
         if not hold:
             self.release.set()
 
     def record_prepared(self, events: Sequence[PreparedEvent]) -> list[EmitResult]:
         self.sizes.append(len(events))
+        self.started.set()
         if len(self.sizes) == 1:
             self.release.wait(10)
         return super().record_prepared(events)

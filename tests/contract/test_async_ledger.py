@@ -80,8 +80,8 @@ def test_callers_arriving_while_transactions_are_in_flight_go_in_the_next(
 
     async def main() -> list[EmitResult]:
         first = asyncio.create_task(aledger.emit(paid(account, contact, 0)))
-        while not watched.sizes:  # the first transaction has started, and hangs
-            await asyncio.sleep(0.001)
+        # the first transaction has started, and hangs
+        assert await asyncio.to_thread(watched.started.wait, 10), "no transaction started"
         later = []
         for wave in range(3):  # over many turns of the loop
             later += [asyncio.create_task(aledger.emit(paid(account, contact, 1 + wave * 10 + n)))

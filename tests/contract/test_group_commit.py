@@ -40,8 +40,8 @@ async def test_while_the_slot_is_busy_arrivals_wait_and_go_in_one_transaction(
     committer = GroupCommitter(watched, max_delay=0.001, max_inflight=1)
 
     first = asyncio.create_task(committer.emit(paid(account, contact, 0)))
-    while not watched.sizes:  # the first transaction has started, and hangs
-        await asyncio.sleep(0.001)
+    # the first transaction has started, and hangs
+    assert await asyncio.to_thread(watched.started.wait, 10), "no transaction started"
     later = []
     for wave in range(4):  # arrivals over many timer periods
         later += [asyncio.create_task(committer.emit(paid(account, contact, 1 + wave * 10 + n)))
