@@ -98,6 +98,26 @@ def test_callers_arriving_while_transactions_are_in_flight_go_in_the_next(
     assert count(database_url, "events") == 31
 
 
+def test_with_max_delay_callers_of_separate_turns_share_a_transaction(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact, database_url: str
+) -> None:
+    watched = WatchedLedger(ledger)
+    aledger = AsyncLedger(watched, max_delay=0.2)
+
+    async def main() -> list[EmitResult]:
+        tasks = []
+        for n in range(5):  # one caller per turn of the loop
+            tasks.append(asyncio.create_task(aledger.emit(paid(account, contact, n))))
+            await asyncio.sleep(0.001)
+        return [await task for task in tasks]
+
+    results = asyncio.run(main())
+
+    assert watched.sizes == [5]
+    assert [r.status for r in results] == ["created"] * 5
+    assert count(database_url, "events") == 5
+
+
 def test_a_shared_transaction_never_exceeds_max_batch(
     ledger: Ledger, account: sinal.Account, contact: sinal.Contact, database_url: str
 ) -> None:
@@ -207,8 +227,11 @@ def test_drain_commits_the_events_of_cancelled_callers(
         ({"max_batch": 0}, "max_batch must be within 1..1000"),
         ({"max_batch": 1001}, "max_batch must be within 1..1000"),
         ({"max_inflight": 0}, "max_inflight must be at least 1"),
+        ({"max_delay": -0.001}, "max_delay must be within 0..1 seconds"),
+        ({"max_delay": 2.0}, "max_delay must be within 0..1 seconds"),
+        ({"max_delay": float("nan")}, "max_delay must be within 0..1 seconds"),
     ],
 )
-def test_bad_settings_are_refused(ledger: Ledger, settings: dict[str, int], message: str) -> None:
+def test_bad_settings_are_refused(ledger: Ledger, settings: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AsyncLedger(ledger, **settings)
