@@ -23,8 +23,8 @@ from typing import Any
 from uuid import UUID
 
 from sinal.events import EmitEvent, EmitResult
-from sinal.group_commit import GroupCommitter
-from sinal.ledger import MAX_BATCH, Ledger
+from sinal.group_commit import GroupCommitter, check_max_batch
+from sinal.ledger import Ledger
 from sinal.store.base import Contact, SummaryRow
 
 
@@ -47,8 +47,7 @@ class AsyncLedger:
         max_delay: float = 0.0,
         max_inflight: int = 4,
     ) -> None:
-        if not 1 <= max_batch <= MAX_BATCH:
-            raise ValueError(f"max_batch must be within 1..{MAX_BATCH}")
+        check_max_batch(max_batch)  # here, not when a loop first calls
         if not 0.0 <= max_delay <= 1.0:  # also refuses NaN
             raise ValueError("max_delay must be within 0..1 seconds")
         if max_inflight < 1:

@@ -18,6 +18,12 @@ from sinal.events import EmitEvent, EmitResult, PreparedEvent, prepare
 from sinal.ledger import MAX_BATCH, Ledger
 
 
+def check_max_batch(max_batch: int) -> None:
+    """`ValueError` unless one shared transaction may hold `max_batch` events."""
+    if not 1 <= max_batch <= MAX_BATCH:
+        raise ValueError(f"max_batch must be within 1..{MAX_BATCH}")
+
+
 @dataclass(slots=True)
 class _Pending:
     events: list[PreparedEvent] = field(default_factory=list)
@@ -35,8 +41,7 @@ class GroupCommitter:
         max_delay: float = 0.002,
         max_inflight: int = 4,
     ) -> None:
-        if not 1 <= max_batch <= MAX_BATCH:
-            raise ValueError(f"max_batch must be within 1..{MAX_BATCH}")
+        check_max_batch(max_batch)
         self.ledger = ledger
         self.max_batch = max_batch
         self.max_delay = max_delay
