@@ -194,14 +194,16 @@ class Ledger:
         now = self.clock()
         results: list[EmitResult | None] = [None] * len(events)
         keys = [identify(event) for event in events]
-        # Every transaction inserts dedup keys in this one order (code points, as the
-        # store's statements sort them), so concurrent batches never wait on each other in
-        # a cycle; the repeats of a key sit together, in input order, in one chunk.
-        places = [_lock_order(key) for key in keys]
-        order = sorted(range(len(events)), key=places.__getitem__)
         rounds = _FirstWins()
 
         def chunks() -> Iterator[list[PreparedEvent]]:
+            # Every transaction inserts dedup keys in this one order (code points, as the
+            # store's statements sort them), so concurrent batches never wait on each
+            # other in a cycle; the repeats of a key sit together, in input order, in one
+            # chunk. Sorted when the store asks for the first chunk, after it has sent the
+            # keys to be looked up: PostgreSQL looks while this sorts.
+            places = [_lock_order(key) for key in keys]
+            order = sorted(range(len(events)), key=places.__getitem__)
             for part in _key_chunks(order, places):
                 chunk: list[PreparedEvent] = []
                 for i in part:
