@@ -323,6 +323,42 @@ def test_a_summary_row_takes_the_id_of_an_event_that_created_it(
     assert str(own) == str(first.event_id)
 
 
+def test_a_big_batch_answers_every_kind_of_contact(
+    ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    """A batch big enough to be streamed on PostgreSQL, where contacts are looked up once
+    for the batch: events of the account's contacts are stored; those of an unknown
+    contact, of another account's contact and of none are rejected and kept, and so are
+    their repeats."""
+    other_account = ledger.create_account(name="Outra Loja")
+    theirs = ledger.create_contact(other_account.id, external_id="theirs")
+    ours = [contact, *(ledger.create_contact(account.id, external_id=f"c{i}") for i in range(4))]
+    # Every 10th event has no contact of the account, by turns: (its contact, the answer).
+    odd = [(uuid.uuid4(), "contact_not_found"), (theirs.id, "contact_not_found"),
+           (None, "contact_required")]  # fmt: skip
+    batch: list[EmitEvent] = []
+    expected: list[str] = []
+    for i in range(200):
+        first = i % 180  # the last 20 repeat the first 20, payload and all
+        contact_id, answer = odd[first // 10 % 3] if first % 10 == 0 else (ours[i % 5].id, None)
+        batch.append(order_paid(account, contact, contact_id=contact_id, source_id=str(first)))
+        repeat = i >= 180
+        expected.append(answer or ("duplicate" if repeat else "created"))
+
+    results = ledger.emit_many(batch)
+
+    # A repeat of a rejected event is recorded again, and rejected alike.
+    assert [r.reason if r.status == "rejected" else r.status for r in results] == expected
+    assert [r.event_id for r in results[180:] if r.status == "duplicate"] == [
+        r.event_id for r in results[:20] if r.status == "created"
+    ]
+    assert not any(r.differs for r in results)
+    assert count(database_url, "events") == 162
+    assert count(database_url, "outbox") == 162
+    assert sum(s.event_count for s in ledger.get_summary(account.id)) == 162
+    assert len(ledger.list_rejections(account.id)) == 18 + 2
+
+
 def test_emit_many_answers_in_order_and_first_duplicate_wins(
     ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
 ) -> None:
