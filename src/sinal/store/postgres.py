@@ -20,7 +20,7 @@ rejection.
 A big batch (`record_chunks`, from `Ledger.emit_many`) is streamed instead. One round
 trip opens the transaction and reads the stored events of the batch's dedup keys (with
 their payloads, properties as text: parsed only if a duplicate is compared) and which of
-its contacts are in their accounts, while the ledger validates the first chunk. Then the
+its contacts are not in their accounts, while the ledger validates the first chunk. Then the
 new events go to `events` by COPY, each chunk as the ledger validates it, so PostgreSQL
 inserts while Python checks; a repeat of a stored key is answered from the lookup, and
 an event of no known contact goes to the record statement, which keeps the rejection.
@@ -691,7 +691,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         early: Callable[[list[Outcome]], None] | None = None,
     ) -> list[Outcome]:
         """Looked up, then streamed: one round trip reads the stored events of the batch's
-        dedup keys and which of its contacts exist, while the ledger validates the first
+        dedup keys and which of its contacts are missing, while the ledger validates the first
         chunk; then the new events go to PostgreSQL by COPY as each chunk is validated,
         and three statements add their outbox rows, summaries and metrics (see the module
         docstring). When another transaction stores one of the batch's keys in between
