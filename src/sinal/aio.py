@@ -23,7 +23,7 @@ from typing import Any
 from uuid import UUID
 
 from sinal.events import EmitEvent, EmitResult
-from sinal.group_commit import GroupCommitter, check_max_batch
+from sinal.group_commit import GroupCommitter, check_limits
 from sinal.ledger import Ledger
 from sinal.store.base import Contact, SummaryRow
 
@@ -47,11 +47,9 @@ class AsyncLedger:
         max_delay: float = 0.0,
         max_inflight: int = 4,
     ) -> None:
-        check_max_batch(max_batch)  # here, not when a loop first calls
+        check_limits(max_batch, max_inflight)  # here, not when a loop first calls
         if not 0.0 <= max_delay <= 1.0:  # also refuses NaN
             raise ValueError("max_delay must be within 0..1 seconds")
-        if max_inflight < 1:
-            raise ValueError("max_inflight must be at least 1")
         self.ledger = ledger
         self.max_batch = max_batch
         self.max_delay = max_delay

@@ -18,10 +18,13 @@ from sinal.events import EmitEvent, EmitResult, PreparedEvent, prepare
 from sinal.ledger import MAX_BATCH, Ledger
 
 
-def check_max_batch(max_batch: int) -> None:
-    """`ValueError` unless one shared transaction may hold `max_batch` events."""
+def check_limits(max_batch: int, max_inflight: int) -> None:
+    """`ValueError` unless one shared transaction may hold `max_batch` events and at
+    least one may be in flight (with none, no caller would ever be answered)."""
     if not 1 <= max_batch <= MAX_BATCH:
         raise ValueError(f"max_batch must be within 1..{MAX_BATCH}")
+    if max_inflight < 1:
+        raise ValueError("max_inflight must be at least 1")
 
 
 @dataclass(slots=True)
@@ -41,7 +44,7 @@ class GroupCommitter:
         max_delay: float = 0.002,
         max_inflight: int = 4,
     ) -> None:
-        check_max_batch(max_batch)
+        check_limits(max_batch, max_inflight)
         self.ledger = ledger
         self.max_batch = max_batch
         self.max_delay = max_delay

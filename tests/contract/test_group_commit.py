@@ -109,3 +109,18 @@ async def test_a_failed_transaction_fails_every_caller_in_it(
 
     assert all(isinstance(o, sinal.StoreError) for o in outcomes), outcomes
     assert count(database_url, "events") == 0  # and nothing of it was written
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_batch": 0}, "max_batch must be within 1..1000"),
+        ({"max_batch": 1001}, "max_batch must be within 1..1000"),
+        ({"max_inflight": 0}, "max_inflight must be at least 1"),
+    ],
+)
+def test_limits_no_transaction_could_keep_are_refused(
+    ledger: Ledger, settings: dict[str, int], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        GroupCommitter(ledger, **settings)
