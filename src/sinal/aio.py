@@ -47,9 +47,7 @@ class AsyncLedger:
         max_delay: float = 0.0,
         max_inflight: int = 4,
     ) -> None:
-        check_limits(max_batch, max_inflight)  # here, not when a loop first calls
-        if not 0.0 <= max_delay <= 1.0:  # also refuses NaN
-            raise ValueError("max_delay must be within 0..1 seconds")
+        check_limits(max_batch, max_inflight, max_delay)  # here, not when a loop first calls
         self.ledger = ledger
         self.max_batch = max_batch
         self.max_delay = max_delay

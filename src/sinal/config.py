@@ -13,12 +13,25 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sinal.errors import ConfigurationError
+from sinal.ledger import MAX_BATCH
 
 DEFAULT_DATABASE_URL = "sqlite:///sinal.db"
 
 
-def _setting(default: Any, doc: str) -> Any:
-    return field(default=default, metadata={"doc": doc})
+# uvicorn's log levels, quietest first.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _setting(
+    default: Any,
+    doc: str,
+    *,
+    within: tuple[float, float] | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A field: its default, what it means, and the values it takes (`within`: a closed
+    numeric range; `choices`: the strings, any case)."""
+    return field(default=default, metadata={"doc": doc, "within": within, "choices": choices})
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,43 +42,88 @@ class Settings:
         DEFAULT_DATABASE_URL, "sqlite:///relative.db, sqlite:////absolute.db or postgresql://…"
     )
     host: str = _setting("127.0.0.1", "address `sinal serve` listens on")
-    port: int = _setting(8000, "port `sinal serve` listens on")
+    port: int = _setting(8000, "port `sinal serve` listens on", within=(1, 65_535))
     public_url: str = _setting(
         "",
         "public base URL (https://sin.al) of short links and webhook URLs; default: the request's",
     )
-    workers: int = _setting(1, "server processes (`sinal serve`); each runs its own group commit")
+    workers: int = _setting(
+        1, "server processes (`sinal serve`); each runs its own group commit", within=(1, 256)
+    )
     auth_cache_ttl: float = _setting(
-        2.0, "seconds an API key lookup is cached per process (0: none); bounds revocation delay"
+        2.0,
+        "seconds an API key lookup is cached per process (0: none); bounds revocation delay",
+        within=(0, 3_600),
     )
-    max_event_bytes: int = _setting(1_048_576, "largest body of POST /v1/events (413 above)")
-    max_batch_bytes: int = _setting(5_000_000, "largest body of POST /v1/events/batch")
-    group_commit_max_batch: int = _setting(500, "events per group-commit transaction, at most")
+    max_event_bytes: int = _setting(
+        1_048_576, "largest body of POST /v1/events (413 above)", within=(1_024, 67_108_864)
+    )
+    max_batch_bytes: int = _setting(
+        5_000_000, "largest body of POST /v1/events/batch", within=(1_024, 268_435_456)
+    )
+    group_commit_max_batch: int = _setting(
+        500, "events per group-commit transaction, at most", within=(1, MAX_BATCH)
+    )
     group_commit_max_delay: float = _setting(
-        0.002, "seconds a single event waits for others to share its transaction"
+        0.002, "seconds a single event waits for others to share its transaction", within=(0, 1)
     )
-    log_level: str = _setting("info", "uvicorn log level: critical, error, warning, info, debug")
+    log_level: str = _setting(
+        "info", "uvicorn log level: " + ", ".join(LOG_LEVELS), choices=LOG_LEVELS
+    )
     serve_worker: bool = _setting(
         True, "run an automation worker inside `sinal serve` (false: run `sinal worker` apart)"
     )
     worker_lease: float = _setting(
-        300.0, "seconds a worker holds an execution without progress before another takes it"
+        300.0,
+        "seconds a worker holds an execution without progress before another takes it",
+        within=(1, 86_400),
     )
     worker_concurrency: int = _setting(
-        32, "executions a worker runs at once (threads; their step records share commits)"
+        32,
+        "executions a worker runs at once (threads; their step records share commits)",
+        within=(1, 1_024),
     )
     worker_poll_interval: float = _setting(
-        1.0, "seconds between polls when no NOTIFY arrives (PostgreSQL) or always (SQLite)"
+        1.0,
+        "seconds between polls when no NOTIFY arrives (PostgreSQL) or always (SQLite)",
+        within=(0.01, 3_600),
     )
     housekeeping_interval: float = _setting(
-        20.0, "seconds between a worker's housekeeping passes (abandoned checkouts); 0: none"
+        20.0,
+        "seconds between a worker's housekeeping passes (abandoned checkouts); 0: none",
+        within=(0, 86_400),
     )
-    max_attempts: int = _setting(8, "attempts of a failing execution before it is dead")
-    retry_base: float = _setting(1.0, "seconds of the first retry's backoff (doubles, jittered)")
-    http_timeout: float = _setting(30.0, "seconds a step waits for WhatsApp, AI or a webhook")
+    max_attempts: int = _setting(
+        8, "attempts of a failing execution before it is dead", within=(1, 100)
+    )
+    retry_base: float = _setting(
+        1.0, "seconds of the first retry's backoff (doubles, jittered)", within=(0, 3_600)
+    )
+    http_timeout: float = _setting(
+        30.0, "seconds a step waits for WhatsApp, AI or a webhook", within=(0.1, 3_600)
+    )
     allow_private_webhooks: bool = _setting(
         False, "let webhook steps call private and loopback addresses"
     )
+
+    def __post_init__(self) -> None:
+        """`ConfigurationError` for the first value out of its field's range: refused when
+        read, not when a worker or the server first uses it (a traceback at startup, or a
+        silent misbehaviour: no worker thread, a batch over the ledger's limit)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            within, choices = f.metadata.get("within"), f.metadata.get("choices")
+            if within is not None and not within[0] <= value <= within[1]:  # NaN fails too
+                low, high = (_number(bound) for bound in within)
+                raise ConfigurationError(
+                    f"{env_name(f.name)}={_number(value)} must be within {low}..{high}"
+                )
+            if choices is not None and value.lower() not in choices:
+                raise ConfigurationError(
+                    f"{env_name(f.name)}={value!r} must be one of {', '.join(choices)}"
+                )
+        if not self.host.strip():
+            raise ConfigurationError(f"{env_name('host')} must not be empty")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -91,8 +149,20 @@ def env_name(name: str) -> str:
 
 
 def describe() -> list[tuple[str, str, str]]:
-    """(variable, default, meaning) for every setting."""
-    return [(env_name(f.name), str(f.default), f.metadata["doc"]) for f in fields(Settings)]
+    """(variable, default, meaning) for every setting; the meaning ends with the range a
+    number must be within."""
+    described = []
+    for f in fields(Settings):
+        doc, within = f.metadata["doc"], f.metadata["within"]
+        if within is not None:
+            doc = f"{doc} [{_number(within[0])}..{_number(within[1])}]"
+        described.append((env_name(f.name), str(f.default), doc))
+    return described
+
+
+def _number(value: float) -> str:
+    """`value` as written in a range: 1, 0.01, 65535."""
+    return f"{value:g}" if isinstance(value, float) and not value.is_integer() else f"{value:.0f}"
 
 
 def _convert(name: str, kind: object, raw: str) -> Any:
@@ -110,10 +180,9 @@ def _convert(name: str, kind: object, raw: str) -> Any:
         else:
             return raw
     except ValueError:
-        raise ConfigurationError(f"{env_name(name)}={raw!r} is not a number") from None
-    if not value >= 0:  # negative or NaN
-        raise ConfigurationError(f"{env_name(name)}={raw!r} must be a non-negative number")
-    return value
+        what = "a whole number" if kind in (int, "int") else "a number"
+        raise ConfigurationError(f"{env_name(name)}={raw!r} is not {what}") from None
+    return value  # its range is the field's, checked by Settings
 
 
 def _public_url(raw: str) -> str:

@@ -18,13 +18,16 @@ from sinal.events import EmitEvent, EmitResult, PreparedEvent, prepare
 from sinal.ledger import MAX_BATCH, Ledger
 
 
-def check_limits(max_batch: int, max_inflight: int) -> None:
-    """`ValueError` unless one shared transaction may hold `max_batch` events and at
-    least one may be in flight (with none, no caller would ever be answered)."""
+def check_limits(max_batch: int, max_inflight: int, max_delay: float) -> None:
+    """`ValueError` unless one shared transaction may hold `max_batch` events, at least one
+    may be in flight (with none, no caller would ever be answered), and an event waits for
+    company at most a second."""
     if not 1 <= max_batch <= MAX_BATCH:
         raise ValueError(f"max_batch must be within 1..{MAX_BATCH}")
     if max_inflight < 1:
         raise ValueError("max_inflight must be at least 1")
+    if not 0.0 <= max_delay <= 1.0:  # also refuses NaN
+        raise ValueError("max_delay must be within 0..1 seconds")
 
 
 @dataclass(slots=True)
@@ -44,7 +47,7 @@ class GroupCommitter:
         max_delay: float = 0.002,
         max_inflight: int = 4,
     ) -> None:
-        check_limits(max_batch, max_inflight)
+        check_limits(max_batch, max_inflight, max_delay)
         self.ledger = ledger
         self.max_batch = max_batch
         self.max_delay = max_delay

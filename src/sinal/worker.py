@@ -24,7 +24,7 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
     """The dispatcher's settings from sinal's."""
     return DispatchSettings(
         lease=settings.worker_lease,
-        concurrency=max(1, settings.worker_concurrency),
+        concurrency=settings.worker_concurrency,
         poll_interval=settings.worker_poll_interval,
         retry=RetryPolicy(max_attempts=settings.max_attempts, base=settings.retry_base),
         http_timeout=settings.http_timeout,

@@ -78,19 +78,48 @@ def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
 
 
 @pytest.mark.parametrize("command", ["serve", "worker"])
-def test_cli_malformed_public_url_is_one_line_naming_the_setting(
-    command: str, tmp_path: Path
+@pytest.mark.parametrize(
+    ("variable", "raw", "message"),
+    [
+        (
+            "SINAL_PUBLIC_URL",
+            "sin.al",
+            "SINAL_PUBLIC_URL='sin.al' must be an absolute http:// or https:// URL with a "
+            "host and no query or fragment, e.g. https://sin.al",
+        ),
+        # these failed at startup with a traceback, or not at all
+        (
+            "SINAL_GROUP_COMMIT_MAX_BATCH",
+            "5000",
+            "SINAL_GROUP_COMMIT_MAX_BATCH=5000 must be within 1..1000",
+        ),
+        (
+            "SINAL_LOG_LEVEL",
+            "verbose",
+            "SINAL_LOG_LEVEL='verbose' must be one of critical, error, warning, info, debug, trace",
+        ),
+        ("SINAL_WORKER_CONCURRENCY", "0", "SINAL_WORKER_CONCURRENCY=0 must be within 1..1024"),
+    ],
+    ids=["public_url", "group_commit_max_batch", "log_level", "worker_concurrency"],
+)
+def test_cli_malformed_setting_is_one_line_naming_it(
+    command: str, variable: str, raw: str, message: str, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}  # a narrow log: no wrapping
-    env["SINAL_PUBLIC_URL"] = "sin.al"
+    env[variable] = raw
     result = subprocess.run([*SINAL, command], env=env, cwd=tmp_path, capture_output=True,
                             text=True, timeout=60, check=False)  # fmt: skip
     assert result.returncode == 1
-    assert result.stderr == (
-        "error: SINAL_PUBLIC_URL='sin.al' must be an absolute http:// or https:// URL with a "
-        "host and no query or fragment, e.g. https://sin.al\n"
-    )
+    assert result.stderr == f"error: {message}\n"
     assert list(tmp_path.iterdir()) == []  # refused before opening (or creating) a database
+
+
+def test_cli_serve_port_out_of_range_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run([*SINAL, "serve", "--port", "70000"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr == "error: SINAL_PORT=70000 must be within 1..65535\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 ACCOUNT = "0192a3b4-c5d6-7e8f-9a0b-1c2d3e4f5a6b"

@@ -117,10 +117,13 @@ async def test_a_failed_transaction_fails_every_caller_in_it(
         ({"max_batch": 0}, "max_batch must be within 1..1000"),
         ({"max_batch": 1001}, "max_batch must be within 1..1000"),
         ({"max_inflight": 0}, "max_inflight must be at least 1"),
+        ({"max_delay": -0.001}, "max_delay must be within 0..1 seconds"),
+        ({"max_delay": 1e9}, "max_delay must be within 0..1 seconds"),  # a lone event's wait
+        ({"max_delay": float("nan")}, "max_delay must be within 0..1 seconds"),
     ],
 )
 def test_limits_no_transaction_could_keep_are_refused(
-    ledger: Ledger, settings: dict[str, int], message: str
+    ledger: Ledger, settings: dict[str, float], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
         GroupCommitter(ledger, **settings)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinal.config import Settings
+from sinal.config import Settings, describe
 from sinal.errors import ConfigurationError
 
 
@@ -54,3 +54,117 @@ def test_settings_public_url_rejects_what_is_not_an_absolute_http_url(raw: str) 
 
 def test_settings_public_url_is_unset_by_default() -> None:
     assert Settings.from_env({}).public_url == ""
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "message"),
+    [
+        ("SINAL_PORT", "0", "SINAL_PORT=0 must be within 1..65535"),
+        ("SINAL_PORT", "70000", "SINAL_PORT=70000 must be within 1..65535"),
+        ("SINAL_PORT", "80.5", "SINAL_PORT='80.5' is not a whole number"),
+        ("SINAL_PORT", "http", "SINAL_PORT='http' is not a whole number"),
+        ("SINAL_WORKERS", "0", "SINAL_WORKERS=0 must be within 1..256"),
+        ("SINAL_AUTH_CACHE_TTL", "-1", "SINAL_AUTH_CACHE_TTL=-1 must be within 0..3600"),
+        # a key cached forever: revoking it would never take effect
+        ("SINAL_AUTH_CACHE_TTL", "inf", "SINAL_AUTH_CACHE_TTL=inf must be within 0..3600"),
+        ("SINAL_AUTH_CACHE_TTL", "nan", "SINAL_AUTH_CACHE_TTL=nan must be within 0..3600"),
+        ("SINAL_AUTH_CACHE_TTL", "2s", "SINAL_AUTH_CACHE_TTL='2s' is not a number"),
+        ("SINAL_MAX_EVENT_BYTES", "0", "SINAL_MAX_EVENT_BYTES=0 must be within 1024..67108864"),
+        ("SINAL_MAX_BATCH_BYTES", "1e9", "SINAL_MAX_BATCH_BYTES='1e9' is not a whole number"),
+        (
+            "SINAL_MAX_BATCH_BYTES",
+            "1000000000",
+            "SINAL_MAX_BATCH_BYTES=1000000000 must be within 1024..268435456",
+        ),
+        # over the ledger's batch limit: every shared transaction would fail
+        (
+            "SINAL_GROUP_COMMIT_MAX_BATCH",
+            "5000",
+            "SINAL_GROUP_COMMIT_MAX_BATCH=5000 must be within 1..1000",
+        ),
+        (
+            "SINAL_GROUP_COMMIT_MAX_BATCH",
+            "0",
+            "SINAL_GROUP_COMMIT_MAX_BATCH=0 must be within 1..1000",
+        ),
+        # a lone request would wait that long for company
+        (
+            "SINAL_GROUP_COMMIT_MAX_DELAY",
+            "1e9",
+            "SINAL_GROUP_COMMIT_MAX_DELAY=1000000000 must be within 0..1",
+        ),
+        (
+            "SINAL_GROUP_COMMIT_MAX_DELAY",
+            "-0.001",
+            "SINAL_GROUP_COMMIT_MAX_DELAY=-0.001 must be within 0..1",
+        ),
+        (
+            "SINAL_LOG_LEVEL",
+            "verbose",
+            "SINAL_LOG_LEVEL='verbose' must be one of critical, error, warning, info, debug, trace",
+        ),
+        ("SINAL_WORKER_LEASE", "0", "SINAL_WORKER_LEASE=0 must be within 1..86400"),
+        # no thread would ever run an execution
+        ("SINAL_WORKER_CONCURRENCY", "0", "SINAL_WORKER_CONCURRENCY=0 must be within 1..1024"),
+        # a poll loop with no pause
+        (
+            "SINAL_WORKER_POLL_INTERVAL",
+            "0",
+            "SINAL_WORKER_POLL_INTERVAL=0 must be within 0.01..3600",
+        ),
+        (
+            "SINAL_HOUSEKEEPING_INTERVAL",
+            "-5",
+            "SINAL_HOUSEKEEPING_INTERVAL=-5 must be within 0..86400",
+        ),
+        ("SINAL_MAX_ATTEMPTS", "0", "SINAL_MAX_ATTEMPTS=0 must be within 1..100"),
+        ("SINAL_RETRY_BASE", "-1", "SINAL_RETRY_BASE=-1 must be within 0..3600"),
+        ("SINAL_HTTP_TIMEOUT", "0", "SINAL_HTTP_TIMEOUT=0 must be within 0.1..3600"),
+        ("SINAL_SERVE_WORKER", "maybe", "SINAL_SERVE_WORKER='maybe' is not true or false"),
+        ("SINAL_HOST", " ", "SINAL_HOST must not be empty"),
+    ],
+)
+def test_settings_out_of_range_is_refused_naming_the_variable_and_the_range(
+    variable: str, raw: str, message: str
+) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({variable: raw})
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "name", "value"),
+    [
+        ("SINAL_PORT", "1", "port", 1),
+        ("SINAL_PORT", "65535", "port", 65_535),
+        ("SINAL_AUTH_CACHE_TTL", "0", "auth_cache_ttl", 0.0),  # no cache
+        ("SINAL_GROUP_COMMIT_MAX_BATCH", "1000", "group_commit_max_batch", 1_000),
+        ("SINAL_GROUP_COMMIT_MAX_DELAY", "0", "group_commit_max_delay", 0.0),
+        ("SINAL_GROUP_COMMIT_MAX_DELAY", "1", "group_commit_max_delay", 1.0),
+        ("SINAL_LOG_LEVEL", "WARNING", "log_level", "WARNING"),  # uvicorn takes any case
+        ("SINAL_WORKER_LEASE", "2", "worker_lease", 2.0),
+        ("SINAL_WORKER_POLL_INTERVAL", "0.2", "worker_poll_interval", 0.2),
+        ("SINAL_HOUSEKEEPING_INTERVAL", "0", "housekeeping_interval", 0.0),  # none
+        ("SINAL_RETRY_BASE", "0.05", "retry_base", 0.05),
+        ("SINAL_SERVE_WORKER", "off", "serve_worker", False),
+    ],
+)
+def test_settings_at_the_edges_of_their_range_are_taken(
+    variable: str, raw: str, name: str, value: object
+) -> None:
+    assert getattr(Settings.from_env({variable: raw}), name) == value
+
+
+def test_settings_overrides_are_checked_as_the_environment_is() -> None:
+    with pytest.raises(ConfigurationError, match=r"^SINAL_PORT=70000 must be within 1\.\.65535$"):
+        Settings.from_env({}).with_overrides(port=70_000)
+
+
+def test_settings_defaults_are_within_their_ranges_and_described_with_them() -> None:
+    Settings()  # checks every field
+
+    described = {variable: meaning for variable, _, meaning in describe()}
+
+    assert described["SINAL_GROUP_COMMIT_MAX_DELAY"].endswith("[0..1]")
+    assert described["SINAL_WORKER_POLL_INTERVAL"].endswith("[0.01..3600]")
+    assert described["SINAL_DATABASE_URL"].endswith("postgresql://…")  # no range: text
