@@ -87,7 +87,7 @@ def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
             "SINAL_PUBLIC_URL='sin.al' must be an absolute http:// or https:// URL with a "
             "host and no query or fragment, e.g. https://sin.al",
         ),
-        # these failed at startup with a traceback, or not at all
+        # these failed at startup with a traceback, or were taken as another value
         (
             "SINAL_GROUP_COMMIT_MAX_BATCH",
             "5000",

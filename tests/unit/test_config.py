@@ -104,7 +104,7 @@ def test_settings_public_url_is_unset_by_default() -> None:
             "SINAL_LOG_LEVEL='verbose' must be one of critical, error, warning, info, debug, trace",
         ),
         ("SINAL_WORKER_LEASE", "0", "SINAL_WORKER_LEASE=0 must be within 1..86400"),
-        # no thread would ever run an execution
+        # was taken as 1, silently
         ("SINAL_WORKER_CONCURRENCY", "0", "SINAL_WORKER_CONCURRENCY=0 must be within 1..1024"),
         # a poll loop with no pause
         (
