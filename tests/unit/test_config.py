@@ -1,6 +1,9 @@
-"""Settings read from the environment: SINAL_PUBLIC_URL checked and tidied."""
+"""Settings read from the environment: each checked against its range, SINAL_PUBLIC_URL tidied,
+and the README's table kept in step."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +171,18 @@ def test_settings_defaults_are_within_their_ranges_and_described_with_them() -> 
     assert described["SINAL_GROUP_COMMIT_MAX_DELAY"].endswith("[0..1]")
     assert described["SINAL_WORKER_POLL_INTERVAL"].endswith("[0.01..3600]")
     assert described["SINAL_DATABASE_URL"].endswith("postgresql://…")  # no range: text
+
+
+def test_readme_settings_table_lists_every_setting_with_its_range() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    table = readme.split("\n## Settings\n", 1)[1].strip().split("\n\n", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    documented = {cells[0].strip("|` "): cells[2] for cells in rows}
+
+    described = describe()
+
+    assert list(documented) == [variable for variable, _, _ in described]
+    for variable, _, meaning in described:
+        if meaning.endswith("]"):  # a number, with its range
+            low, high = meaning.rsplit("[", 1)[1].rstrip("]").split("..")
+            assert documented[variable] == f"{low}–{high}", variable
