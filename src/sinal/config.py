@@ -108,8 +108,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         """`ConfigurationError` for the first value out of its field's range: refused when
-        read, not when a worker or the server first uses it (a traceback at startup, or a
-        silent misbehaviour: no worker thread, a batch over the ledger's limit)."""
+        read, not when the server or a worker first uses it (a traceback at startup, or a
+        silent surprise: a key cached for ever, a request waiting for company for hours)."""
         for f in fields(self):
             value = getattr(self, f.name)
             within, choices = f.metadata.get("within"), f.metadata.get("choices")
