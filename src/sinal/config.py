@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sinal.errors import ConfigurationError
+from sinal.group_commit import MAX_DELAY
 from sinal.ledger import MAX_BATCH
 
 DEFAULT_DATABASE_URL = "sqlite:///sinal.db"
@@ -65,7 +66,9 @@ class Settings:
         500, "events per group-commit transaction, at most", within=(1, MAX_BATCH)
     )
     group_commit_max_delay: float = _setting(
-        0.002, "seconds a single event waits for others to share its transaction", within=(0, 1)
+        0.002,
+        "seconds a single event waits for others to share its transaction",
+        within=(0, MAX_DELAY),
     )
     log_level: str = _setting(
         "info", "uvicorn log level: " + ", ".join(LOG_LEVELS), choices=LOG_LEVELS
@@ -114,9 +117,8 @@ class Settings:
             value = getattr(self, f.name)
             within, choices = f.metadata.get("within"), f.metadata.get("choices")
             if within is not None and not within[0] <= value <= within[1]:  # NaN fails too
-                low, high = (_number(bound) for bound in within)
                 raise ConfigurationError(
-                    f"{env_name(f.name)}={_number(value)} must be within {low}..{high}"
+                    f"{env_name(f.name)}={_number(value)} must be within {_range(within)}"
                 )
             if choices is not None and value.lower() not in choices:
                 raise ConfigurationError(
@@ -155,9 +157,14 @@ def describe() -> list[tuple[str, str, str]]:
     for f in fields(Settings):
         doc, within = f.metadata["doc"], f.metadata["within"]
         if within is not None:
-            doc = f"{doc} [{_number(within[0])}..{_number(within[1])}]"
+            doc = f"{doc} [{_range(within)}]"
         described.append((env_name(f.name), str(f.default), doc))
     return described
+
+
+def _range(within: tuple[float, float]) -> str:
+    """A closed range as messages and `describe()` write it: 1..65535, 0.01..3600."""
+    return f"{_number(within[0])}..{_number(within[1])}"
 
 
 def _number(value: float) -> str:

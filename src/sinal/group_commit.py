@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from sinal.events import EmitEvent, EmitResult, PreparedEvent, prepare
 from sinal.ledger import MAX_BATCH, Ledger
 
+# The longest an event may wait for company before its transaction starts, in seconds.
+MAX_DELAY = 1.0
+
 
 def check_limits(max_batch: int, max_inflight: int, max_delay: float) -> None:
     """`ValueError` unless one shared transaction may hold `max_batch` events, at least one
@@ -26,8 +29,8 @@ def check_limits(max_batch: int, max_inflight: int, max_delay: float) -> None:
         raise ValueError(f"max_batch must be within 1..{MAX_BATCH}")
     if max_inflight < 1:
         raise ValueError("max_inflight must be at least 1")
-    if not 0.0 <= max_delay <= 1.0:  # also refuses NaN
-        raise ValueError("max_delay must be within 0..1 seconds")
+    if not 0.0 <= max_delay <= MAX_DELAY:  # also refuses NaN
+        raise ValueError(f"max_delay must be within 0..{MAX_DELAY:g} seconds")
 
 
 @dataclass(slots=True)
