@@ -20,6 +20,18 @@ from sinal.events import EmitResult, PreparedEvent
 from sinal.ledger import Ledger
 from sinal.store.commerce import CheckoutUpdate, CommerceStore
 
+# Limits no shared transaction could keep, and the `ValueError` each gets: refused by
+# `check_limits`, whether a `GroupCommitter` or an `AsyncLedger` is made with them.
+BAD_LIMITS = [
+    ({"max_batch": 0}, "max_batch must be within 1..1000"),
+    ({"max_batch": 1001}, "max_batch must be within 1..1000"),
+    ({"max_inflight": 0}, "max_inflight must be at least 1"),
+    ({"max_delay": -0.001}, "max_delay must be within 0..1 seconds"),
+    ({"max_delay": 2.0}, "max_delay must be within 0..1 seconds"),
+    ({"max_delay": 1e9}, "max_delay must be within 0..1 seconds"),  # a lone event's wait
+    ({"max_delay": float("nan")}, "max_delay must be within 0..1 seconds"),
+]
+
 
 async def settle(condition: Callable[[], object], timeout: float = 10.0) -> None:
     """Wait until `condition()` holds (a worker thread got there), then a little more, so

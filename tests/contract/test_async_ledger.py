@@ -12,7 +12,7 @@ import pytest
 
 import sinal
 from sinal import AsyncLedger, EmitEvent, EmitResult, InvalidEvent, Ledger
-from tests.helpers import WatchedLedger, count, sql
+from tests.helpers import BAD_LIMITS, WatchedLedger, count, sql
 
 
 @pytest.fixture
@@ -221,17 +221,7 @@ def test_drain_commits_the_events_of_cancelled_callers(
     assert count(database_url, "events") == 1
 
 
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        ({"max_batch": 0}, "max_batch must be within 1..1000"),
-        ({"max_batch": 1001}, "max_batch must be within 1..1000"),
-        ({"max_inflight": 0}, "max_inflight must be at least 1"),
-        ({"max_delay": -0.001}, "max_delay must be within 0..1 seconds"),
-        ({"max_delay": 2.0}, "max_delay must be within 0..1 seconds"),
-        ({"max_delay": float("nan")}, "max_delay must be within 0..1 seconds"),
-    ],
-)
+@pytest.mark.parametrize(("settings", "message"), BAD_LIMITS)
 def test_bad_settings_are_refused(ledger: Ledger, settings: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AsyncLedger(ledger, **settings)

@@ -12,7 +12,7 @@ import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.group_commit import GroupCommitter
 from sinal.ids import new_id
-from tests.helpers import WatchedLedger, count, sql
+from tests.helpers import BAD_LIMITS, WatchedLedger, count, sql
 
 pytestmark = pytest.mark.anyio
 
@@ -111,17 +111,7 @@ async def test_a_failed_transaction_fails_every_caller_in_it(
     assert count(database_url, "events") == 0  # and nothing of it was written
 
 
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        ({"max_batch": 0}, "max_batch must be within 1..1000"),
-        ({"max_batch": 1001}, "max_batch must be within 1..1000"),
-        ({"max_inflight": 0}, "max_inflight must be at least 1"),
-        ({"max_delay": -0.001}, "max_delay must be within 0..1 seconds"),
-        ({"max_delay": 1e9}, "max_delay must be within 0..1 seconds"),  # a lone event's wait
-        ({"max_delay": float("nan")}, "max_delay must be within 0..1 seconds"),
-    ],
-)
+@pytest.mark.parametrize(("settings", "message"), BAD_LIMITS)
 def test_limits_no_transaction_could_keep_are_refused(
     ledger: Ledger, settings: dict[str, float], message: str
 ) -> None:
