@@ -77,8 +77,9 @@ class Settings:
         True, "run an automation worker inside `sinal serve` (false: run `sinal worker` apart)"
     )
     worker_lease: float = _setting(
-        300.0,
-        "seconds a worker holds an execution without progress before another takes it",
+        60.0,
+        "seconds a stopped worker's executions stay claimed before another takes them over "
+        "(a running worker renews its claims every third of it)",
         within=(1, 86_400),
     )
     worker_concurrency: int = _setting(

@@ -15,9 +15,10 @@ from sinal.ledger import Ledger
 log = logging.getLogger("sinal.worker")
 
 # Connections a worker adds to its process's pool: one for its loop (fan-out, claims), one
-# for each batch writer of step records and one for housekeeping. Steps that touch the
-# database themselves (tags, conversations) share the rest of the pool.
-WORKER_CONNECTIONS = 4
+# for each batch writer of step records, one for housekeeping and one for the renewal of
+# its leases. Steps that touch the database themselves (tags, conversations) share the
+# rest of the pool.
+WORKER_CONNECTIONS = 5
 
 
 def dispatch_settings(settings: Settings) -> DispatchSettings:
@@ -38,7 +39,7 @@ def make_dispatcher(ledger: Ledger, settings: Settings) -> Dispatcher:
     """A dispatcher for this process, with room for its threads in the connection pool."""
     dispatcher = Dispatcher(ledger, dispatch_settings(settings))
     reserve = getattr(ledger.store, "reserve_connections", None)
-    if reserve is not None:  # PostgreSQL: the loop, two writers of step records, housekeeping
+    if reserve is not None:  # PostgreSQL: see WORKER_CONNECTIONS
         reserve(WORKER_CONNECTIONS)
     # one INFO line per HTTP request drowns the worker's own log (and costs time)
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -18,6 +20,7 @@ from sinal.automations.dispatcher import Dispatcher, DispatchSettings, spec_of
 from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
 from sinal.errors import InvalidIntegration
+from sinal.store.automations import Advance, Claim
 from sinal.store.base import EventQuery
 from tests.helpers import count, sql
 from tests.servers import Recorder, ai_server, webhook_receiver, whatsapp_server
@@ -47,6 +50,15 @@ class World:
             entity_type="order_paid", value=Decimal(total),
             properties={"order_id": source_id, "order_number": f"#{source_id}", "total": total},
         )  # fmt: skip
+
+    def claim_thanks(self, worker: str, lease: float) -> Claim:
+        """THANKS's execution for a paid order, claimed by `worker` for `lease` seconds."""
+        self.automations.create(self.account.id, THANKS)
+        self.order_paid()
+        store = self.automations.store
+        store.fan_out(lambda e, c: [a.id for a in c], 10)
+        [claim] = store.claim_executions(worker, 10, lease)
+        return claim
 
     def executions(self) -> list[Any]:
         return self.automations.store.list_executions(self.account.id)
@@ -242,12 +254,9 @@ def test_send_that_times_out_is_unknown_and_never_resent(world: World) -> None:
 
 
 def test_step_interrupted_mid_send_is_unknown_after_the_lease_expires(world: World) -> None:
-    world.automations.create(world.account.id, THANKS)
-    world.order_paid()
+    claim = world.claim_thanks("doomed-worker", 0.2)
     dispatcher = world.dispatcher(lease=0.2)
     store = world.automations.store
-    store.fan_out(lambda e, c: [a.id for a in c], 10)
-    [claim] = store.claim_executions("doomed-worker", 10, 0.2)
     assert store.start_step(claim, 0, "send_message") is not None  # ...and the worker dies
     time.sleep(0.3)
 
@@ -259,12 +268,8 @@ def test_step_interrupted_mid_send_is_unknown_after_the_lease_expires(world: Wor
 
 
 def test_completed_step_is_not_repeated_when_the_execution_resumes(world: World) -> None:
-    world.automations.create(world.account.id, THANKS)
-    world.order_paid()
-    store = world.automations.store
-    store.fan_out(lambda e, c: [a.id for a in c], 10)
     # a lease long enough for step 0 to finish on a loaded machine, short enough to expire
-    [claim] = store.claim_executions("doomed-worker", 10, 2.0)
+    claim = world.claim_thanks("doomed-worker", 2.0)
     doomed = world.dispatcher()
     doomed.settings = DispatchSettings(worker_id="doomed-worker", http_timeout=0.5)
     outcome = doomed._run_step(claim, 0, spec_of(claim.automation))
@@ -277,6 +282,71 @@ def test_completed_step_is_not_repeated_when_the_execution_resumes(world: World)
     assert execution.status == "completed"
     assert len(world.whatsapp.bodies()) == 1
     assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+
+
+@pytest.mark.parametrize("loop", ["run_once", "run"])
+def test_a_step_slower_than_the_lease_keeps_its_execution(world: World, loop: str) -> None:
+    # The send takes 1.5 s, three leases: the worker renews its claim meanwhile, so a rival
+    # polling all along never takes the execution over (it would find the send started and
+    # call it unknown).
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    sending = threading.Event()
+    world.whatsapp.behaviour.before_answer = lambda body, n: sending.set()
+    world.whatsapp.behaviour.delay = 1.5
+    worker = world.dispatcher(lease=0.5, http_timeout=5.0, poll_interval=0.05)
+    rival = world.dispatcher(lease=0.5, http_timeout=5.0)
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        working = pool.submit(worker.run_once if loop == "run_once" else lambda: worker.run(stop))
+        assert sending.wait(10)  # the worker holds the execution; the rival starts now
+        taken = 0
+        deadline = time.monotonic() + 10
+        while world.executions()[0].status != "completed" and time.monotonic() < deadline:
+            taken += rival.run_once()
+            time.sleep(0.05)
+        stop.set()
+        working.result()
+
+    assert taken == 0
+    [execution] = world.executions()
+    assert execution.status == "completed"
+    assert len(world.whatsapp.requests) == 1
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+
+
+def test_renewal_extends_a_held_claim_and_never_revives_a_lost_one(world: World) -> None:
+    claim = world.claim_thanks("worker-a", 1.0)
+    store = world.automations.store
+    time.sleep(0.5)
+    assert store.renew_claims([claim]) == {claim.execution.id}  # held until ~1.5 s
+    time.sleep(0.7)  # past the claim's first expiry
+    assert store.claim_executions("worker-b", 10, 10.0) == []
+
+    time.sleep(0.5)  # past the renewed one: worker-a is taken for dead
+    [taken] = store.claim_executions("worker-b", 10, 10.0)
+    assert store.renew_claims([claim]) == set()
+    assert store.renew_claims([taken, claim]) == {taken.execution.id}
+    assert store.renew_claims([]) == set()
+    assert not store.advance(claim, Advance("completed", 2))  # still worker-b's
+
+
+def test_a_stuck_step_is_renewed_no_longer(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    claim = world.claim_thanks("worker-a", 30.0)
+    dispatcher = world.dispatcher(worker_id="worker-a", lease=30.0, http_timeout=1.0)
+    dispatcher._held.begin(claim)
+    assert dispatcher.renew_leases() == 1
+
+    # its step began 36 s ago: a lease and five HTTP timeouts are 35 s
+    dispatcher._held._claims[claim.execution.id] = (claim, time.monotonic() - 36)
+    assert dispatcher.renew_leases() == 0
+    assert f"execution {claim.execution.id}: a step has run for over 35 s" in caplog.text
+    caplog.clear()
+    assert dispatcher.renew_leases() == 0  # said once
+    assert caplog.text == ""
+
+    dispatcher._held.begin(claim)  # its next step begins: renewed again
+    assert dispatcher.renew_leases() == 1
 
 
 def test_wait_step_resumes_later(world: World) -> None:

@@ -4,6 +4,9 @@ Dispatch is at least once (the outbox row is deleted in the transaction that cre
 executions); an automation runs at most once per event (the executions' unique key); a
 step's side effect happens at most once (its record is committed as `started` before the
 side effect, `completed` after; a `started` external send found on resume is `unknown`).
+A claim is a lease: the worker renews the leases of the executions in hand every third of
+one, so a slow step keeps its execution, while a dead worker's claims expire after one
+lease and another worker resumes them.
 
 Beside dispatch, a worker runs the periodic tasks of `sinal.housekeeping` (abandoned
 checkouts, …) on a thread of their own, every `housekeeping_interval` seconds: a slow task
@@ -20,8 +23,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -70,6 +74,11 @@ AnswerT = TypeVar("AnswerT")
 INTEGRATION_TTL = 5.0
 # Seconds a stopping worker waits for a housekeeping task in progress.
 HOUSEKEEPING_GRACE = 10.0
+# A running step's claim is renewed for at most this many HTTP timeouts plus one lease: a
+# request may wait for a pooled connection, for its host's turn to connect, to connect, to
+# write and to read, each up to the timeout. A step running longer is stuck; its claim is
+# left to expire, as a dead worker's would.
+HTTP_WAITS_PER_STEP = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +86,9 @@ class DispatchSettings:
     """How a worker behaves."""
 
     worker_id: str = ""
-    lease: float = 300.0  # seconds an execution stays claimed without progress
+    # Seconds a claim outlives its worker: a running worker renews the claims of the
+    # executions in hand every third of it, so a step may take longer than the lease.
+    lease: float = 60.0
     fan_out_batch: int = 200
     claim_batch: int = 64
     # Executions run at once, each on a thread. Threads mostly wait (on HTTP, or on the
@@ -162,6 +173,7 @@ class Dispatcher:
         # the threads' step records share transactions (each still commits before it goes on)
         self._starts = _Combiner(self.store.start_steps)
         self._finishes = _Combiner(self.store.finish_steps)
+        self._held = _HeldClaims()  # the executions in hand, whose leases are renewed
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -174,12 +186,13 @@ class Dispatcher:
         )
         if claims:
             failpoint("after_claim")
-        if len(claims) > 1 and self.settings.concurrency > 1:
-            for future in [self._threads().submit(self.run_claim, c) for c in claims]:
-                future.result()
-        else:
-            for claim in claims:
-                self.run_claim(claim)
+            with self._renewing():
+                if len(claims) > 1 and self.settings.concurrency > 1:
+                    for future in [self._threads().submit(self.run_claim, c) for c in claims]:
+                        future.result()
+                else:
+                    for claim in claims:
+                        self.run_claim(claim)
         return fanned.events + len(claims)
 
     def run(self, stop: threading.Event) -> None:
@@ -193,20 +206,21 @@ class Dispatcher:
         threading.Thread(target=self._wake_on, args=(stop,), daemon=True).start()
         log.info("worker %s started", self.settings.worker_id)
         running: set[Future[None]] = set()
-        while not stop.is_set():
-            try:
-                busy = self._feed(running)
-            except StoreError as exc:  # database restarting: wait, then try again
-                log.warning("worker %s: %s", self.settings.worker_id, exc)
-                busy = False
-                stop.wait(self.settings.poll_interval)
-            if not busy:
-                timeout = self.settings.poll_interval
-                if self._outbox_due.is_set():  # held back by fan_out_interval
-                    timeout = min(timeout, max(self._fan_out_wait(), 0.001))
-                self._wake.wait(timeout)
-                self._wake.clear()
-        wait(running)
+        with self._renewing():  # until the executions in hand are finished, after a stop
+            while not stop.is_set():
+                try:
+                    busy = self._feed(running)
+                except StoreError as exc:  # database restarting: wait, then try again
+                    log.warning("worker %s: %s", self.settings.worker_id, exc)
+                    busy = False
+                    stop.wait(self.settings.poll_interval)
+                if not busy:
+                    timeout = self.settings.poll_interval
+                    if self._outbox_due.is_set():  # held back by fan_out_interval
+                        timeout = min(timeout, max(self._fan_out_wait(), 0.001))
+                    self._wake.wait(timeout)
+                    self._wake.clear()
+            wait(running)
         if listener is not None:
             listener.join(timeout=2)
         if self._notices is not None:
@@ -224,6 +238,43 @@ class Dispatcher:
     def _wake_on(self, stop: threading.Event) -> None:
         stop.wait()
         self._wake.set()
+
+    def renew_leases(self) -> int:
+        """Renew the claims of the executions in hand (the renewal thread does, every third
+        of a lease); how many were renewed. A claim whose step has run for longer than
+        any step may (`HTTP_WAITS_PER_STEP`) is dropped from renewal, once, with a
+        warning."""
+        limit = self.settings.lease + HTTP_WAITS_PER_STEP * self.settings.http_timeout
+        due, stuck = self._held.split(time.monotonic() - limit)
+        for claim in stuck:
+            log.warning(
+                "execution %s: a step has run for over %.0f s; its claim is no longer "
+                "renewed and expires within %.0f s",
+                claim.execution.id, limit, self.settings.lease,
+            )  # fmt: skip
+        return len(self.store.renew_claims(due)) if due else 0
+
+    @contextmanager
+    def _renewing(self) -> Iterator[None]:
+        """Renew the leases of the executions in hand on a thread, for the block."""
+        done = threading.Event()
+
+        def loop() -> None:
+            while not done.wait(self.settings.lease / 3):
+                try:
+                    self.renew_leases()
+                except StoreError as exc:  # the next renewal tries again
+                    log.warning("worker %s: %s", self.settings.worker_id, exc)
+                except Exception:  # a bug must not stop renewals; logged, tried again
+                    log.exception("worker %s: renewing leases failed", self.settings.worker_id)
+
+        thread = threading.Thread(target=loop, name="sinal-leases", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def _feed(self, running: set[Future[None]]) -> bool:
         """One turn of the loop: fan out (when the outbox was notified, or on every turn
@@ -266,6 +317,7 @@ class Dispatcher:
         if claims:
             failpoint("after_claim")
         for claim in claims:
+            self._held.begin(claim)  # renewed from now, while it waits for a thread too
             future = self._threads().submit(self._run_claim_logged, claim)
             future.add_done_callback(lambda _: self._wake.set())  # a thread freed up
             running.add(future)
@@ -337,7 +389,14 @@ class Dispatcher:
     # -- one execution -------------------------------------------------------------------
 
     def run_claim(self, claim: Claim) -> None:
-        """Run a claimed execution from its next step until it waits, stops or completes."""
+        """Run a claimed execution from its next step until it waits, stops or completes
+        (its lease renewed meanwhile)."""
+        try:
+            self._run_claim(claim)
+        finally:
+            self._held.end(claim)
+
+    def _run_claim(self, claim: Claim) -> None:
         spec = spec_of(claim.automation)
         done = {s.step_index: s for s in claim.execution.steps}
         index = claim.execution.next_step
@@ -356,6 +415,7 @@ class Dispatcher:
         """Run one step; its outcome when the execution goes on to the next step, None when
         the step settled it (waiting, stopped, completed, failed, unknown) or lost it."""
         step = spec.steps[index]
+        self._held.begin(claim)  # the step's time starts
         started = self._starts.call(StepStart(claim, index, step.type))
         if started is None:
             return None
@@ -444,6 +504,35 @@ def _settles(outcome: StepOutcome, index: int, steps: int) -> Advance | None:
     if index + 1 == steps:
         return Advance("completed", index + 1)
     return None
+
+
+class _HeldClaims:
+    """The claims a worker has in hand, each with the monotonic time its current step (or
+    its wait for a thread) began: what `renew_leases` renews."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._claims: dict[UUID, tuple[Claim, float]] = {}
+
+    def begin(self, claim: Claim) -> None:
+        """Hold `claim`, its step beginning now."""
+        with self._lock:
+            self._claims[claim.execution.id] = (claim, time.monotonic())
+
+    def end(self, claim: Claim) -> None:
+        """Stop holding `claim` (it was settled, or lost)."""
+        with self._lock:
+            self._claims.pop(claim.execution.id, None)
+
+    def split(self, since: float) -> tuple[list[Claim], list[Claim]]:
+        """The claims whose step began at `since` or later, and those whose step began
+        before: these are no longer held."""
+        with self._lock:
+            due = [c for c, began in self._claims.values() if began >= since]
+            stuck = [c for c, began in self._claims.values() if began < since]
+            for claim in stuck:
+                del self._claims[claim.execution.id]
+        return due, stuck
 
 
 class _IntegrationCache:

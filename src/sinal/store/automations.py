@@ -249,6 +249,13 @@ class AutomationStore(Protocol):
         """Move the execution on and release the claim; False when the claim was lost."""
         ...
 
+    def renew_claims(self, claims: Sequence[Claim]) -> set[UUID]:
+        """Extend the leases of claims still held, each by its own `lease` from now; the ids
+        of the executions renewed. A lost claim stays lost, and an execution whose row
+        another transaction has locked (its step being recorded) is skipped, not waited
+        for: the next renewal, or its step's record, extends it."""
+        ...
+
     def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:
         """One execution with its step records."""
         ...

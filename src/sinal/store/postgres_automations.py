@@ -96,6 +96,25 @@ WHERE NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
                   AND s.execution_id = h.id AND s.step_index = h.step_index)
 """
 
+# Leases renewed while their executions run, fenced like every write of a claimed
+# execution. SKIP LOCKED: a row locked by another transaction belongs to a step being
+# recorded (which extends or releases the claim itself); waiting for it could deadlock
+# with a batch of step records locking the same worker's rows in another order.
+_RENEW_CLAIMS_SQL = """
+WITH req AS (
+    SELECT * FROM json_to_recordset(%(req)s::json) AS r(account_id uuid, id uuid, worker text,
+        lease float8)
+), held AS (
+    SELECT e.account_id, e.id, r.lease FROM executions e
+    JOIN req r ON e.account_id = r.account_id AND e.id = r.id AND e.claimed_by = r.worker
+    WHERE e.claimed_until > now()
+    FOR UPDATE OF e SKIP LOCKED
+)
+UPDATE executions e SET claimed_until = now() + h.lease * interval '1 second'
+FROM held h WHERE e.account_id = h.account_id AND e.id = h.id
+RETURNING e.id
+"""
+
 # Many steps' outcomes, fenced: an execution that moves on is updated and released by the
 # fencing statement itself; one that stays is locked, so no successor claims it between
 # the check and the write. Returns the `ord` of every request whose claim held.
@@ -395,6 +414,20 @@ class PostgresAutomations:
                  **_advance_params(advance)},
             )  # fmt: skip
             return cur.rowcount == 1
+
+    def renew_claims(self, claims: Sequence[Claim]) -> set[UUID]:
+        """Extend the leases of claims still held (fenced): one statement, which skips the
+        rows another transaction holds locked rather than wait for them (see the
+        protocol)."""
+        if not claims:
+            return set()
+        params = {"req": dumps_json([
+            {"account_id": c.execution.account_id, "id": c.execution.id, "worker": c.worker,
+             "lease": c.lease}
+            for c in claims
+        ])}  # fmt: skip
+        with self._conn() as conn:  # one statement: its own transaction
+            return {row[0] for row in conn.execute(_RENEW_CLAIMS_SQL, params)}
 
     def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:
         """One execution with its step records."""

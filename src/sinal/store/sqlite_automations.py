@@ -282,6 +282,24 @@ class SQLiteAutomations:
         with self._write() as conn:
             return _advance(conn, claim, advance, _ts(_now()))
 
+    def renew_claims(self, claims: Sequence[Claim]) -> set[UUID]:
+        """Extend the leases of claims still held (fenced); the ids renewed."""
+        if not claims:
+            return set()
+        now = _now()
+        renewed = set()
+        with self._write() as conn:
+            for claim in claims:
+                e = claim.execution
+                cur = conn.execute(
+                    f"UPDATE executions SET claimed_until = ? WHERE {_HELD}",
+                    (_ts(now + timedelta(seconds=claim.lease)), str(e.account_id), str(e.id),
+                     claim.worker, _ts(now)),
+                )  # fmt: skip
+                if cur.rowcount == 1:
+                    renewed.add(e.id)
+        return renewed
+
     def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:
         """One execution with its step records."""
         with self._read() as conn:
