@@ -253,7 +253,7 @@ class AutomationStore(Protocol):
         """Extend the leases of claims still held, each by its own `lease` from now; the ids
         of the executions renewed. A lost claim stays lost, and an execution whose row
         another transaction has locked (its step being recorded) is skipped, not waited
-        for: the next renewal, or its step's record, extends it."""
+        for: the next renewal, or the next step's start, extends it."""
         ...
 
     def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:

@@ -98,8 +98,9 @@ WHERE NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
 
 # Leases renewed while their executions run, fenced like every write of a claimed
 # execution. SKIP LOCKED: a row locked by another transaction belongs to a step being
-# recorded (which extends or releases the claim itself); waiting for it could deadlock
-# with a batch of step records locking the same worker's rows in another order.
+# recorded, and that record releases the claim or the next step's start extends it;
+# waiting for it could deadlock with a batch of step records locking the same worker's
+# rows in another order.
 _RENEW_CLAIMS_SQL = """
 WITH req AS (
     SELECT * FROM json_to_recordset(%(req)s::json) AS r(account_id uuid, id uuid, worker text,
