@@ -20,7 +20,7 @@ from sinal import EmitEvent, Ledger, connect
 from sinal.automations.service import Automations
 from sinal.errors import StoreError
 from tests.helpers import count, sql
-from tests.servers import Recorder, whatsapp_server
+from tests.servers import Recorder, webhook_receiver, whatsapp_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -223,6 +223,31 @@ def test_worker_killed_inside_a_send_never_sends_twice(
     [(status, error)] = sql(pg_url, "SELECT status, last_error FROM executions")
     assert status == "unknown"
     assert "may or may not have been sent" in error
+
+
+def test_steps_slower_than_the_lease_are_never_taken_over(
+    pg_url: str, workers: Workers, shop: tuple[Ledger, Automations, sinal.Account, Recorder]
+) -> None:
+    # Two workers with a 1 s lease; a webhook and a send that each take 3 s. Before leases
+    # were renewed, the idle worker took the execution over mid-step: it sent the webhook
+    # again on every takeover (an idempotent step), then found the send started and called
+    # it unknown.
+    ledger, automations, account, wa = shop
+    with webhook_receiver() as (hook_url, hooks):
+        hooks.behaviour.delay = wa.behaviour.delay = 3.0
+        automations.create(account.id, {"name": "a", "trigger_metric": "Order Paid",
+                                         "steps": [{"type": "webhook", "url": hook_url},
+                                                   message("obrigado")]})  # fmt: skip
+        workers.start(2, SINAL_WORKER_LEASE="1")
+        _one_order(ledger, account, "+5511990000004")
+        wait_for(lambda: settled(pg_url), what="the execution to complete")
+
+    assert len(hooks.requests) == 1
+    assert len(wa.requests) == 1
+    assert sql(pg_url, "SELECT status FROM executions") == [("completed",)]
+    workers.stop_all()
+    logs = b"".join((workers.tmp / f"worker-{i}.log").read_bytes() for i in range(2))
+    assert b"lost the claim" not in logs
 
 
 def test_worker_killed_between_steps_resumes_without_repeating(
