@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
+from sinal.automations.service import Automations
 from sinal.errors import StoreError
 from sinal.ledger import Ledger
 from tests.helpers import sql
@@ -81,6 +83,61 @@ async def test_health_readiness_and_metrics(api: Api) -> None:
     assert 'sinal_events_total{source="shopify",status="duplicate"} 1.0' in metrics
     assert 'route="/v1/events",status="201"' in metrics
     assert 'sinal_http_request_duration_seconds_bucket{le="0.05",method="POST"' in metrics
+
+
+def _gauges(text: str) -> dict[str, float]:
+    """The backlog gauges of a /metrics answer, by name."""
+    names = ("sinal_outbox_rows", "sinal_outbox_oldest_seconds", "sinal_executions_due",
+             "sinal_executions_oldest_due_seconds")  # fmt: skip
+    return {
+        name: float(value)
+        for name, _, value in (line.partition(" ") for line in text.splitlines())
+        if name in names
+    }
+
+
+async def test_metrics_show_the_workers_backlog(api: Api) -> None:
+    # No worker runs in these tests' server: the backlog stays until the test moves it.
+    automations = Automations(api.ledger)
+    tag = {"type": "add_tag", "tag": "comprou"}
+    automations.create(api.account.id, {"name": "t", "trigger_type": "order_paid", "steps": [tag]})
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    empty = _gauges((await api.client.get("/metrics")).text)
+
+    await api.post("/v1/events", {"metric": "Order Paid", "contact_id": str(contact.id),
+                                  "source": "shopify", "source_id": "1"})  # fmt: skip
+    time.sleep(0.2)
+    waiting = _gauges((await api.client.get("/metrics")).text)
+    store = automations.store
+    store.fan_out(lambda event, candidates: [a.id for a in candidates], 10)
+    due = _gauges((await api.client.get("/metrics")).text)
+    store.claim_executions("worker-a", 10, 60.0)
+    claimed = _gauges((await api.client.get("/metrics")).text)
+
+    assert empty == dict.fromkeys(waiting, 0.0)  # all four, at 0
+    assert waiting["sinal_outbox_rows"] == 1
+    assert 0.2 <= waiting["sinal_outbox_oldest_seconds"] < 60
+    assert (due["sinal_outbox_rows"], due["sinal_executions_due"]) == (0, 1)
+    assert 0 <= due["sinal_executions_oldest_due_seconds"] < 60
+    assert (claimed["sinal_executions_due"], claimed["sinal_executions_oldest_due_seconds"]) == (
+        0,
+        0,
+    )
+
+
+async def test_metrics_without_the_database_still_answer_the_services_figures(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def down() -> None:
+        raise StoreError("connection to server at 10.0.0.7 failed")
+
+    monkeypatch.setattr(api.app.state.service.ledger.store, "backlog", down)
+    await api.client.get("/v1/events")
+    response = await api.client.get("/metrics")
+
+    assert response.status_code == 200
+    assert 'route="/v1/events",status="200"' in response.text
+    assert _gauges(response.text) == {}
 
 
 async def test_a_batch_counts_each_outcome_in_the_metrics(api: Api) -> None:

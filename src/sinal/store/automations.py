@@ -143,6 +143,17 @@ class StepFinish:
     then: Advance | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """What waits for the workers: outbox rows not yet fanned out, and executions due to run
+    that no worker holds, each with how long its oldest has waited (seconds; 0 if none)."""
+
+    outbox_rows: int
+    outbox_oldest: float
+    executions_due: int
+    executions_oldest: float
+
+
 @dataclass(slots=True)
 class FanOut:
     """What one fan-out pass did."""
@@ -279,8 +290,8 @@ class AutomationStore(Protocol):
         """Close the contact's open conversation; its id, or None when none was open."""
         ...
 
-    def outbox_depth(self) -> int:
-        """Outbox rows waiting to be fanned out."""
+    def backlog(self) -> Backlog:
+        """What waits for the workers, by the database's clock (see `Backlog`)."""
         ...
 
 

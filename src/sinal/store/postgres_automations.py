@@ -30,6 +30,7 @@ from sinal.store.automations import (
     STEP_COLUMNS,
     Advance,
     AutomationRow,
+    Backlog,
     Chooser,
     Claim,
     Execution,
@@ -114,6 +115,15 @@ WITH req AS (
 UPDATE executions e SET claimed_until = now() + h.lease * interval '1 second'
 FROM held h WHERE e.account_id = h.account_id AND e.id = h.id
 RETURNING e.id
+"""
+
+_BACKLOG_SQL = """
+SELECT o.n, coalesce(extract(epoch FROM now() - o.oldest), 0),
+       x.n, coalesce(extract(epoch FROM now() - x.oldest), 0)
+FROM (SELECT count(*) AS n, min(created_at) AS oldest FROM outbox) o,
+     (SELECT count(*) AS n, min(run_at) AS oldest FROM executions
+      WHERE status IN ('pending', 'waiting') AND run_at <= now()
+        AND (claimed_until IS NULL OR claimed_until < now())) x
 """
 
 # Many steps' outcomes, fenced: an execution that moves on is updated and released by the
@@ -494,11 +504,13 @@ class PostgresAutomations:
             ).fetchone()
         return None if row is None else row[0]
 
-    def outbox_depth(self) -> int:
-        """Outbox rows waiting."""
+    def backlog(self) -> Backlog:
+        """What waits for the workers: one statement (the due executions by their partial
+        index, as the claim finds them)."""
         with self._conn() as conn:
-            row = conn.execute("SELECT count(*) FROM outbox").fetchone()
-        return int(row[0]) if row else 0
+            row = conn.execute(_BACKLOG_SQL).fetchone()
+        assert row is not None
+        return Backlog(int(row[0]), float(row[1]), int(row[2]), float(row[3]))
 
     def reserve_connections(self, n: int) -> None:
         """Let the connection pool grow by `n` connections, for a worker beside whatever

@@ -21,6 +21,7 @@ from sinal.store.automations import (
     STEP_COLUMNS,
     Advance,
     AutomationRow,
+    Backlog,
     Chooser,
     Claim,
     Execution,
@@ -50,6 +51,12 @@ def _parse(text: str | None) -> datetime | None:
     from sinal.store.sqlite import parse_ts
 
     return None if text is None else parse_ts(text)
+
+
+def _age(text: str | None, now: datetime) -> float:
+    """Seconds since the timestamp `text` (0 for None or a time to come)."""
+    when = _parse(text)
+    return 0.0 if when is None else max((now - when).total_seconds(), 0.0)
 
 
 def _uuid(text: str | None) -> UUID | None:
@@ -363,10 +370,18 @@ class SQLiteAutomations:
             ).fetchone()
         return None if row is None else UUID(row[0])
 
-    def outbox_depth(self) -> int:
-        """Outbox rows waiting."""
+    def backlog(self) -> Backlog:
+        """What waits for the workers (see `Backlog`)."""
+        now = _now()
         with self._read() as conn:
-            return int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
+            outbox = conn.execute("SELECT count(*), min(created_at) FROM outbox").fetchone()
+            due = conn.execute(
+                "SELECT count(*), min(run_at) FROM executions "
+                "WHERE status IN ('pending', 'waiting') AND run_at <= ? "
+                "AND (claimed_until IS NULL OR claimed_until < ?)",
+                (_ts(now), _ts(now)),
+            ).fetchone()
+        return Backlog(outbox[0], _age(outbox[1], now), due[0], _age(due[1], now))
 
 
 def _start(

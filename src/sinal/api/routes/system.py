@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
+from typing import cast
+
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
 from sinal.api.body import read_json, validate
 from sinal.api.errors import PROBLEMS, NotFound, Problem, problem_response, problem_responses
+from sinal.api.metrics import backlog_exposition
 from sinal.api.models import AccountOut, AccountPatch, Health
 from sinal.api.openapi import body_of
 from sinal.api.service import service
 from sinal.api.views import account_view, json_response
 from sinal.errors import AccountNotFound, StoreError
+from sinal.store.automations import AutomationStore
 from sinal.store.base import latest_schema_version
 
 router = APIRouter()
@@ -49,8 +54,13 @@ async def readyz(request: Request) -> Response:
 
 @router.get("/metrics", tags=["system"], summary="Prometheus metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    """The Prometheus text format."""
-    body = service(request).metrics.exposition()
+    """The Prometheus text format: this service's figures, then the workers' backlog (left
+    out while the database cannot be reached, which /readyz reports)."""
+    svc = service(request)
+    body = svc.metrics.exposition()
+    store = cast(AutomationStore, svc.ledger.store)
+    with suppress(StoreError):
+        body += backlog_exposition(await svc.run(store.backlog))
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
