@@ -120,9 +120,10 @@ class _BacklogCollector:
     def collect(self) -> Iterator[Metric]:
         b = self.backlog
         yield GaugeMetricFamily(
-            "sinal_outbox_rows", "Stored events waiting for a worker to fan them out.",
+            "sinal_outbox_rows",
+            "Stored events waiting for a worker to fan them out.",
             value=b.outbox_rows,
-        )  # fmt: skip
+        )
         yield GaugeMetricFamily(
             "sinal_outbox_oldest_seconds",
             "How long the oldest outbox row has waited (0 when none waits).",
