@@ -527,9 +527,11 @@ class _HeldClaims:
     def split(self, since: float) -> tuple[list[Claim], list[Claim]]:
         """The claims whose step began at `since` or later, and those whose step began
         before: these are no longer held."""
+        due: list[Claim] = []
+        stuck: list[Claim] = []
         with self._lock:
-            due = [c for c, began in self._claims.values() if began >= since]
-            stuck = [c for c, began in self._claims.values() if began < since]
+            for claim, began in self._claims.values():
+                (due if began >= since else stuck).append(claim)
             for claim in stuck:
                 del self._claims[claim.execution.id]
         return due, stuck

@@ -294,18 +294,8 @@ class SQLiteAutomations:
         if not claims:
             return set()
         now = _now()
-        renewed = set()
         with self._write() as conn:
-            for claim in claims:
-                e = claim.execution
-                cur = conn.execute(
-                    f"UPDATE executions SET claimed_until = ? WHERE {_HELD}",
-                    (_ts(now + timedelta(seconds=claim.lease)), str(e.account_id), str(e.id),
-                     claim.worker, _ts(now)),
-                )  # fmt: skip
-                if cur.rowcount == 1:
-                    renewed.add(e.id)
-        return renewed
+            return {c.execution.id for c in claims if _extend_lease(conn, c, now)}
 
     def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:
         """One execution with its step records."""
@@ -384,16 +374,22 @@ class SQLiteAutomations:
         return Backlog(outbox[0], _age(outbox[1], now), due[0], _age(due[1], now))
 
 
-def _start(
-    conn: sqlite3.Connection, start: StepStart, now: datetime
-) -> tuple[StepRecord, bool] | None:
-    claim, e = start.claim, start.claim.execution
-    held = conn.execute(
+def _extend_lease(conn: sqlite3.Connection, claim: Claim, now: datetime) -> bool:
+    """Hold `claim` for its `lease` from `now`, if it is still held (fenced)."""
+    e = claim.execution
+    cur = conn.execute(
         f"UPDATE executions SET claimed_until = ? WHERE {_HELD}",
         (_ts(now + timedelta(seconds=claim.lease)), str(e.account_id), str(e.id),
          claim.worker, _ts(now)),
     )  # fmt: skip
-    if held.rowcount != 1:
+    return cur.rowcount == 1
+
+
+def _start(
+    conn: sqlite3.Connection, start: StepStart, now: datetime
+) -> tuple[StepRecord, bool] | None:
+    e = start.claim.execution
+    if not _extend_lease(conn, start.claim, now):
         return None
     key = (str(e.account_id), str(e.id), start.step_index)
     row = conn.execute(
