@@ -332,7 +332,8 @@ def _print_demo(ledger: Ledger, settings: Settings) -> None:
 def worker(database_url: DatabaseOption = None) -> None:
     """Run an automation worker: fans out the outbox, runs executions and, every
     SINAL_HOUSEKEEPING_INTERVAL seconds, its periodic tasks (abandoned checkouts). Run as
-    many as you like on PostgreSQL; one on SQLite. Stops cleanly on SIGTERM / Ctrl-C."""
+    many as you like on PostgreSQL; one on SQLite. Stops cleanly on SIGTERM / Ctrl-C.
+    With SINAL_WORKER_METRICS_PORT set, serves Prometheus metrics there."""
     import logging
 
     from sinal.worker import run_worker

@@ -87,6 +87,11 @@ class Settings:
         "executions a worker runs at once (threads; their step records share commits)",
         within=(1, 1_024),
     )
+    worker_metrics_port: int = _setting(
+        0,
+        "port `sinal worker` serves Prometheus metrics on, at the address SINAL_HOST (0: none)",
+        within=(0, 65_535),
+    )
     worker_poll_interval: float = _setting(
         1.0,
         "seconds between polls when no NOTIFY arrives (PostgreSQL) or always (SQLite)",

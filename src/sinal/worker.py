@@ -6,11 +6,16 @@ import logging
 import signal
 import threading
 from types import FrameType
+from typing import cast
+
+from prometheus_client import CollectorRegistry
 
 from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.automations.metrics import WorkerMetrics, serve_worker_metrics
 from sinal.config import Settings
 from sinal.ledger import Ledger
+from sinal.store.automations import AutomationStore
 
 log = logging.getLogger("sinal.worker")
 
@@ -35,9 +40,11 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
     )
 
 
-def make_dispatcher(ledger: Ledger, settings: Settings) -> Dispatcher:
+def make_dispatcher(
+    ledger: Ledger, settings: Settings, metrics: WorkerMetrics | None = None
+) -> Dispatcher:
     """A dispatcher for this process, with room for its threads in the connection pool."""
-    dispatcher = Dispatcher(ledger, dispatch_settings(settings))
+    dispatcher = Dispatcher(ledger, dispatch_settings(settings), metrics=metrics)
     reserve = getattr(ledger.store, "reserve_connections", None)
     if reserve is not None:  # PostgreSQL: see WORKER_CONNECTIONS
         reserve(WORKER_CONNECTIONS)
@@ -47,11 +54,12 @@ def make_dispatcher(ledger: Ledger, settings: Settings) -> Dispatcher:
 
 
 def start_worker_thread(
-    ledger: Ledger, settings: Settings
+    ledger: Ledger, settings: Settings, registry: CollectorRegistry | None = None
 ) -> tuple[threading.Thread, threading.Event]:
-    """A worker inside another process (`sinal serve`); set the event to stop it."""
+    """A worker inside another process (`sinal serve`, whose /metrics shows `registry`);
+    set the event to stop it."""
     stop = threading.Event()
-    dispatcher = make_dispatcher(ledger, settings)
+    dispatcher = make_dispatcher(ledger, settings, WorkerMetrics(registry))
 
     def work() -> None:
         try:
@@ -74,8 +82,17 @@ def run_worker(ledger: Ledger, settings: Settings) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    dispatcher = make_dispatcher(ledger, settings)
+    metrics = WorkerMetrics()
+    stop_metrics = None
+    if settings.worker_metrics_port:  # first: a port taken stops the worker before it starts
+        backlog = cast(AutomationStore, ledger.store).backlog
+        stop_metrics = serve_worker_metrics(
+            metrics, backlog, settings.host, settings.worker_metrics_port
+        )
+    dispatcher = make_dispatcher(ledger, settings, metrics)
     try:
         dispatcher.run(stop)
     finally:
         dispatcher.close()
+        if stop_metrics is not None:
+            stop_metrics()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,24 @@ def test_cli_serve_port_out_of_range_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr == "error: SINAL_PORT=70000 must be within 1..65535\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_worker_metrics_port_taken_is_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'sinal.db'}"
+    assert run(url, "migrate").returncode == 0
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "SINAL_DATABASE_URL": url, "SINAL_WORKER_METRICS_PORT": str(port)}
+        result = subprocess.run([*SINAL, "worker"], env=env, capture_output=True, text=True,
+                                timeout=60, check=False)  # fmt: skip
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"error: SINAL_WORKER_METRICS_PORT: cannot listen on 127.0.0.1:{port}: "
+        "Address already in use\n"
+    )
 
 
 ACCOUNT = "0192a3b4-c5d6-7e8f-9a0b-1c2d3e4f5a6b"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import sinal
@@ -255,6 +257,37 @@ def test_steps_slower_than_the_lease_are_never_taken_over(
     workers.stop_all()
     logs = b"".join((workers.tmp / f"worker-{i}.log").read_bytes() for i in range(2))
     assert b"lost the claim" not in logs
+
+
+def test_a_worker_serves_its_metrics(
+    pg_url: str, workers: Workers, shop: tuple[Ledger, Automations, sinal.Account, Recorder]
+) -> None:
+    ledger, automations, account, wa = shop
+    automations.create(account.id, {"name": "a", "trigger_metric": "Order Paid",
+                                     "steps": [message("obrigado")]})  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers.start(1, SINAL_WORKER_METRICS_PORT=str(port))
+    _one_order(ledger, account, "+5511990000006")
+    wait_for(lambda: settled(pg_url), what="the execution to complete")
+
+    def scrape() -> dict[str, float]:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        except httpx.TransportError:  # not listening yet
+            return {}
+        samples = (line.rpartition(" ") for line in text.splitlines() if line[:1] != "#")
+        return {name: float(value) for name, _, value in samples}
+
+    step = 'sinal_worker_steps_total{status="completed",type="send_message"}'
+    wait_for(lambda: scrape().get(step) == 1, timeout=30, what="the step to be counted")
+    figures = scrape()
+    assert figures["sinal_worker_events_fanned_out_total"] == 1
+    assert figures['sinal_worker_executions_settled_total{status="completed"}'] == 1
+    assert figures["sinal_worker_executions_in_hand"] == 0
+    assert (figures["sinal_outbox_rows"], figures["sinal_executions_due"]) == (0, 0)
+    assert len(wa.requests) == 1
 
 
 def test_worker_killed_between_steps_resumes_without_repeating(

@@ -341,12 +341,75 @@ def test_a_stuck_step_is_renewed_no_longer(world: World, caplog: pytest.LogCaptu
     dispatcher._held._claims[claim.execution.id] = (claim, time.monotonic() - 36)
     assert dispatcher.renew_leases() == 0
     assert f"execution {claim.execution.id}: a step has run for over 35 s" in caplog.text
+    assert _counted(dispatcher, "sinal_worker_steps_stuck_total") == 1
     caplog.clear()
     assert dispatcher.renew_leases() == 0  # said once
     assert caplog.text == ""
 
     dispatcher._held.begin(claim)  # its next step begins: renewed again
     assert dispatcher.renew_leases() == 1
+
+
+def _counted(dispatcher: Dispatcher, name: str, **labels: str) -> float:
+    """A worker metric's value (0 when it was never counted)."""
+    value = dispatcher.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_the_worker_counts_what_it_does(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    world.order_paid(total="50.00", source_id="1002")  # filtered out: no execution
+    dispatcher = world.dispatcher()
+
+    world.drain(dispatcher)
+
+    def counted(name: str, **labels: str) -> float:
+        return _counted(dispatcher, name, **labels)
+
+    assert counted("sinal_worker_events_fanned_out_total") == 2
+    assert counted("sinal_worker_executions_created_total") == 1
+    assert counted("sinal_worker_executions_claimed_total") == 1
+    assert counted("sinal_worker_steps_total", type="send_message", status="completed") == 1
+    assert counted("sinal_worker_steps_total", type="add_tag", status="completed") == 1
+    assert counted("sinal_worker_step_duration_seconds_count", type="send_message") == 1
+    assert counted("sinal_worker_executions_settled_total", status="completed") == 1
+    assert counted("sinal_worker_executions_in_hand") == 0
+    assert counted("sinal_worker_claims_lost_total") == 0
+
+
+def test_the_worker_counts_retries_and_dead_executions(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.whatsapp.behaviour.status = 503  # retried: three attempts, then dead
+    world.order_paid()
+    dispatcher = world.dispatcher()
+
+    for _ in range(50):
+        dispatcher.run_once()
+        if world.executions()[0].status == "dead":
+            break
+        time.sleep(0.02)
+
+    assert world.executions()[0].status == "dead"
+    failed = {"type": "send_message", "status": "failed"}
+    assert _counted(dispatcher, "sinal_worker_steps_total", **failed) == 3
+    assert _counted(dispatcher, "sinal_worker_executions_settled_total", status="pending") == 2
+    assert _counted(dispatcher, "sinal_worker_executions_settled_total", status="dead") == 1
+    assert _counted(dispatcher, "sinal_worker_executions_claimed_total") == 3
+
+
+def test_the_worker_counts_a_claim_it_lost(world: World) -> None:
+    claim = world.claim_thanks("worker-a", 0.2)
+    time.sleep(0.3)  # worker-a is taken for dead, and worker-b takes the execution over
+    assert len(world.automations.store.claim_executions("worker-b", 10, 10.0)) == 1
+    dispatcher = world.dispatcher(worker_id="worker-a")
+
+    dispatcher.run_claim(claim)
+
+    assert _counted(dispatcher, "sinal_worker_claims_lost_total") == 1
+    assert _counted(dispatcher, "sinal_worker_steps_total", type="send_message",
+                    status="completed") == 0  # fmt: skip
+    assert world.whatsapp.requests == []
 
 
 def test_wait_step_resumes_later(world: World) -> None:

@@ -175,6 +175,14 @@ def test_serve_runs_automations_in_its_own_worker(env: dict[str, str], tmp_path:
         [message] = wa.bodies("/77/messages")
         assert message["text"]["body"] == "Obrigado, Ana!"
 
+        step = 'sinal_worker_steps_total{status="completed",type="send_message"} 1.0'
+        # counted once the step's record is committed, after the send
+        wait_until(lambda: step in httpx.get(f"{base}/metrics").text, timeout=30)
+        metrics = httpx.get(f"{base}/metrics").text
+        assert step in metrics
+        assert "sinal_worker_executions_created_total 1.0" in metrics
+        assert "sinal_outbox_rows 0.0" in metrics
+
 
 @pytest.mark.slow
 def test_serve_records_an_abandoned_checkout_with_no_command_run(

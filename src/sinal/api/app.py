@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.serve_worker:  # automations run in the server unless turned off
             from sinal.worker import start_worker_thread
 
-            worker = start_worker_thread(ledger, settings)
+            worker = start_worker_thread(ledger, settings, metrics.registry)
         try:
             yield
         finally:

@@ -1,5 +1,6 @@
-"""Prometheus metrics: requests by route and status, latency, events by source and outcome,
-and the workers' backlog (read from the database at each scrape).
+"""Prometheus metrics: requests by route and status, latency, events by source and outcome.
+(The figures of the worker running in the server, and the workers' backlog: see
+`sinal.automations.metrics`.)
 
 Each app has its own registry (tests build many apps in one process). Under
 `sinal serve --workers N` the workers share a `PROMETHEUS_MULTIPROC_DIR`, and /metrics
@@ -11,14 +12,11 @@ from __future__ import annotations
 import collections
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
-
-from sinal.store.automations import Backlog
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -103,42 +101,6 @@ class Metrics:
             MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
         return generate_latest(self.registry)
-
-
-def backlog_exposition(backlog: Backlog) -> bytes:
-    """The workers' backlog as gauges, in the text format (one database read per scrape,
-    whatever the number of server processes: not a per-process figure)."""
-    registry = CollectorRegistry()
-    registry.register(_BacklogCollector(backlog))
-    return generate_latest(registry)
-
-
-class _BacklogCollector:
-    def __init__(self, backlog: Backlog) -> None:
-        self.backlog = backlog
-
-    def collect(self) -> Iterator[Metric]:
-        b = self.backlog
-        yield GaugeMetricFamily(
-            "sinal_outbox_rows",
-            "Stored events waiting for a worker to fan them out.",
-            value=b.outbox_rows,
-        )
-        yield GaugeMetricFamily(
-            "sinal_outbox_oldest_seconds",
-            "How long the oldest outbox row has waited (0 when none waits).",
-            value=b.outbox_oldest,
-        )
-        yield GaugeMetricFamily(
-            "sinal_executions_due",
-            "Automation executions due to run that no worker holds.",
-            value=b.executions_due,
-        )
-        yield GaugeMetricFamily(
-            "sinal_executions_oldest_due_seconds",
-            "How long the oldest due execution has waited past its run_at (0 when none).",
-            value=b.executions_oldest,
-        )
 
 
 class MetricsMiddleware:

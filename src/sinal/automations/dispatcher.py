@@ -37,6 +37,7 @@ import orjson
 
 from sinal.automations.backoff import RetryPolicy, is_exhausted, next_delay
 from sinal.automations.matching import explain_match
+from sinal.automations.metrics import WorkerMetrics
 from sinal.automations.model import AutomationSpec, parse_automation
 from sinal.automations.steps import (
     EXTERNAL_SENDS,
@@ -57,6 +58,7 @@ from sinal.store.automations import (
     AutomationRow,
     AutomationStore,
     Claim,
+    FanOut,
     Integration,
     Notices,
     StepFinish,
@@ -146,8 +148,10 @@ class Dispatcher:
         settings: DispatchSettings | None = None,
         *,
         http: httpx.Client | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.ledger = ledger
+        self.metrics = metrics or WorkerMetrics()
         self.store = cast(AutomationStore, ledger.store)
         self.settings = (settings or DispatchSettings()).with_worker_id()
         self.http = http or httpx.Client(
@@ -180,10 +184,8 @@ class Dispatcher:
     def run_once(self) -> int:
         """Fan out what the outbox holds and run what is due, waiting for it to finish; how
         much work was done."""
-        fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
-        claims = self.store.claim_executions(
-            self.settings.worker_id, self.settings.claim_batch, self.settings.lease
-        )
+        fanned = self._fan_out()
+        claims = self._claim(self.settings.claim_batch)
         if claims:
             failpoint("after_claim")
             with self._renewing():
@@ -194,6 +196,18 @@ class Dispatcher:
                     for claim in claims:
                         self.run_claim(claim)
         return fanned.events + len(claims)
+
+    def _fan_out(self) -> FanOut:
+        fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
+        self.metrics.fanned_out.inc(fanned.events)
+        self.metrics.executions_created.inc(fanned.executions)
+        return fanned
+
+    def _claim(self, limit: int) -> list[Claim]:
+        claims = self.store.claim_executions(self.settings.worker_id, limit, self.settings.lease)
+        self.metrics.claimed.inc(len(claims))
+        self.metrics.running.inc(len(claims))  # until `run_claim` is done with each
+        return claims
 
     def run(self, stop: threading.Event) -> None:
         """Work until `stop` is set; sleep on NOTIFY (PostgreSQL) or the poll interval.
@@ -212,6 +226,7 @@ class Dispatcher:
                     busy = self._feed(running)
                 except StoreError as exc:  # database restarting: wait, then try again
                     log.warning("worker %s: %s", self.settings.worker_id, exc)
+                    self.metrics.error("database")
                     busy = False
                     stop.wait(self.settings.poll_interval)
                 if not busy:
@@ -247,6 +262,7 @@ class Dispatcher:
         limit = self.settings.lease + HTTP_WAITS_PER_STEP * self.settings.http_timeout
         due, stuck = self._held.split(time.monotonic() - limit)
         for claim in stuck:
+            self.metrics.stuck.inc()
             log.warning(
                 "execution %s: a step has run for over %.0f s; its claim is no longer "
                 "renewed and expires within %.0f s",
@@ -265,8 +281,10 @@ class Dispatcher:
                     self.renew_leases()
                 except StoreError as exc:  # the next renewal tries again
                     log.warning("worker %s: %s", self.settings.worker_id, exc)
+                    self.metrics.error("database")
                 except Exception:  # a bug must not stop renewals; logged, tried again
                     log.exception("worker %s: renewing leases failed", self.settings.worker_id)
+                    self.metrics.error("unexpected")
 
         thread = threading.Thread(target=loop, name="sinal-leases", daemon=True)
         thread.start()
@@ -292,7 +310,7 @@ class Dispatcher:
             if notices is not None and not self._backlog:
                 notices.arm_outbox()
                 armed = True
-            fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
+            fanned = self._fan_out()
             if fanned.executions:
                 self._claims_due.set()
             self._backlog = fanned.events >= self.settings.fan_out_batch  # more may wait
@@ -311,7 +329,7 @@ class Dispatcher:
             return more
         self._claims_due.clear()  # before: a NOTIFY from now on sets it again
         self._last_claim = time.monotonic()
-        claims = self.store.claim_executions(self.settings.worker_id, room, self.settings.lease)
+        claims = self._claim(room)
         if len(claims) == room:  # a full batch: more may be due
             self._claims_due.set()
         if claims:
@@ -341,13 +359,17 @@ class Dispatcher:
             self.run_claim(claim)
         except StoreError as exc:  # the lease runs out and another worker resumes it
             log.warning("execution %s: %s", claim.execution.id, exc)
+            self.metrics.error("database")
         except Exception:  # a bug must not take the worker down; the lease runs out, too
             log.exception("execution %s failed unexpectedly", claim.execution.id)
+            self.metrics.error("unexpected")
 
     def housekeep(self, stop: threading.Event | None = None) -> int:
         """Run each housekeeping task once, now (`run` does it every interval); how many
         failed (each failure is logged, never raised)."""
-        return run_tasks(self.ledger, self.settings.housekeeping, stop)
+        failed = run_tasks(self.ledger, self.settings.housekeeping, stop)
+        self.metrics.housekeeping_failures.inc(failed)
+        return failed
 
     def _start_housekeeping(self, stop: threading.Event) -> threading.Thread | None:
         interval = self.settings.housekeeping_interval
@@ -395,6 +417,7 @@ class Dispatcher:
             self._run_claim(claim)
         finally:
             self._held.end(claim)
+            self.metrics.running.dec()
 
     def _run_claim(self, claim: Claim) -> None:
         spec = spec_of(claim.automation)
@@ -416,8 +439,15 @@ class Dispatcher:
         the step settled it (waiting, stopped, completed, failed, unknown) or lost it."""
         step = spec.steps[index]
         self._held.begin(claim)  # the step's time starts
+        began = time.monotonic()
+
+        def finish(status: StepStatus, **kw: Any) -> None:
+            self._finish(claim, index, status, **kw)
+            self.metrics.step(step.type, status, time.monotonic() - began)
+
         started = self._starts.call(StepStart(claim, index, step.type))
         if started is None:
+            self._lost(claim)
             return None
         record, fresh = started
         if record.status == "completed":
@@ -425,29 +455,31 @@ class Dispatcher:
         if not fresh and step.type in EXTERNAL_SENDS:
             # a worker stopped inside this send: it may have gone out; never resend blindly
             message = "the step was interrupted mid-send; it may or may not have been sent"
-            self._finish(claim, index, "unknown", error=message,
-                         then=Advance("unknown", index, last_error=message))  # fmt: skip
+            finish("unknown", error=message, then=Advance("unknown", index, last_error=message))
             return None
         try:
             outcome = run_step(step, self._context(claim, index))
         except OutcomeUnknown as exc:
-            self._finish(claim, index, "unknown", error=str(exc),
-                         then=Advance("unknown", index, last_error=str(exc)))  # fmt: skip
+            finish("unknown", error=str(exc), then=Advance("unknown", index, last_error=str(exc)))
             return None
         except (StepFailed, RetryLater) as exc:
             retry = self._retry(claim, index, exc)
-            self._finish(claim, index, "failed", error=str(exc), then=retry)
+            finish("failed", error=str(exc), then=retry)
             return None
         # the record, the step's event and (after the last step) the execution: one commit
         then = _settles(outcome, index, len(spec.steps))
         emit = None if outcome.emit is None else prepare(outcome.emit, self.ledger.clock())
-        self._finish(claim, index, "completed", result=outcome.result, emit=emit, then=then)
+        finish("completed", result=outcome.result, emit=emit, then=then)
         failpoint("after_step")
         return outcome if then is None else None
 
-    def _finish(self, claim: Claim, index: int, status: StepStatus, **kw: Any) -> None:
-        if not self._finishes.call(StepFinish(claim, index, status, **kw)):
-            log.warning("lost the claim on execution %s", claim.execution.id)
+    def _finish(
+        self, claim: Claim, index: int, status: StepStatus, then: Advance | None = None, **kw: Any
+    ) -> None:
+        if not self._finishes.call(StepFinish(claim, index, status, then=then, **kw)):
+            self._lost(claim)
+        elif then is not None:
+            self.metrics.settle(then.status)
 
     def _retry(self, claim: Claim, index: int, exc: Exception) -> Advance:
         attempts = claim.execution.attempts + 1
@@ -465,7 +497,13 @@ class Dispatcher:
 
     def _advance(self, claim: Claim, advance: Advance) -> None:
         if not self.store.advance(claim, advance):
-            log.warning("lost the claim on execution %s", claim.execution.id)
+            self._lost(claim)
+        else:
+            self.metrics.settle(advance.status)
+
+    def _lost(self, claim: Claim) -> None:
+        log.warning("lost the claim on execution %s", claim.execution.id)
+        self.metrics.lost.inc()
 
     def _context(self, claim: Claim, index: int) -> StepContext:
         account, contact = claim.execution.account_id, claim.execution.contact_id

@@ -11,11 +11,11 @@ from starlette.responses import Response
 
 from sinal.api.body import read_json, validate
 from sinal.api.errors import PROBLEMS, NotFound, Problem, problem_response, problem_responses
-from sinal.api.metrics import backlog_exposition
 from sinal.api.models import AccountOut, AccountPatch, Health
 from sinal.api.openapi import body_of
 from sinal.api.service import service
 from sinal.api.views import account_view, json_response
+from sinal.automations.metrics import backlog_exposition
 from sinal.errors import AccountNotFound, StoreError
 from sinal.store.automations import AutomationStore
 from sinal.store.base import latest_schema_version
