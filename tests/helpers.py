@@ -126,3 +126,14 @@ class WatchedLedger(Ledger):
         if len(self.sizes) == 1:
             self.release.wait(10)
         return super().record_prepared(events)
+
+
+def cut_connections(url: str) -> int:
+    """Terminate every other session on the PostgreSQL database at `url` (what a server
+    restart or a network cut does to them); how many there were."""
+    [(cut,)] = sql(
+        url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    return int(cut)

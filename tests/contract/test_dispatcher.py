@@ -19,10 +19,10 @@ from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings, spec_of
 from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
-from sinal.errors import InvalidIntegration
+from sinal.errors import InvalidIntegration, StoreError
 from sinal.store.automations import Advance, Claim
 from sinal.store.base import EventQuery
-from tests.helpers import count, sql
+from tests.helpers import count, cut_connections, sql, wait_until
 from tests.servers import Recorder, ai_server, webhook_receiver, whatsapp_server
 
 
@@ -410,6 +410,36 @@ def test_the_worker_counts_a_claim_it_lost(world: World) -> None:
     assert _counted(dispatcher, "sinal_worker_steps_total", type="send_message",
                     status="completed") == 0  # fmt: skip
     assert world.whatsapp.requests == []
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_worker_whose_connections_are_cut_counts_the_errors_and_carries_on(
+    world: World,
+) -> None:
+    world.automations.create(world.account.id, THANKS)
+    dispatcher = world.dispatcher(poll_interval=0.05)
+    stop = threading.Event()
+    worker = threading.Thread(target=dispatcher.run, args=(stop,))
+    worker.start()
+    try:
+        time.sleep(0.3)  # the worker has polled: its connections are open
+        assert cut_connections(world.url) >= 2  # the pool's and the listener's
+        for _ in range(50):  # this test's calls share the pool whose connections were cut
+            try:
+                world.order_paid()
+                break
+            except StoreError:
+                time.sleep(0.05)
+        wait_until(lambda: world.executions() and world.executions()[0].status == "completed")
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+
+    assert world.executions()[0].status == "completed"
+    assert len(world.whatsapp.requests) == 1
+    assert _counted(dispatcher, "sinal_worker_errors_total", kind="database") >= 1
+    assert _counted(dispatcher, "sinal_worker_errors_total", kind="unexpected") == 0
 
 
 def test_wait_step_resumes_later(world: World) -> None:

@@ -24,7 +24,8 @@ from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
 from sinal.ledger import connect
 from sinal.store.postgres import PostgresStore
-from tests.helpers import count, sql, wait_until
+from sinal.store.postgres_automations import listen
+from tests.helpers import count, cut_connections, sql, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -219,3 +220,37 @@ def test_a_worker_woken_only_by_notify_fans_out_every_event(pg_ledger: Ledger, p
     assert not worker.is_alive()
     # the worker armed the flag again as it stopped
     assert sql(pg_url, "SELECT armed FROM outbox_wake") == [(True,)]
+
+
+def test_a_listener_whose_connection_is_cut_listens_again(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    notices = listen(pg_url, ["sinal_outbox"], timeout=0.1)
+    assert next(notices) == set()  # listening; nothing came within the timeout
+
+    assert cut_connections(pg_url) == 1
+    assert next(notices) == set()  # the broken wait: the caller polls meanwhile
+    assert next(notices) == set()  # listening again
+    sql(pg_url, "NOTIFY sinal_outbox")
+
+    assert next(notices) == {"sinal_outbox"}
+    assert "listening for notifications failed, polling meanwhile" in caplog.text
+    assert "listening for notifications again, after 1 failed attempts" in caplog.text
+
+
+def test_a_listener_that_cannot_connect_tries_again_at_a_measured_pace(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A database the server does not have: every attempt fails at once. The listener
+    # used to try again at once, ~5,000 times a second, spinning a core.
+    missing = pg_url.rsplit("/", 1)[0] + "/sinal_no_such_database"
+    started = time.monotonic()
+    attempts = 0
+    for notified in listen(missing, ["sinal_outbox"], timeout=1.0):
+        assert notified == set()
+        attempts += 1
+        if time.monotonic() - started > 1.0:
+            break
+
+    assert attempts <= 6  # 0.1, 0.2, 0.5 and 1 s apart
+    assert caplog.text.count("listening for notifications failed") == 1  # once per outage

@@ -10,6 +10,8 @@ a dead worker's successor waits out. Every write of a claimed execution is fence
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, suppress
 from dataclasses import replace
@@ -43,6 +45,8 @@ from sinal.store.automations import (
     StepStatus,
 )
 from sinal.store.base import Contact, StoredEvent
+
+log = logging.getLogger("sinal.store")
 
 
 def _qualified(columns: str, alias: str) -> str:
@@ -532,26 +536,49 @@ class PostgresAutomations:
         A NOTIFY on "sinal_outbox" lowers the flag `arm_outbox` raised, before it is
         yielded: the writers meanwhile need not notify; the caller arms again before it
         next looks at the outbox. Uses its own connection (a LISTEN must stay on one
-        session, and waiting for a pooled one would hold the wake-up up); reconnects on
-        errors.
+        session, and waiting for a pooled one would hold the wake-up up); see `listen`.
         """
         url: str = getattr(self, "url")  # noqa: B009 - set by PostgresStore
-        while True:
-            try:
-                with psycopg.connect(url, autocommit=True) as conn:
-                    for channel in channels:
-                        conn.execute(f"LISTEN {channel}")  # channel names are ours, not input
-                    while True:
-                        notices = conn.notifies(timeout=timeout, stop_after=1)
-                        notified = {n.channel for n in notices}
-                        if "sinal_outbox" in notified:
-                            # failing, writers go on notifying: only slower (a broken
-                            # connection fails the next wait, and is replaced)
-                            with suppress(psycopg.Error):
-                                conn.execute(_DISARM_OUTBOX)
-                        yield notified
-            except psycopg.OperationalError:
-                yield set()  # the server went away: the caller polls; we reconnect
+        return listen(url, channels, timeout)
+
+
+# Seconds between attempts to reconnect a listener: the first soon (a server restarting is
+# back within seconds), then longer, and never more than the caller's poll interval.
+RECONNECT_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def listen(url: str, channels: Sequence[str], timeout: float = 1.0) -> Iterator[set[str]]:
+    """`PostgresAutomations.listen` on the database at `url`. When the connection fails or
+    cannot be made, yields an empty set (the caller polls) and tries again after a delay
+    (`RECONNECT_DELAYS`, at most `timeout`, so the caller's polls keep their pace): never
+    in a tight loop, which would spin a core and hammer a server coming back up. Logs the
+    first failure of each outage, and the recovery."""
+    failures = 0
+    while True:
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                for channel in channels:
+                    conn.execute(f"LISTEN {channel}")  # channel names are ours, not input
+                if failures:
+                    log.warning(
+                        "listening for notifications again, after %d failed attempts", failures
+                    )
+                failures = 0
+                while True:
+                    notices = conn.notifies(timeout=timeout, stop_after=1)
+                    notified = {n.channel for n in notices}
+                    if "sinal_outbox" in notified:
+                        # failing, writers go on notifying: only slower (a broken
+                        # connection fails the next wait, and is replaced)
+                        with suppress(psycopg.Error):
+                            conn.execute(_DISARM_OUTBOX)
+                    yield notified
+        except psycopg.OperationalError as exc:
+            if not failures:
+                log.warning("listening for notifications failed, polling meanwhile: %s", exc)
+            yield set()  # the caller polls; we reconnect after a while
+            time.sleep(min(RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)], timeout))
+            failures += 1
 
 
 def _events_of(conn: Conn, keys: list[tuple[UUID, UUID]]) -> list[StoredEvent]:
