@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -269,3 +270,30 @@ async def test_a_database_failure_is_503_without_the_drivers_message(
         assert response.headers["content-type"] == "application/problem+json"
         assert response.json()["type"] == "/problems/store-unavailable"
         assert "10.0.0.7" not in response.text
+
+
+async def test_database_failures_are_logged_one_line_at_a_time(
+    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sinal.api import errors
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise StoreError("connection to server at 10.0.0.7 failed")
+
+    throttle = errors._UnavailableLog(interval=3600)
+    monkeypatch.setattr(errors, "_unavailable", throttle)
+    monkeypatch.setattr(api.app.state.service.ledger, "list_events", down)
+    with caplog.at_level(logging.WARNING, logger="sinal.api"):
+        for _ in range(3):
+            assert (await api.client.get("/v1/events")).status_code == 503
+        throttle.next_at = 0  # the interval has passed
+        assert (await api.client.get("/v1/events")).status_code == 503
+
+    lines = [r for r in caplog.records if r.name == "sinal.api"]
+    assert [r.getMessage() for r in lines] == [
+        "GET /v1/events: the database is unavailable, answered 503: "
+        "connection to server at 10.0.0.7 failed",
+        "GET /v1/events: the database is unavailable, answered 503: "
+        "connection to server at 10.0.0.7 failed (2 more since the last line)",
+    ]
+    assert all(r.levelname == "WARNING" and r.exc_info is None for r in lines)

@@ -15,6 +15,7 @@ can be replayed).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -196,11 +197,37 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     problem = problem_for(exc)
     errors = _errors_of(exc)
     headers = None if problem.challenge is None else {"WWW-Authenticate": problem.challenge}
-    if problem.status >= 500:
+    if isinstance(exc, StoreError) and problem.status == 503:
+        _unavailable.log(request.method, path, exc)
+    elif problem.status >= 500:
         log.error("%s %s failed", request.method, path, exc_info=exc)
     extra = exc.extra if isinstance(exc, ApiError) else {}
     detail = _detail(exc, problem, errors)
     return problem_response(problem, detail, errors, instance=path, headers=headers, **extra)
+
+
+class _UnavailableLog:
+    """Requests the database could not serve (503), logged as one line at most every
+    `interval` seconds with the number left out: an outage met by thousands of requests a
+    second must not write a traceback for each (a bug's 500 still gets its own)."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval = interval
+        self.next_at = 0.0
+        self.left_out = 0
+
+    def log(self, method: str, path: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now < self.next_at:
+            self.left_out += 1
+            return
+        more = f" ({self.left_out} more since the last line)" if self.left_out else ""
+        log.warning("%s %s: the database is unavailable, answered 503: %s%s",
+                    method, path, exc, more)  # fmt: skip
+        self.next_at, self.left_out = now + self.interval, 0
+
+
+_unavailable = _UnavailableLog()  # requests are answered on one thread: the event loop's
 
 
 def _errors_of(exc: BaseException) -> tuple[FieldError, ...]:
