@@ -123,6 +123,18 @@ def test_cli_serve_port_out_of_range_is_one_line(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cli_on_an_unreachable_postgresql_is_one_line_with_the_reason() -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = run(f"postgresql://postgres@127.0.0.1:{port}/test", "migrate")
+
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: cannot connect to PostgreSQL: connection failed: ")
+    assert result.stderr.rstrip().endswith("Connection refused"), result.stderr
+    assert result.stderr.count("\n") == 1
+
+
 def test_cli_worker_metrics_port_taken_is_one_line(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'sinal.db'}"
     assert run(url, "migrate").returncode == 0

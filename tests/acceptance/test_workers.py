@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 import sinal
@@ -85,13 +86,19 @@ def workers(pg_url: str, tmp_path: Path) -> Iterator[Workers]:
 @pytest.fixture
 def shop(pg_url: str) -> Iterator[tuple[Ledger, Automations, sinal.Account, Recorder]]:
     with connect(pg_url) as ledger, whatsapp_server() as (wa_url, recorder):
-        account = ledger.create_account("Loja")
-        automations = Automations(ledger)
-        automations.create_integration(account.id, {
-            "kind": "whatsapp", "secret": "s", "phone_number_id": "555",
-            "access_token": "t", "api_base_url": wa_url,
-        })  # fmt: skip
+        account, automations = _open_shop(ledger, wa_url)
         yield ledger, automations, account, recorder
+
+
+def _open_shop(ledger: Ledger, wa_url: str) -> tuple[sinal.Account, Automations]:
+    """An account whose WhatsApp integration sends to `wa_url`."""
+    account = ledger.create_account("Loja")
+    automations = Automations(ledger)
+    automations.create_integration(account.id, {
+        "kind": "whatsapp", "secret": "s", "phone_number_id": "555",
+        "access_token": "t", "api_base_url": wa_url,
+    })  # fmt: skip
+    return account, automations
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 120, what: str = "") -> None:
@@ -288,6 +295,36 @@ def test_a_worker_serves_its_metrics(
     assert figures["sinal_worker_executions_in_hand"] == 0
     assert (figures["sinal_outbox_rows"], figures["sinal_executions_due"]) == (0, 0)
     assert len(wa.requests) == 1
+
+
+def test_a_worker_started_before_its_database_exists_works_once_it_does(
+    pg_template: str, tmp_path: Path
+) -> None:
+    from tests.conftest import PG_URL
+
+    name = f"sinal_late_{os.getpid()}"
+    url = PG_URL.rsplit("/", 1)[0] + "/" + name
+    pool = Workers(url, tmp_path)
+    try:
+        pool.start(1)
+        log = tmp_path / "worker-0.log"
+        wait_for(lambda: b"cannot connect to PostgreSQL" in log.read_bytes(), timeout=30,
+                 what="the worker to say it cannot connect")  # fmt: skip
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+        with connect(url) as ledger, whatsapp_server() as (wa_url, wa):
+            account, automations = _open_shop(ledger, wa_url)
+            automations.create(account.id, {"name": "a", "trigger_metric": "Order Paid",
+                                             "steps": [message("obrigado")]})  # fmt: skip
+            _one_order(ledger, account, "+5511990000007")
+            wait_for(lambda: settled(url), what="the execution to complete")
+
+            assert len(wa.requests) == 1
+        assert pool.procs[0].poll() is None  # it waited, and works
+    finally:
+        pool.stop_all()
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_worker_killed_between_steps_resumes_without_repeating(

@@ -1380,3 +1380,26 @@ def test_the_pool_hands_out_the_connection_returned_last(pg_url: str) -> None:
 
     assert used == [pids[-1]] * 6
     assert count(pg_url, "events") == 6
+
+
+@pytest.mark.postgres
+def test_a_ledger_opened_before_its_database_exists_works_once_it_does(pg_template: str) -> None:
+    # A server or worker started before PostgreSQL (or its database) is up: each call
+    # answers StoreError with the reason, and the first call after it is up goes through.
+    from tests.conftest import PG_URL
+
+    name = f"sinal_late_{uuid.uuid4().hex[:12]}"
+    url = PG_URL.rsplit("/", 1)[0] + "/" + name
+    with sinal.connect(url) as ledger:
+        for _ in range(2):  # the pool's failed opening did not leave it closed for good
+            with pytest.raises(sinal.StoreError, match=f'database "{name}" does not exist'):
+                ledger.create_account("Loja")
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+        try:
+            account = ledger.create_account("Loja")
+            assert ledger.get_account(account.id) == account
+        finally:
+            ledger.close()
+            with psycopg.connect(PG_URL, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -506,6 +506,10 @@ class _Checkout:
             _raise_translated(exc)
 
 
+# Seconds the first connection, and then the pool's first, may take.
+OPEN_TIMEOUT = 10
+
+
 class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, PostgresCommerce):
     """sinal's tables in a PostgreSQL database."""
 
@@ -513,8 +517,13 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
         self.url = url
-        self._pool: ConnectionPool[_PooledConnection] = _LifoPool(
-            url,
+        self._pool = self._new_pool(min_size, max_size)
+        self._open_lock = threading.Lock()
+        self._opened = False
+
+    def _new_pool(self, min_size: int, max_size: int) -> ConnectionPool[_PooledConnection]:
+        return _LifoPool(
+            self.url,
             connection_class=_PooledConnection,
             min_size=min_size,
             max_size=max_size,
@@ -525,17 +534,38 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             open=False,
             name="sinal",
         )
-        self._open_lock = threading.Lock()
-        self._opened = False
 
     def _conn(self) -> _Checkout:
         """A connection of the pool for a `with` block (the pool opened on first use)."""
         if not self._opened:
-            with self._open_lock, translated_errors():
+            with self._open_lock:
                 if not self._opened:
-                    self._pool.open(wait=True, timeout=10)
-                    self._opened = True
+                    self._open()
         return _Checkout(self._pool)
+
+    def _open(self) -> None:
+        """Open the pool, or raise `StoreError` saying why PostgreSQL cannot be reached and
+        leave it to the next call to try again (a server started before its database, a
+        worker waiting for it, recover once it is up).
+
+        One connection first, made directly: it fails at once with the reason (refused,
+        no such database, authentication), where the pool would retry quietly for its whole
+        timeout and then say only that it timed out. And a pool whose opening timed out is
+        closed for good: it is replaced."""
+        timeout: dict[str, Any] = {"connect_timeout": OPEN_TIMEOUT}
+        if "connect_timeout" in self.url:  # the URL's own, then
+            timeout = {}
+        try:
+            psycopg.connect(self.url, **timeout).close()
+        except psycopg.Error as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(f"cannot connect to PostgreSQL: {reason}") from exc
+        try:
+            self._pool.open(wait=True, timeout=OPEN_TIMEOUT)
+        except psycopg.Error as exc:
+            self._pool = self._new_pool(self._pool.min_size, self._pool.max_size)
+            _raise_translated(exc)
+        self._opened = True
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[TupleRow]]:
