@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import socket
 import threading
+import time
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -19,6 +22,7 @@ from psycopg.pq import TransactionStatus
 import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.store.base import EventQuery, Outcome, read_migrations
+from sinal.store.postgres import OPEN_RETRY
 from tests.helpers import count, sql, wait_until
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -1397,9 +1401,45 @@ def test_a_ledger_opened_before_its_database_exists_works_once_it_does(pg_templa
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
         try:
+            time.sleep(OPEN_RETRY)  # before that, a call answers the last attempt's reason
             account = ledger.create_account("Loja")
             assert ledger.get_account(account.id) == account
         finally:
             ledger.close()
             with psycopg.connect(PG_URL, autocommit=True) as admin:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_callers_meeting_a_postgresql_that_does_not_answer_share_one_attempt() -> None:
+    # A server that takes the connection and never answers (a host gone silent): every
+    # caller used to wait its turn for its own attempt, one timeout each.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        url = (f"postgresql://postgres@127.0.0.1:{port}/test"
+               "?connect_timeout=2&sslmode=disable&gssencmode=disable")  # fmt: skip
+        errors: list[str] = []
+
+        def call() -> None:
+            with pytest.raises(sinal.StoreError) as raised:
+                ledger.get_account(uuid.uuid4())
+            errors.append(str(raised.value))
+
+        with sinal.connect(url) as ledger:
+            callers = [threading.Thread(target=call) for _ in range(8)]
+            for caller in callers:
+                caller.start()
+            for caller in callers:
+                caller.join(timeout=60)
+        silent.setblocking(False)
+        attempts = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                silent.accept()[0].close()
+                attempts += 1
+
+    assert attempts == 1
+    assert len(errors) == 8
+    assert len(set(errors)) == 1
+    assert errors[0].startswith("cannot connect to PostgreSQL: ")

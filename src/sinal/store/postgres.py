@@ -49,6 +49,7 @@ from __future__ import annotations
 import itertools
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
@@ -508,6 +509,9 @@ class _Checkout:
 
 # Seconds the first connection, and then the pool's first, may take.
 OPEN_TIMEOUT = 10
+# Seconds after a failed opening during which calls fail at once with its reason, instead
+# of each trying (and, with a server that does not answer, waiting) in turn.
+OPEN_RETRY = 1.0
 
 
 class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, PostgresCommerce):
@@ -520,6 +524,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         self._pool = self._new_pool(min_size, max_size)
         self._open_lock = threading.Lock()
         self._opened = False
+        self._open_failed: tuple[float, StoreError] | None = None  # when, and why
 
     def _new_pool(self, min_size: int, max_size: int) -> ConnectionPool[_PooledConnection]:
         return _LifoPool(
@@ -540,7 +545,14 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         if not self._opened:
             with self._open_lock:
                 if not self._opened:
-                    self._open()
+                    failed = self._open_failed
+                    if failed is not None and time.monotonic() < failed[0] + OPEN_RETRY:
+                        raise StoreError(str(failed[1]))
+                    try:
+                        self._open()
+                    except StoreError as exc:
+                        self._open_failed = (time.monotonic(), exc)
+                        raise
         return _Checkout(self._pool)
 
     def _open(self) -> None:
