@@ -31,6 +31,7 @@ from sinal.errors import (
     SignatureMismatch,
     SinalError,
     StoreError,
+    StoreUnavailable,
     WebhookError,
 )
 from sinal.events import EmitEvent, EmitResult
@@ -87,6 +88,7 @@ __all__ = [  # noqa: PLE0604 - the catalog's names are re-exported whole
     "SignatureMismatch",
     "SinalError",
     "StoreError",
+    "StoreUnavailable",
     "SummaryRow",
     "WebhookError",
     "__version__",

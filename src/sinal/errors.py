@@ -129,6 +129,12 @@ class DuplicateKey(StoreError):
         super().__init__(f"duplicate key ({constraint})")
 
 
+class StoreUnavailable(StoreError):
+    """The database cannot be reached, or cannot take this now (a lost connection, a
+    server restarting, a lock not granted in time, a transaction to retry): trying again
+    later may succeed, unlike a `StoreError` of a statement the database refused."""
+
+
 class SchemaOutOfDate(StoreError):
     """The database's schema is older than this code: run `sinal migrate`."""
 

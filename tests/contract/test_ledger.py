@@ -23,7 +23,7 @@ import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.store.base import EventQuery, Outcome, read_migrations
 from sinal.store.postgres import OPEN_RETRY
-from tests.helpers import count, sql, wait_until
+from tests.helpers import count, cut_connections, sql, wait_until
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -1321,6 +1321,7 @@ def test_a_sqlite_writer_waits_for_its_turn_at_most_the_busy_timeout(sqlite_url:
     assert [str(e) for e in errors] == [
         f"the database is busy: no writer's turn within 0.2 s (another writer holds {path}-lock)"
     ] * 3
+    assert all(isinstance(e, sinal.StoreUnavailable) for e in errors)  # worth a retry
     assert answer.status == "created"
     assert count(sqlite_url, "events") == 1
     assert count(sqlite_url, "rejections") == 0
@@ -1443,3 +1444,22 @@ def test_callers_meeting_a_postgresql_that_does_not_answer_share_one_attempt() -
     assert len(errors) == 8
     assert len(set(errors)) == 1
     assert errors[0].startswith("cannot connect to PostgreSQL: ")
+
+
+@pytest.mark.postgres
+def test_postgresql_errors_say_whether_trying_again_may_succeed(pg_url: str) -> None:
+    with sinal.connect(pg_url) as ledger:
+        ledger.create_account("Loja")  # the pool holds a connection
+        cut_connections(pg_url)
+
+        with pytest.raises(sinal.StoreUnavailable, match="terminating connection"):
+            ledger.list_accounts()
+        assert len(ledger.list_accounts()) == 1  # the pool connected again
+        store: Any = ledger.store
+        # a statement PostgreSQL refuses: a bug of ours, not an outage
+        with (
+            pytest.raises(sinal.StoreError, match="division by zero") as refused,
+            store._conn() as conn,
+        ):
+            conn.execute("SELECT 1 / 0")
+        assert not isinstance(refused.value, sinal.StoreUnavailable)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sinal.automations.service import Automations
-from sinal.errors import StoreError
+from sinal.errors import StoreError, StoreUnavailable
 from sinal.ledger import Ledger
 from tests.helpers import sql
 from tests.integration.conftest import Api, running_api
@@ -278,7 +278,7 @@ async def test_database_failures_are_logged_one_line_at_a_time(
     from sinal.api import errors
 
     def down(*args: object, **kwargs: object) -> None:
-        raise StoreError("connection to server at 10.0.0.7 failed")
+        raise StoreUnavailable("connection to server at 10.0.0.7 failed")
 
     throttle = errors._UnavailableLog(interval=3600)
     monkeypatch.setattr(errors, "_unavailable", throttle)
@@ -297,3 +297,23 @@ async def test_database_failures_are_logged_one_line_at_a_time(
         "connection to server at 10.0.0.7 failed (2 more since the last line)",
     ]
     assert all(r.levelname == "WARNING" and r.exc_info is None for r in lines)
+
+
+async def test_a_statement_the_database_refused_is_503_and_logged_with_its_traceback(
+    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
+        raise StoreError('syntax error at or near "SELCT"')  # a bug of ours, not an outage
+
+    monkeypatch.setattr(api.app.state.service.ledger, "list_events", refused)
+    with caplog.at_level(logging.WARNING, logger="sinal.api"):
+        for _ in range(2):
+            response = await api.client.get("/v1/events")
+            assert response.status_code == 503
+            assert "SELCT" not in response.text
+
+    lines = [r for r in caplog.records if r.name == "sinal.api"]
+    assert [(r.levelname, r.getMessage()) for r in lines] == [
+        ("ERROR", "GET /v1/events failed")
+    ] * 2
+    assert all(r.exc_info is not None for r in lines)

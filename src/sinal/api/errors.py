@@ -44,6 +44,7 @@ from sinal.errors import (
     SchemaOutOfDate,
     SignatureMismatch,
     StoreError,
+    StoreUnavailable,
 )
 
 PROBLEM_JSON = "application/problem+json"
@@ -197,7 +198,7 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     problem = problem_for(exc)
     errors = _errors_of(exc)
     headers = None if problem.challenge is None else {"WWW-Authenticate": problem.challenge}
-    if isinstance(exc, StoreError) and problem.status == 503:
+    if isinstance(exc, StoreUnavailable):
         _unavailable.log(request.method, path, exc)
     elif problem.status >= 500:
         log.error("%s %s failed", request.method, path, exc_info=exc)

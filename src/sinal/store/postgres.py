@@ -70,7 +70,13 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool
 
-from sinal.errors import ConfigurationError, DuplicateKey, IdentityConflict, StoreError
+from sinal.errors import (
+    ConfigurationError,
+    DuplicateKey,
+    IdentityConflict,
+    StoreError,
+    StoreUnavailable,
+)
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id
 from sinal.store.base import (
@@ -360,6 +366,10 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     closed pool), chained to it."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
         raise DuplicateKey(exc.diag.constraint_name) from exc
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        # the connection (lost, refused, the pool's timeout), the server (shutting down),
+        # or a transaction it rolled back to be retried (serialization, deadlock)
+        raise StoreUnavailable(str(exc)) from exc
     raise StoreError(str(exc)) from exc
 
 
@@ -524,7 +534,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         self._pool = self._new_pool(min_size, max_size)
         self._open_lock = threading.Lock()
         self._opened = False
-        self._open_failed: tuple[float, StoreError] | None = None  # when, and why
+        self._open_failed: tuple[float, StoreUnavailable] | None = None  # when, and why
 
     def _new_pool(self, min_size: int, max_size: int) -> ConnectionPool[_PooledConnection]:
         return _LifoPool(
@@ -547,10 +557,10 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
                 if not self._opened:
                     failed = self._open_failed
                     if failed is not None and time.monotonic() < failed[0] + OPEN_RETRY:
-                        raise StoreError(str(failed[1]))
+                        raise StoreUnavailable(str(failed[1]))
                     try:
                         self._open()
-                    except StoreError as exc:
+                    except StoreUnavailable as exc:
                         self._open_failed = (time.monotonic(), exc)
                         raise
         return _Checkout(self._pool)
@@ -571,7 +581,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             psycopg.connect(self.url, **timeout).close()
         except psycopg.Error as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreError(f"cannot connect to PostgreSQL: {reason}") from exc
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {reason}") from exc
         try:
             self._pool.open(wait=True, timeout=OPEN_TIMEOUT)
         except psycopg.Error as exc:

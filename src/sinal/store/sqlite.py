@@ -29,7 +29,13 @@ from uuid import UUID
 
 import orjson
 
-from sinal.errors import ConfigurationError, DuplicateKey, IdentityConflict, StoreError
+from sinal.errors import (
+    ConfigurationError,
+    DuplicateKey,
+    IdentityConflict,
+    StoreError,
+    StoreUnavailable,
+)
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
 from sinal.store.base import (
@@ -121,6 +127,10 @@ def translated_errors() -> Iterator[None]:
     except sqlite3.IntegrityError as exc:
         if "UNIQUE" in str(exc):
             raise DuplicateKey(str(exc)) from exc
+        raise StoreError(str(exc)) from exc
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):  # another writer's lock
+            raise StoreUnavailable(str(exc)) from exc
         raise StoreError(str(exc)) from exc
     except sqlite3.Error as exc:
         raise StoreError(str(exc)) from exc
@@ -267,7 +277,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
             self._lock_fds.remove(wait.fd)
         self._local.lock_fd = None  # the waiting thread's now
         self._local.pending = wait
-        raise StoreError(
+        raise StoreUnavailable(
             f"the database is busy: no writer's turn within {self._busy_timeout:g} s "
             f"(another writer holds {self._lock_path})"
         )
