@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Final, cast
 from uuid import UUID
 
+from sinal.errors import StoreUnavailable
 from sinal.ids import new_id
 from sinal.integrations.base import DeliveryDeferred, UnmappablePayload
 from sinal.ledger import Ledger
@@ -100,6 +101,10 @@ def process(
         status, reason, due_at = "deferred", exc.message, exc.until
     except UnmappablePayload as exc:
         status, reason = "unmappable", f"{exc.reason}: {exc.message}"
+    except StoreUnavailable:
+        # the database, for now: the delivery stays `received`, and the provider, answered
+        # 503, delivers it again (or the worker's next pass claims a deferred one again)
+        raise
     except Exception as exc:  # kept with its reason for replay; the provider still gets 200
         log.exception("processing delivery %s failed", delivery.id)
         status, reason = "failed", f"{type(exc).__name__}: {exc}"

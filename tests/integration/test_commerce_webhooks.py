@@ -24,6 +24,7 @@ from sinal.catalog import METRIC_ORDER_CANCELLED
 from sinal.cli import app as cli
 from sinal.commerce import derive_abandoned
 from sinal.config import Settings
+from sinal.errors import StoreUnavailable
 from sinal.integrations import sign_shopify, sign_yampi, yampi
 from sinal.ledger import Ledger
 from sinal.store.base import EventQuery, StoredEvent
@@ -642,6 +643,33 @@ async def test_a_brazilian_phone_with_and_without_the_ninth_digit_is_one_contact
     assert len(created) == 2
     assert created[0].contact_id == created[1].contact_id
     assert count(api.url, "contacts") == 1
+
+
+async def test_a_delivery_the_database_could_not_process_is_503_and_its_redelivery_processed(
+    api: Api, shopify: Shop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sinal import commerce
+
+    process = commerce.process_shopify
+    outages = [StoreUnavailable("terminating connection due to administrator command")]
+
+    def flaky(*args: Any) -> None:
+        if outages:  # the database goes away once, after the delivery was kept
+            raise outages.pop()
+        process(*args)
+
+    monkeypatch.setattr(commerce, "process_shopify", flaky)
+    order = fixture("shopify", "orders_create")
+    first = await shopify.send(order, "orders/create", webhook_id="wh-1")
+    kept = deliveries(api)
+    again = await shopify.send(order, "orders/create", webhook_id="wh-1")  # Shopify retries
+
+    assert first.status_code == 503  # not 200: Shopify delivers it again
+    assert kept == [("received", None)]  # kept raw, not marked failed
+    assert again.status_code == 200
+    assert again.json()["status"] == "processed"
+    assert deliveries(api) == [("processed", None)]
+    assert len(events(api, "Order Placed")) == 1
 
 
 # -- replay ------------------------------------------------------------------------------
