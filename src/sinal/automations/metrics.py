@@ -159,10 +159,11 @@ class BacklogCollector:
         )
 
 
-def backlog_exposition(backlog: Backlog) -> bytes:
-    """The workers' backlog as gauges, in the text format."""
+def backlog_exposition(read: Callable[[], Backlog]) -> bytes:
+    """The workers' backlog as gauges, in the text format, read now (nothing while the
+    database cannot be reached)."""
     registry = CollectorRegistry()
-    registry.register(BacklogCollector(lambda: backlog))
+    registry.register(BacklogCollector(read))
     return generate_latest(registry)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import suppress
 from typing import cast
 
 from fastapi import APIRouter, Request
@@ -59,8 +58,7 @@ async def metrics(request: Request) -> Response:
     svc = service(request)
     body = svc.metrics.exposition()
     store = cast(AutomationStore, svc.ledger.store)
-    with suppress(StoreError):
-        body += backlog_exposition(await svc.run(store.backlog))
+    body += await svc.run(backlog_exposition, store.backlog)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
