@@ -4,6 +4,7 @@ the store's own methods; a clock tests drive."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import sqlite3
 import threading
 import time
@@ -137,3 +138,11 @@ def cut_connections(url: str) -> int:
         "WHERE datname = current_database() AND pid <> pg_backend_pid()",
     )
     return int(cut)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (free when this returns)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

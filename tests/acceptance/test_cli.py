@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sinal.store.base import latest_schema_version
-from tests.helpers import count, sql
+from tests.helpers import count, free_port, sql
 
 SINAL = [sys.executable, "-m", "sinal"]
 
@@ -124,10 +124,7 @@ def test_cli_serve_port_out_of_range_is_one_line(tmp_path: Path) -> None:
 
 
 def test_cli_on_an_unreachable_postgresql_is_one_line_with_the_reason() -> None:
-    with socket.socket() as closed:  # a port nothing listens on
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
-    result = run(f"postgresql://postgres@127.0.0.1:{port}/test", "migrate")
+    result = run(f"postgresql://postgres@127.0.0.1:{free_port()}/test", "migrate")
 
     assert result.returncode == 1
     assert result.stderr.startswith("error: cannot connect to PostgreSQL: connection failed: ")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import sinal
 from sinal import EmitEvent, Ledger, connect
 from sinal.automations.service import Automations
 from sinal.errors import StoreError
-from tests.helpers import count, sql
+from tests.helpers import count, free_port, sql
 from tests.servers import Recorder, webhook_receiver, whatsapp_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -272,9 +271,7 @@ def test_a_worker_serves_its_metrics(
     ledger, automations, account, wa = shop
     automations.create(account.id, {"name": "a", "trigger_metric": "Order Paid",
                                      "steps": [message("obrigado")]})  # fmt: skip
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     workers.start(1, SINAL_WORKER_METRICS_PORT=str(port))
     _one_order(ledger, account, "+5511990000006")
     wait_for(lambda: settled(pg_url), what="the execution to complete")

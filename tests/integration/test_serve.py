@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 SINAL = str(Path(sys.executable).with_name("sinal"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def cli(env: dict[str, str], *args: str) -> dict[str, str]:
