@@ -566,21 +566,23 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         return _Checkout(self._pool)
 
     def _open(self) -> None:
-        """Open the pool, or raise `StoreError` saying why PostgreSQL cannot be reached and
-        leave it to the next call to try again (a server started before its database, a
-        worker waiting for it, recover once it is up).
+        """Open the pool, or raise `StoreUnavailable` saying why PostgreSQL cannot be
+        reached and leave it to the next call to try again (a server started before its
+        database, a worker waiting for it, recover once it is up).
 
         One connection first, made directly: it fails at once with the reason (refused,
         no such database, authentication), where the pool would retry quietly for its whole
         timeout and then say only that it timed out. And a pool whose opening timed out is
         closed for good: it is replaced."""
-        timeout: dict[str, Any] = {"connect_timeout": OPEN_TIMEOUT}
-        if "connect_timeout" in self.url:  # the URL's own, then
-            timeout = {}
+        # the URL's own connect_timeout, if it has one
+        timeout: dict[str, Any] = (
+            {} if "connect_timeout" in self.url else {"connect_timeout": OPEN_TIMEOUT}
+        )
         try:
             psycopg.connect(self.url, **timeout).close()
         except psycopg.Error as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = str(exc).strip()
+            reason = text.splitlines()[0] if text else type(exc).__name__
             raise StoreUnavailable(f"cannot connect to PostgreSQL: {reason}") from exc
         try:
             self._pool.open(wait=True, timeout=OPEN_TIMEOUT)
