@@ -64,8 +64,15 @@ from psycopg import abc
 from psycopg.adapt import Dumper, PyFormat, Transformer
 from psycopg.copy import LibpqWriter
 from psycopg.postgres import types as postgres_types
-from psycopg.pq import DiagnosticField, ExecStatus, Format, PipelineStatus, TransactionStatus
-from psycopg.pq.abc import PGresult
+from psycopg.pq import (
+    ConnStatus,
+    DiagnosticField,
+    ExecStatus,
+    Format,
+    PipelineStatus,
+    TransactionStatus,
+)
+from psycopg.pq.abc import PGconn, PGresult
 from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import ConnectionPool
@@ -105,6 +112,7 @@ from sinal.store.base import (
     rejection_message,
     summary_deltas,
 )
+from sinal.store.libpq import network_defaults
 from sinal.store.postgres_automations import PostgresAutomations
 from sinal.store.postgres_commerce import PostgresCommerce
 from sinal.store.postgres_messaging import PostgresMessaging
@@ -430,7 +438,9 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
         own adapters. Only on an idle connection in autocommit, where a failed call leaves
         nothing behind; otherwise, or when PostgreSQL answers anything but the row (an
         error; the statement gone, after psycopg's `DEALLOCATE ALL`), None: the caller
-        runs it through psycopg, which raises what psycopg raises."""
+        runs it through psycopg, which raises what psycopg raises. A connection lost on
+        the way (reset, timed out) raises `OperationalError` with libpq's reason: run again
+        through psycopg, the call would only say that the connection is closed."""
         pgconn = self.pgconn
         if (
             pgconn.transaction_status != TransactionStatus.IDLE
@@ -441,6 +451,7 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
         if adapter is None:
             prepared = pgconn.prepare(_RECORD_EVENT_NAME, _RECORD_EVENT_PREPARED)
             if prepared.status != ExecStatus.COMMAND_OK and _sqlstate(prepared) != _EXISTS:
+                _raise_if_lost(pgconn, prepared)
                 return None
             adapter = self._one_event_adapter = Transformer(self)
         values = adapter.dump_sequence(params, _BINARY_PARAMS)
@@ -448,6 +459,7 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
         params_ = cast(Sequence[abc.Buffer], values)
         result = pgconn.exec_prepared(_RECORD_EVENT_NAME, params_, _BINARY_FORMATS, Format.BINARY)
         if result.status != ExecStatus.TUPLES_OK:
+            _raise_if_lost(pgconn, result)
             if _sqlstate(result) == _NO_SUCH_STATEMENT:
                 self._one_event_adapter = None  # prepared again on the next call
             return None
@@ -463,6 +475,13 @@ _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 
 def _sqlstate(result: PGresult) -> bytes | None:
     return result.error_field(DiagnosticField.SQLSTATE)
+
+
+def _raise_if_lost(pgconn: PGconn, result: PGresult) -> None:
+    """Raise `OperationalError` with `result`'s message if `pgconn` is no longer usable."""
+    if pgconn.status != ConnStatus.OK:
+        message = result.get_error_message("utf-8").strip()
+        raise psycopg.OperationalError(message or "the connection to PostgreSQL was lost")
 
 
 class _LifoPool(ConnectionPool[_PooledConnection]):
@@ -517,7 +536,8 @@ class _Checkout:
             _raise_translated(exc)
 
 
-# Seconds the first connection, and then the pool's first, may take.
+# Seconds the pool's first connections may take (the first connection, made before them,
+# is bounded by its connect_timeout: `network_defaults`).
 OPEN_TIMEOUT = 10
 # Seconds after a failed opening during which calls fail at once with its reason, instead
 # of each trying (and, with a server that does not answer, waiting) in turn.
@@ -544,7 +564,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             max_size=max_size,
             # UTF-8 whatever the server's or the environment's default (PGCLIENTENCODING):
             # sinal's own dumpers write text as UTF-8 (`_TextArrayDumper`, `_JsonbTextDumper`).
-            kwargs={"autocommit": True, "client_encoding": "UTF8"},
+            kwargs={"autocommit": True, "client_encoding": "UTF8", **network_defaults(self.url)},
             configure=_configure,
             open=False,
             name="sinal",
@@ -574,12 +594,8 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         no such database, authentication), where the pool would retry quietly for its whole
         timeout and then say only that it timed out. And a pool whose opening timed out is
         closed for good: it is replaced."""
-        # the URL's own connect_timeout, if it has one
-        timeout: dict[str, Any] = (
-            {} if "connect_timeout" in self.url else {"connect_timeout": OPEN_TIMEOUT}
-        )
         try:
-            psycopg.connect(self.url, **timeout).close()
+            psycopg.connect(self.url, **network_defaults(self.url)).close()
         except psycopg.Error as exc:
             text = str(exc).strip()
             reason = text.splitlines()[0] if text else type(exc).__name__

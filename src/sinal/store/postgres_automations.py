@@ -45,6 +45,7 @@ from sinal.store.automations import (
     StepStatus,
 )
 from sinal.store.base import Contact, StoredEvent
+from sinal.store.libpq import network_defaults
 
 log = logging.getLogger("sinal.store")
 
@@ -556,7 +557,7 @@ def listen(url: str, channels: Sequence[str], timeout: float = 1.0) -> Iterator[
     failures = 0
     while True:
         try:
-            with psycopg.connect(url, autocommit=True) as conn:
+            with psycopg.connect(url, autocommit=True, **network_defaults(url)) as conn:
                 for channel in channels:
                     conn.execute(f"LISTEN {channel}")  # channel names are ours, not input
                 if failures:

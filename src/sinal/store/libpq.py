@@ -1,0 +1,59 @@
+"""The libpq settings sinal gives its PostgreSQL connections unless the URL gives its own.
+
+libpq's own defaults suit a server on the same host. Across a network, a server that
+stops answering without closing the connection (a partition, a host lost, a failover
+that moved the address) is found late or never: a connection attempt waits as long as
+the kernel retries (about two minutes), a statement whose request is not acknowledged
+waits for the kernel's retransmissions (about fifteen), and an idle connection, such as
+a worker's LISTEN, waits forever. With these, each fails within about a minute, as
+`StoreUnavailable`, and the pool or the listener connects again.
+
+- `connect_timeout`: a connection attempt, TLS and authentication included, at most 10 s;
+- `keepalives_*`: a connection that carried nothing for 30 s is probed every 10 s and
+  dropped after 3 unanswered probes (about a minute), whether it is idle in the pool,
+  listening, or waiting for a statement's answer;
+- `tcp_user_timeout`: data sent and not acknowledged for 60 s drops the connection.
+
+A parameter the URL names is left as it is (`?connect_timeout=3`), as is
+`connect_timeout` when `PGCONNECT_TIMEOUT` is set. A URL naming a `service` gets none
+of these: its service file is the user's configuration. libpq ignores the TCP settings
+on a Unix socket.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from psycopg.conninfo import conninfo_to_dict
+
+NETWORK_DEFAULTS: dict[str, str] = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",  # milliseconds
+}
+
+# the libpq parameters an environment variable sets (libpq reads it when a URL has none)
+_ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
+
+
+def network_defaults(url: str) -> dict[str, Any]:
+    """The parameters of `NETWORK_DEFAULTS` that neither `url` nor the environment sets:
+    keyword arguments for `psycopg.connect` (which override the URL's own; `Any`, as those of
+    `psycopg.connect` are)."""
+    given = conninfo_to_dict(url)
+    if "service" in given or os.environ.get("PGSERVICE"):
+        return {}
+    return {
+        name: value
+        for name, value in NETWORK_DEFAULTS.items()
+        if name not in given and not _from_environment(name)
+    }
+
+
+def _from_environment(name: str) -> bool:
+    variable = _ENVIRONMENT.get(name)
+    return variable is not None and bool(os.environ.get(variable))
