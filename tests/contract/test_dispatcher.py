@@ -436,6 +436,8 @@ def test_a_worker_whose_connections_are_cut_counts_the_errors_and_carries_on(
             except StoreError:
                 time.sleep(0.05)
         wait_until(lambda: world.executions() and world.executions()[0].status == "completed")
+        wait_until(lambda: _counted(dispatcher, "sinal_worker_listening") == 1)
+        listening = _counted(dispatcher, "sinal_worker_listening")
     finally:
         stop.set()
         worker.join(timeout=10)
@@ -446,6 +448,9 @@ def test_a_worker_whose_connections_are_cut_counts_the_errors_and_carries_on(
     assert len(world.whatsapp.requests) == 1
     assert _counted(dispatcher, "sinal_worker_errors_total", kind="database") >= 1
     assert _counted(dispatcher, "sinal_worker_errors_total", kind="unexpected") == 0
+    assert _counted(dispatcher, "sinal_worker_listener_outages_total") == 1
+    assert listening == 1  # listening again
+    assert _counted(dispatcher, "sinal_worker_listening") == 0  # stopped
 
 
 def test_wait_step_resumes_later(world: World) -> None:

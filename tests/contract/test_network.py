@@ -238,7 +238,8 @@ def test_a_listener_on_a_server_gone_silent_listens_again(
 ) -> None:
     # Without the settings, an idle LISTEN never learns its server is gone: the worker
     # polls, but is never woken again.
-    notices = listen(partition.url, ["sinal_outbox"], timeout=0.2)
+    states: list[bool] = []
+    notices = listen(partition.url, ["sinal_outbox"], timeout=0.2, on_state=states.append)
     assert next(notices) == set()  # listening
     partition.cut()
     deadline = time.monotonic() + 30
@@ -253,3 +254,4 @@ def test_a_listener_on_a_server_gone_silent_listens_again(
     sql(partition.url, "NOTIFY sinal_outbox")
     assert next(notices) == {"sinal_outbox"}
     notices.close()
+    assert states == [True, False, True]

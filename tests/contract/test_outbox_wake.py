@@ -225,7 +225,8 @@ def test_a_worker_woken_only_by_notify_fans_out_every_event(pg_ledger: Ledger, p
 def test_a_listener_whose_connection_is_cut_listens_again(
     pg_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    notices = listen(pg_url, ["sinal_outbox"], timeout=0.1)
+    states: list[bool] = []
+    notices = listen(pg_url, ["sinal_outbox"], timeout=0.1, on_state=states.append)
     assert next(notices) == set()  # listening; nothing came within the timeout
 
     assert cut_connections(pg_url) == 1
@@ -236,6 +237,7 @@ def test_a_listener_whose_connection_is_cut_listens_again(
     assert next(notices) == {"sinal_outbox"}
     assert "listening for notifications failed, polling meanwhile" in caplog.text
     assert "listening for notifications again, after 1 failed attempts" in caplog.text
+    assert states == [True, False, True]  # the worker's gauge and outage counter
 
 
 def test_a_listener_that_cannot_connect_tries_again_at_a_measured_pace(

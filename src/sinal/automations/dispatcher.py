@@ -395,14 +395,20 @@ class Dispatcher:
 
         def loop() -> None:
             channels_ = ["sinal_outbox", "sinal_executions"]
-            for channels in notices.listen(channels_, self.settings.poll_interval):
-                if stop.is_set():
-                    return
-                if "sinal_outbox" in channels or not channels:  # notified, or the poll
-                    self._outbox_due.set()
-                if "sinal_executions" in channels or not channels:
-                    self._claims_due.set()
-                self._wake.set()
+            listening = notices.listen(
+                channels_, self.settings.poll_interval, on_state=self.metrics.listener
+            )
+            try:
+                for channels in listening:
+                    if stop.is_set():
+                        return
+                    if "sinal_outbox" in channels or not channels:  # notified, or the poll
+                        self._outbox_due.set()
+                    if "sinal_executions" in channels or not channels:
+                        self._claims_due.set()
+                    self._wake.set()
+            finally:
+                self.metrics.listening.set(0)
 
         thread = threading.Thread(target=loop, name="sinal-listen", daemon=True)
         thread.start()

@@ -90,6 +90,19 @@ class WorkerMetrics:
             "Housekeeping tasks (abandoned checkouts, …) that failed; each runs again next pass.",
             registry=r,
         )
+        self.listening = Gauge(
+            "sinal_worker_listening",
+            "1 while a worker's LISTEN connection is up (PostgreSQL): writers' NOTIFY wakes "
+            "it. 0 while it only polls: the connection failed, or the store is SQLite.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.listener_outages = Counter(
+            "sinal_worker_listener_outages",
+            "Times a worker's LISTEN connection failed or could not be made (once an outage, "
+            "however many attempts it takes to connect again); it polls meanwhile.",
+            registry=r,
+        )
         self.running = Gauge(
             "sinal_worker_executions_in_hand",
             "Executions a worker holds: running, or claimed and waiting for a thread.",
@@ -111,6 +124,12 @@ class WorkerMetrics:
     def settle(self, status: str) -> None:
         """Count one execution left in `status`."""
         self._counter(self.settled, status).inc()
+
+    def listener(self, up: bool) -> None:
+        """The worker's LISTEN connection went up, or down (one outage)."""
+        self.listening.set(1 if up else 0)
+        if not up:
+            self.listener_outages.inc()
 
     def error(self, kind: str) -> None:
         """Count one failure of `kind` (database, unexpected)."""

@@ -298,10 +298,16 @@ class AutomationStore(Protocol):
 class Notices(Protocol):
     """A store whose writers wake waiting workers with a NOTIFY (PostgreSQL)."""
 
-    def listen(self, channels: Sequence[str], timeout: float = 1.0) -> Iterator[set[str]]:
+    def listen(
+        self,
+        channels: Sequence[str],
+        timeout: float = 1.0,
+        on_state: Callable[[bool], None] | None = None,
+    ) -> Iterator[set[str]]:
         """The channels notified, each time a NOTIFY arrives; an empty set every `timeout`
         seconds without one. A NOTIFY on "sinal_outbox" lowers the flag `arm_outbox`
-        raises."""
+        raises. `on_state(True)` once listening, `on_state(False)` when the connection
+        fails or cannot be made (once an outage)."""
         ...
 
     def arm_outbox(self) -> None:

@@ -530,7 +530,12 @@ class PostgresAutomations:
         with self._conn() as conn:
             conn.execute("SELECT sinal_outbox_arm()")
 
-    def listen(self, channels: Sequence[str], timeout: float = 1.0) -> Iterator[set[str]]:
+    def listen(
+        self,
+        channels: Sequence[str],
+        timeout: float = 1.0,
+        on_state: Callable[[bool], None] | None = None,
+    ) -> Iterator[set[str]]:
         """Yield the channels notified each time a NOTIFY arrives on `channels`, or an empty
         set every `timeout` seconds without one (the caller polls then, as a fallback).
 
@@ -540,7 +545,7 @@ class PostgresAutomations:
         session, and waiting for a pooled one would hold the wake-up up); see `listen`.
         """
         url: str = getattr(self, "url")  # noqa: B009 - set by PostgresStore
-        return listen(url, channels, timeout)
+        return listen(url, channels, timeout, on_state)
 
 
 # Seconds between attempts to reconnect a listener: the first soon (a server restarting is
@@ -548,12 +553,17 @@ class PostgresAutomations:
 RECONNECT_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
-def listen(url: str, channels: Sequence[str], timeout: float = 1.0) -> Iterator[set[str]]:
+def listen(
+    url: str,
+    channels: Sequence[str],
+    timeout: float = 1.0,
+    on_state: Callable[[bool], None] | None = None,
+) -> Iterator[set[str]]:
     """`PostgresAutomations.listen` on the database at `url`. When the connection fails or
     cannot be made, yields an empty set (the caller polls) and tries again after a delay
     (`RECONNECT_DELAYS`, at most `timeout`, so the caller's polls keep their pace): never
-    in a tight loop, which would spin a core and hammer a server coming back up. Logs the
-    first failure of each outage, and the recovery."""
+    in a tight loop, which would spin a core and hammer a server coming back up. Logs and
+    reports (`on_state`) the first failure of each outage, and the recovery."""
     failures = 0
     while True:
         try:
@@ -565,6 +575,8 @@ def listen(url: str, channels: Sequence[str], timeout: float = 1.0) -> Iterator[
                         "listening for notifications again, after %d failed attempts", failures
                     )
                 failures = 0
+                if on_state is not None:
+                    on_state(True)
                 while True:
                     notices = conn.notifies(timeout=timeout, stop_after=1)
                     notified = {n.channel for n in notices}
@@ -577,6 +589,8 @@ def listen(url: str, channels: Sequence[str], timeout: float = 1.0) -> Iterator[
         except psycopg.OperationalError as exc:
             if not failures:
                 log.warning("listening for notifications failed, polling meanwhile: %s", exc)
+                if on_state is not None:
+                    on_state(False)
             yield set()  # the caller polls; we reconnect after a while
             time.sleep(min(RECONNECT_DELAYS[min(failures, len(RECONNECT_DELAYS) - 1)], timeout))
             failures += 1
