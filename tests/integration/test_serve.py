@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import free_port, wait_until
+from tests.helpers import free_port, sql, wait_until
 
 SINAL = str(Path(sys.executable).with_name("sinal"))
 
@@ -212,3 +212,54 @@ def test_serve_records_an_abandoned_checkout_with_no_command_run(
 
     [abandoned] = found
     assert abandoned["properties"]["checkout_url"].endswith("/recover?key=8d2e6f0a1b9c4d7e")
+
+
+def _server_processes(supervisor: int) -> set[int]:
+    """The pids of uvicorn's server processes under `sinal serve` (its spawned children)."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    return {
+        int(pid)
+        for pid in children
+        if b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        and b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    }
+
+
+def _listeners(url: str) -> set[int]:
+    """The PostgreSQL sessions whose last statement was a worker's LISTEN."""
+    rows = sql(url, "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN sinal_executions'")
+    return {pid for (pid,) in rows}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_killed_server_process_leaves_the_live_gauges(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # Each server process runs a worker, listening on PostgreSQL: `sinal_worker_listening`
+    # adds up the live ones. A process killed with -9 cannot take its figure away, and
+    # uvicorn replaces it: the sum said 3 of 2 processes until a scrape forgot the dead.
+    env = {**env, "SINAL_WORKERS": "2"}
+    base, proc = start_serve(env, tmp_path, subprocess.DEVNULL)
+    try:
+        listening = "sinal_worker_listening 2.0"
+        wait_until(lambda: listening in httpx.get(f"{base}/metrics").text, timeout=30)
+        assert listening in httpx.get(f"{base}/metrics").text
+        first = _server_processes(proc.pid)
+        assert len(first) == 2
+
+        before = _listeners(env["SINAL_DATABASE_URL"])
+        assert len(before) == 2
+        os.kill(min(first), signal.SIGKILL)
+        # the new process's worker listens (the dead one's session ended)
+        wait_until(lambda: len(_listeners(env["SINAL_DATABASE_URL"]) - before) == 1, timeout=30)
+        assert len(_listeners(env["SINAL_DATABASE_URL"])) == 2
+        # its gauge is set right after its LISTEN; once 2, the sum stays 2 (3 before)
+        wait_until(lambda: listening in httpx.get(f"{base}/metrics").text, timeout=10)
+        time.sleep(0.5)
+        metrics = httpx.get(f"{base}/metrics").text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+    assert listening in metrics, [m for m in metrics.splitlines() if "listening" in m]

@@ -13,10 +13,11 @@ import collections
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -97,10 +98,33 @@ class Metrics:
         """The text format, across workers when running multi-process."""
         path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if path:
+            forget_dead_processes(path)
             registry = CollectorRegistry()
             MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
         return generate_latest(self.registry)
+
+
+def forget_dead_processes(path: str) -> None:
+    """Drop the live gauges (`sinal_worker_executions_in_hand`, `sinal_worker_listening`)
+    of the processes sharing `path` that died without saying so: a server process killed
+    or crashed, which uvicorn's supervisor replaces. prometheus_client leaves that to the
+    process manager (gunicorn's `child_exit` hook); uvicorn offers none, so each scrape
+    does it. The files are `gauge_live<mode>_<pid>.db`."""
+    for file in Path(path).glob("gauge_live*_*.db"):
+        pid = file.stem.rpartition("_")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            mark_process_dead(int(pid), path)  # type: ignore[no-untyped-call]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 class MetricsMiddleware:
