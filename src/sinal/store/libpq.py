@@ -5,14 +5,17 @@ stops answering without closing the connection (a partition, a host lost, a fail
 that moved the address) is found late or never: a connection attempt waits as long as
 the kernel retries (about two minutes), a statement whose request is not acknowledged
 waits for the kernel's retransmissions (about fifteen), and an idle connection, such as
-a worker's LISTEN, waits forever. With these, each fails within about a minute, as
-`StoreUnavailable`, and the pool or the listener connects again.
+a worker's LISTEN, waits forever. With these, each fails within about 30 s, as
+`StoreUnavailable`, and the pool or the listener connects again once the server answers.
 
 - `connect_timeout`: a connection attempt, TLS and authentication included, at most 10 s;
-- `keepalives_*`: a connection that carried nothing for 30 s is probed every 10 s and
-  dropped after 3 unanswered probes (about a minute), whether it is idle in the pool,
+- `keepalives_*`: a connection that carried nothing for 15 s is probed every 5 s and
+  dropped after 3 unanswered probes (30 s in all), whether it is idle in the pool,
   listening, or waiting for a statement's answer;
-- `tcp_user_timeout`: data sent and not acknowledged for 60 s drops the connection.
+- `tcp_user_timeout`: data sent and not acknowledged for 30 s drops the connection.
+
+Neither cuts a long statement short: the server's kernel answers the probes and
+acknowledges the request while PostgreSQL works on it.
 
 A parameter the URL names is left as it is (`?connect_timeout=3`), as is
 `connect_timeout` when `PGCONNECT_TIMEOUT` is set. A URL naming a `service` gets none
@@ -30,10 +33,10 @@ from psycopg.conninfo import conninfo_to_dict
 NETWORK_DEFAULTS: dict[str, str] = {
     "connect_timeout": "10",
     "keepalives": "1",
-    "keepalives_idle": "30",
-    "keepalives_interval": "10",
+    "keepalives_idle": "15",
+    "keepalives_interval": "5",
     "keepalives_count": "3",
-    "tcp_user_timeout": "60000",  # milliseconds
+    "tcp_user_timeout": "30000",  # milliseconds
 }
 
 # the libpq parameters an environment variable sets (libpq reads it when a URL has none)
