@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -139,6 +141,51 @@ async def test_metrics_without_the_database_still_answer_the_services_figures(
     assert response.status_code == 200
     assert 'route="/v1/events",status="200"' in response.text
     assert _gauges(response.text) == {}
+
+
+async def test_probes_answer_while_every_request_thread_waits_for_the_database(
+    api: Api,
+) -> None:
+    # Requests whose calls wait for a database that does not answer hold the threads their
+    # calls run on (`Service.run`), each for up to ~30 s; /readyz and /metrics used to
+    # queue behind them, past an orchestrator's or Prometheus's timeout.
+    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    held = [loop.run_in_executor(None, release.wait, 30) for _ in range(64)]
+    try:
+        ready = await asyncio.wait_for(api.client.get("/readyz"), 10)
+        metrics = await asyncio.wait_for(api.client.get("/metrics"), 10)
+    finally:
+        release.set()
+        await asyncio.gather(*held)
+
+    assert ready.json()["status"] == "ready"
+    assert len(_gauges(metrics.text)) == 4
+
+
+async def test_a_database_that_does_not_answer_in_time_is_not_ready_and_the_backlog_waits(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+
+    def stalled() -> None:
+        release.wait(30)
+        raise StoreUnavailable("connection to server at 10.0.0.7 failed: timed out")
+
+    monkeypatch.setattr("sinal.api.service.PROBE_TIMEOUT", 0.2)
+    monkeypatch.setattr(api.app.state.service.ledger, "schema_version", stalled)
+    monkeypatch.setattr(api.app.state.service.ledger.store, "backlog", stalled)
+    try:
+        ready = await api.client.get("/readyz")
+        metrics = await api.client.get("/metrics")
+    finally:
+        release.set()
+
+    assert ready.status_code == 503
+    assert ready.json()["detail"] == "the database did not answer within 0.2 s"
+    assert metrics.status_code == 200
+    assert "sinal_http_requests_total" in metrics.text  # the service's own figures
+    assert _gauges(metrics.text) == {}
 
 
 async def test_a_batch_counts_each_outcome_in_the_metrics(api: Api) -> None:

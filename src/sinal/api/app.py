@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 thread, stop = worker
                 stop.set()
                 await asyncio.to_thread(thread.join, 30)
+            svc.close()
             await asyncio.to_thread(ledger.close)
 
     from sinal import __version__

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
@@ -14,6 +16,7 @@ from sinal.api.errors import Forbidden, Unauthorized
 from sinal.api.metrics import Metrics
 from sinal.auth import Scope, hash_key
 from sinal.config import Settings
+from sinal.errors import StoreUnavailable
 from sinal.group_commit import GroupCommitter
 from sinal.ledger import Ledger
 from sinal.store.base import ApiKey
@@ -21,6 +24,16 @@ from sinal.store.base import ApiKey
 P = ParamSpec("P")
 T = TypeVar("T")
 _MAX_CACHED_KEYS = 10_000
+
+# Seconds /readyz and /metrics wait for the database. While it does not answer, the
+# requests' calls each hold a thread for up to ~30 s (`sinal.store.libpq`), and a probe
+# queued behind them would time out in the orchestrator or in Prometheus (10 s by
+# default): the probe says "not ready" and the scrape keeps the service's own figures.
+PROBE_TIMEOUT = 2.0
+
+
+class ProbeTimeout(StoreUnavailable):
+    """The database did not answer a probe within `PROBE_TIMEOUT` seconds."""
 
 
 @dataclass(slots=True)
@@ -58,6 +71,7 @@ class Service:
         self.ledger = ledger
         self.metrics = metrics
         self.keys = KeyCache(settings.auth_cache_ttl)
+        self._probes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sinal-probe")
         self.committer = GroupCommitter(
             ledger,
             max_batch=settings.group_commit_max_batch,
@@ -73,6 +87,21 @@ class Service:
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run blocking ledger work in a worker thread: the event loop never waits on I/O."""
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def probe(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run `fn` for a health probe or a scrape: on threads of its own, never queued
+        behind the requests' calls, and for at most `PROBE_TIMEOUT` seconds, after which
+        `ProbeTimeout` (`fn` finishes on its thread, unwaited for)."""
+        call = functools.partial(fn, *args, **kwargs)
+        future = asyncio.get_running_loop().run_in_executor(self._probes, call)
+        try:
+            return await asyncio.wait_for(future, PROBE_TIMEOUT)
+        except TimeoutError:
+            raise ProbeTimeout(f"the database did not answer within {PROBE_TIMEOUT:g} s") from None
+
+    def close(self) -> None:
+        """Let the probes' threads go (one still waiting on the database ends on its own)."""
+        self._probes.shutdown(wait=False, cancel_futures=True)
 
     async def authorize(self, request: Request, scope: Scope | None) -> ApiKey:
         """The request's key, which must hold `scope` (None: any valid key)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import cast
 
 from fastapi import APIRouter, Request
@@ -12,7 +13,7 @@ from sinal.api.body import read_json, validate
 from sinal.api.errors import PROBLEMS, NotFound, Problem, problem_response, problem_responses
 from sinal.api.models import AccountOut, AccountPatch, Health
 from sinal.api.openapi import body_of
-from sinal.api.service import service
+from sinal.api.service import ProbeTimeout, service
 from sinal.api.views import account_view, json_response
 from sinal.automations.metrics import backlog_exposition
 from sinal.errors import AccountNotFound, StoreError
@@ -42,8 +43,10 @@ async def readyz(request: Request) -> Response:
     backend = getattr(svc.ledger.store, "backend", "sqlite")
     latest = latest_schema_version(backend)
     try:
-        version = await svc.run(svc.ledger.schema_version)
-    except StoreError:
+        version = await svc.probe(svc.ledger.schema_version)
+    except ProbeTimeout as exc:
+        return problem_response(_NOT_READY, str(exc))
+    except StoreError:  # its text may name the database's host: not for this open route
         return problem_response(_NOT_READY, "the database cannot be reached")
     if version != latest:
         detail = f"schema version {version}, this code needs {latest}: run `sinal migrate`"
@@ -58,7 +61,8 @@ async def metrics(request: Request) -> Response:
     svc = service(request)
     body = svc.metrics.exposition()
     store = cast(AutomationStore, svc.ledger.store)
-    body += await svc.run(backlog_exposition, store.backlog)
+    with contextlib.suppress(ProbeTimeout):
+        body += await svc.probe(backlog_exposition, store.backlog)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
