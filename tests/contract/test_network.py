@@ -256,5 +256,4 @@ def test_a_listener_on_a_server_gone_silent_listens_again(
         assert time.monotonic() < deadline + 30, "the listener did not connect again"
     sql(partition.url, "NOTIFY sinal_outbox")
     assert next(notices) == {"sinal_outbox"}
-    notices.close()
     assert states == [True, False, True]
