@@ -44,7 +44,7 @@ def main() -> None:
         admin.execute(f'CREATE DATABASE "{database}"')
     url = PG_URL.rsplit("/", 1)[0] + "/" + database
     partition = Partition(url)
-    env = {**os.environ, "SINAL_DATABASE_URL": partition.url, "SINAL_AUTH_CACHE_TTL": "0"}
+    env = {**os.environ, "SINAL_DATABASE_URL": partition.url}
     try:
         run(partition, env, args.cut, args.clients, url)
     finally:
