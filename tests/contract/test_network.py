@@ -52,6 +52,23 @@ def test_a_setting_of_the_url_or_the_environment_is_kept(monkeypatch: pytest.Mon
     assert network_defaults(URL)["connect_timeout"] == "10"
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        (f"{URL}?bogus=1", 'invalid URI query parameter: "bogus"'),
+        ("postgresql://%zz@db.example/sinal", 'invalid percent-encoded token: "%zz"'),
+    ],
+)
+def test_a_url_libpq_cannot_read_is_refused_with_its_reason(url: str, reason: str) -> None:
+    assert network_defaults(url) == {}
+    with (
+        sinal.connect(url) as ledger,
+        pytest.raises(sinal.StoreUnavailable, match=r"^cannot connect to PostgreSQL: ") as raised,
+    ):
+        ledger.migrate()
+    assert str(raised.value).endswith(reason)
+
+
 def test_a_service_keeps_its_own_file(monkeypatch: pytest.MonkeyPatch) -> None:
     assert network_defaults("service=sinal") == {}
     assert network_defaults("postgresql:///?service=sinal") == {}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 NETWORK_DEFAULTS: dict[str, str] = {
@@ -46,8 +47,11 @@ _ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
 def network_defaults(url: str) -> dict[str, Any]:
     """The parameters of `NETWORK_DEFAULTS` that neither `url` nor the environment sets:
     keyword arguments for `psycopg.connect` (which override the URL's own; `Any`, as those of
-    `psycopg.connect` are)."""
-    given = conninfo_to_dict(url)
+    `psycopg.connect` are). None for a URL libpq cannot read: connecting says why."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return {}
     if "service" in given or os.environ.get("PGSERVICE"):
         return {}
     return {
