@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import random
 import socket
+import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,6 +26,7 @@ import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.store.base import EventQuery, Outcome, read_migrations
 from sinal.store.postgres import OPEN_RETRY
+from tests.conftest import IN_CI
 from tests.helpers import count, cut_connections, sql, wait_until
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -1325,6 +1329,59 @@ def test_a_sqlite_writer_waits_for_its_turn_at_most_the_busy_timeout(sqlite_url:
     assert answer.status == "created"
     assert count(sqlite_url, "events") == 1
     assert count(sqlite_url, "rejections") == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB file system of its own (tmpfs, as root), unmounted afterwards."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        problem = f"cannot mount a small file system (root): {made.stderr.strip()}"
+        if IN_CI:
+            pytest.fail(f"{problem} (CI=true: this test may not be skipped)")
+        pytest.skip(problem)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_is_unavailable_keeps_every_answer_true_and_passes(small_disk: Path) -> None:
+    # SQLite on a disk that fills up: the write that does not fit is StoreUnavailable
+    # (HTTP 503, worth a retry; it was StoreError, logged with a traceback per call),
+    # nothing of it is written, and once there is room the same event goes in.
+    url = f"sqlite:///{small_disk}/sinal.db"
+    with sinal.connect(url) as ledger:
+        ledger.migrate()
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        stored: list[sinal.EmitResult] = []
+
+        def fill() -> None:
+            for n in range(10_000):
+                big = {"order_id": str(n), "note": "x" * 4000}
+                stored.append(ledger.emit(order_paid(account, contact, source_id=str(n),
+                                                     properties=big)))  # fmt: skip
+
+        with pytest.raises(sinal.StoreUnavailable, match="database or disk is full"):
+            fill()
+        assert stored
+        assert all(r.status == "created" for r in stored)
+        assert count(url, "events") == count(url, "outbox") == len(stored)
+        [(events, total)] = sql(url, "SELECT event_count, total_value FROM contact_metrics_summary")
+        assert events == len(stored)
+        assert Decimal(str(total)) == Decimal("297.90") * len(stored)
+
+        remount = ["mount", "-o", "remount,size=8M", str(small_disk)]
+        subprocess.run(remount, check=True)
+        retried = ledger.emit(order_paid(account, contact, source_id=str(len(stored))))
+        assert retried.status == "created"
+    assert count(url, "events") == len(stored) + 1
 
 
 def test_closing_a_sqlite_store_waits_for_the_writes_in_progress(sqlite_url: str) -> None:

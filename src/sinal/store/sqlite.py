@@ -119,6 +119,16 @@ class _DecimalSum:
         return str(self.total)
 
 
+# SQLite's result codes for a database that cannot work right now, rather than a statement
+# it refuses: another writer's lock, a full disk, an I/O error, a file it cannot open.
+# Worth a retry once that is over: `StoreUnavailable` (HTTP 503, one throttled log line),
+# as PostgreSQL's connection errors are. SQLite rolls the transaction back whole.
+_UNAVAILABLE = frozenset({
+    sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR,
+    sqlite3.SQLITE_CANTOPEN,
+})  # fmt: skip
+
+
 @contextmanager
 def translated_errors() -> Iterator[None]:
     """Turn sqlite3's exceptions into sinal's, chained."""
@@ -128,11 +138,10 @@ def translated_errors() -> Iterator[None]:
         if "UNIQUE" in str(exc):
             raise DuplicateKey(str(exc)) from exc
         raise StoreError(str(exc)) from exc
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):  # another writer's lock
-            raise StoreUnavailable(str(exc)) from exc
-        raise StoreError(str(exc)) from exc
     except sqlite3.Error as exc:
+        code = getattr(exc, "sqlite_errorcode", None)  # the extended code; its low byte
+        if code is not None and code & 0xFF in _UNAVAILABLE:
+            raise StoreUnavailable(str(exc)) from exc
         raise StoreError(str(exc)) from exc
 
 
