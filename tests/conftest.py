@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from sinal.ledger import Ledger, connect
+from sinal.store.base import Account
 
 PG_URL = os.environ.get("SINAL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -135,3 +136,9 @@ def ledger(database_url: str) -> Iterator[Ledger]:
     """A ledger on a fresh database, on each backend."""
     with connect(database_url) as led:
         yield led
+
+
+@pytest.fixture
+def account(ledger: Ledger) -> Account:
+    """An account of `ledger`'s."""
+    return ledger.create_account(name="Loja")

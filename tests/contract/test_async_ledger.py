@@ -16,11 +16,6 @@ from tests.helpers import BAD_LIMITS, WatchedLedger, count, sql
 
 
 @pytest.fixture
-def account(ledger: Ledger) -> sinal.Account:
-    return ledger.create_account(name="Loja")
-
-
-@pytest.fixture
 def contact(ledger: Ledger, account: sinal.Account) -> sinal.Contact:
     return ledger.create_contact(account.id, phone="+5511987654321")
 

@@ -22,11 +22,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture
-def account(ledger: Ledger) -> sinal.Account:
-    return ledger.create_account(name="Loja")
-
-
 def paid(account: sinal.Account, contact: sinal.Contact, n: int) -> EmitEvent:
     return EmitEvent(account_id=account.id, contact_id=contact.id, metric_name="Order Paid",
                      source="shopify", entity_type="order", source_id=str(n))  # fmt: skip
