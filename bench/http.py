@@ -427,7 +427,7 @@ def check(errors: list[str]) -> None:
         raise SystemExit(f"{len(errors)} requests failed, e.g. {errors[0]}")
 
 
-def report(results: dict[str, list[Phase]], args: argparse.Namespace, load: str) -> None:
+def report(results: dict[Backend, list[Phase]], args: argparse.Namespace, load: str) -> None:
     """A Markdown table (as bench/README.md shows it) and the targets."""
     out = Console(width=200)
     out.print(

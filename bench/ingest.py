@@ -47,7 +47,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
@@ -398,7 +398,7 @@ class Bench(ABC):
             self.close()
             raise
 
-    def __enter__(self) -> Bench:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -61,7 +61,7 @@ def sql(url: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
         finally:
             conn.close()
     with psycopg.connect(url, autocommit=True) as pg:
-        cur = pg.execute(statement.replace("?", "%s"), params)  # type: ignore[arg-type]
+        cur = pg.execute(statement.replace("?", "%s"), params)
         return cur.fetchall() if cur.description else []
 
 

@@ -118,7 +118,7 @@ def settled(url: str) -> bool:
         "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM executions "
         "WHERE status IN ('pending', 'waiting'))",
     )
-    return waiting == 0
+    return bool(waiting == 0)
 
 
 def message(text: str) -> dict[str, Any]:

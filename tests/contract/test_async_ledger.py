@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import replace
+from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -42,7 +44,7 @@ def test_concurrent_callers_share_one_transaction(
     assert count(database_url, "events") == 200
     assert count(database_url, "outbox") == 200
     [summary] = ledger.get_summary(account.id, contact.id)
-    assert (summary.event_count, summary.total_value) == (200, sum(range(200)))
+    assert (summary.event_count, summary.total_value) == (200, Decimal(sum(range(200))))
 
 
 def test_a_lone_caller_gets_its_own_transaction_and_is_answered_after_it_commits(
@@ -136,7 +138,7 @@ def test_a_malformed_event_fails_alone_and_others_in_its_turn_are_stored(
     aledger = AsyncLedger(ledger)
     bad = replace(paid(account, contact, 1), metric_name="")
 
-    async def main() -> list[EmitResult | BaseException]:
+    async def main() -> tuple[EmitResult | BaseException, ...]:
         return await asyncio.gather(
             aledger.emit(paid(account, contact, 0)),
             aledger.emit(bad),
@@ -217,6 +219,6 @@ def test_drain_commits_the_events_of_cancelled_callers(
 
 
 @pytest.mark.parametrize(("settings", "message"), BAD_LIMITS)
-def test_bad_settings_are_refused(ledger: Ledger, settings: dict[str, float], message: str) -> None:
+def test_bad_settings_are_refused(ledger: Ledger, settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AsyncLedger(ledger, **settings)

@@ -172,6 +172,7 @@ def test_trace_says_why_an_automation_did_not_run(
     world.drain(world.dispatcher())
 
     assert world.executions() == []
+    assert event.event_id is not None
     stored = world.ledger.get_event(world.account.id, event.event_id)
     assert stored is not None
     [trace] = world.automations.trace(stored)
@@ -183,6 +184,7 @@ def test_automation_created_after_the_event_does_not_fire(world: World) -> None:
     world.automations.create(world.account.id, THANKS)
     world.drain(world.dispatcher())
     assert world.executions() == []
+    assert event.event_id is not None
     stored = world.ledger.get_event(world.account.id, event.event_id)
     assert stored is not None
     assert world.automations.trace(stored)[0]["outcome"] == "created_after_event"

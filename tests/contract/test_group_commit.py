@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -108,7 +109,7 @@ async def test_a_failed_transaction_fails_every_caller_in_it(
 
 @pytest.mark.parametrize(("settings", "message"), BAD_LIMITS)
 def test_limits_no_transaction_could_keep_are_refused(
-    ledger: Ledger, settings: dict[str, float], message: str
+    ledger: Ledger, settings: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
         GroupCommitter(ledger, **settings)

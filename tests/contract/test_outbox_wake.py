@@ -156,7 +156,12 @@ def test_arming_waits_for_the_writers_that_would_not_notify(pg_ledger: Ledger, p
             (account.id, uuid.uuid4()),
         )
         armed = threading.Event()
-        arming = threading.Thread(target=lambda: (store.arm_outbox(), armed.set()))
+
+        def arm() -> None:
+            store.arm_outbox()
+            armed.set()
+
+        arming = threading.Thread(target=arm)
         arming.start()
         wait_until(lambda: _waits_for_the_barrier(pg_url))
         assert _waits_for_the_barrier(pg_url)

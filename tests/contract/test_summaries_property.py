@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from uuid import UUID
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -60,21 +60,20 @@ def test_summaries_equal_group_by_over_events(
                     stored[str(event.source_id)] = e
 
     # the oracle: a GROUP BY over what the events table says, computed independently
-    events = ledger.list_events(EventQuery(account.id, limit=10_000))
-    assert len(events) == expected_count
-    truth: dict[tuple[object, str], list[object]] = defaultdict(lambda: [0, Decimal(0), None, None])
-    for ev in events:
-        row = truth[(ev.contact_id, ev.metric_name)]
-        row[0] = int(str(row[0])) + 1
-        row[1] = Decimal(str(row[1])) + (ev.value or 0)
-        row[2] = ev.occurred_at if row[2] is None else min(row[2], ev.occurred_at)  # type: ignore[type-var]
-        row[3] = ev.occurred_at if row[3] is None else max(row[3], ev.occurred_at)  # type: ignore[type-var]
+    in_table = ledger.list_events(EventQuery(account.id, limit=10_000))
+    assert len(in_table) == expected_count
+    truth: dict[tuple[UUID, str], tuple[int, Decimal, datetime, datetime]] = {}
+    for ev in in_table:
+        key = (ev.contact_id, ev.metric_name)
+        n, total, first, last = truth.get(key, (0, Decimal(0), ev.occurred_at, ev.occurred_at))
+        total += ev.value or 0
+        truth[key] = (n + 1, total, min(first, ev.occurred_at), max(last, ev.occurred_at))
     summary = {
-        (s.contact_id, s.metric_name): [s.event_count, s.total_value, s.first_event_at,
-                                        s.last_event_at]
+        (s.contact_id, s.metric_name): (s.event_count, s.total_value, s.first_event_at,
+                                        s.last_event_at)
         for s in ledger.get_summary(account.id)
     }  # fmt: skip
-    assert summary == dict(truth)
+    assert summary == truth
     # ...and the store's own GROUP BY agrees: rebuilding finds no drift
     [report] = ledger.rebuild_summaries(account.id)
     assert report.drift == 0

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -167,11 +168,11 @@ def test_serve_runs_automations_in_its_own_worker(env: dict[str, str], tmp_path:
         [message] = wa.bodies("/77/messages")
         assert message["text"]["body"] == "Obrigado, Ana!"
 
-        step = 'sinal_worker_steps_total{status="completed",type="send_message"} 1.0'
+        counted = 'sinal_worker_steps_total{status="completed",type="send_message"} 1.0'
         # counted once the step's record is committed, after the send
-        wait_until(lambda: step in httpx.get(f"{base}/metrics").text, timeout=30)
+        wait_until(lambda: counted in httpx.get(f"{base}/metrics").text, timeout=30)
         metrics = httpx.get(f"{base}/metrics").text
-        assert step in metrics
+        assert counted in metrics
         assert "sinal_worker_executions_created_total 1.0" in metrics
         assert "sinal_outbox_rows 0.0" in metrics
 
@@ -203,7 +204,7 @@ def test_serve_records_an_abandoned_checkout_with_no_command_run(
             "X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"})  # fmt: skip
         assert delivered.json()["status"] == "processed", delivered.text
         deadline = time.monotonic() + 30
-        found: list[dict[str, str]] = []
+        found: list[dict[str, Any]] = []
         while not found and time.monotonic() < deadline:
             time.sleep(0.2)
             listed = httpx.get(f"{base}/v1/events", headers=headers,

@@ -169,5 +169,10 @@ def test_message_urls_are_found_in_order_with_their_spans() -> None:
     text = "a https://x.com/1 b (https://y.com/2)."
     assert [text[s:e] for s, e in find_urls(text)] == ["https://x.com/1", "https://y.com/2"]
     seen: list[str] = []
-    rewrite_urls(text, lambda url: seen.append(url) or url)
+
+    def record(url: str) -> str:
+        seen.append(url)
+        return url
+
+    rewrite_urls(text, record)
     assert seen == ["https://x.com/1", "https://y.com/2"]
