@@ -25,7 +25,7 @@ from psycopg.pq import TransactionStatus
 import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.store.base import EventQuery, Outcome, read_migrations
-from sinal.store.postgres import OPEN_RETRY
+from sinal.store.postgres import OPEN_RETRY, PostgresStore
 from tests.conftest import IN_CI
 from tests.helpers import count, cut_connections, sql, wait_until
 
@@ -1511,7 +1511,32 @@ def test_callers_meeting_a_postgresql_that_does_not_answer_share_one_attempt() -
 
 
 @pytest.mark.postgres
-def test_postgresql_errors_say_whether_trying_again_may_succeed(pg_url: str) -> None:
+def test_idle_connections_their_server_ended_are_replaced_before_use(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restart or a failover ends every connection the pool holds idle; the first call
+    # on each used to fail with StoreUnavailable (a 503) before the pool replaced it.
+    monkeypatch.setattr("sinal.store.postgres.ALIVE_BYPASS", 0.0)  # every one idle long
+    store = PostgresStore(pg_url, min_size=1, max_size=4)
+    with Ledger(store) as ledger:
+        account = ledger.create_account("Loja")
+        held = [store._pool.getconn() for _ in range(4)]  # four idle connections
+        for conn in held:
+            store._pool.putconn(conn)
+        assert cut_connections(pg_url) == 4
+
+        answers = [ledger.get_account(account.id) for _ in range(6)]
+        made = ledger.create_contact(account.id, external_id="c1")
+
+    assert answers == [account] * 6
+    assert made.account_id == account.id
+
+
+@pytest.mark.postgres
+def test_postgresql_errors_say_whether_trying_again_may_succeed(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sinal.store.postgres.ALIVE_BYPASS", 3600.0)  # handed out untried
     with sinal.connect(pg_url) as ledger:
         ledger.create_account("Loja")  # the pool holds a connection
         cut_connections(pg_url)

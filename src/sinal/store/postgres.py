@@ -395,6 +395,8 @@ def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     )
     conn.adapters.register_dumper(_UuidArray, _UuidArrayDumper)
     conn.adapters.register_dumper(_TextArray, _TextArrayDumper)
+    if isinstance(conn, _PooledConnection):
+        conn.returned_at = time.monotonic()  # just made: known to work
 
 
 def _check_encoding(conn: psycopg.Connection[TupleRow]) -> None:
@@ -423,6 +425,7 @@ class _PooledConnection(psycopg.Connection[TupleRow]):
 
     _one_event: psycopg.Cursor[TupleRow] | None = None
     _one_event_adapter: abc.Transformer | None = None  # set once the statement is prepared
+    returned_at = 0.0  # `time.monotonic()` when made, then when last returned to the pool
 
     def one_event_cursor(self) -> psycopg.Cursor[TupleRow]:
         """The kept cursor (made on first use, or again if it was closed)."""
@@ -498,11 +501,44 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
 
     The order is psycopg_pool's internals (`_pool`, a deque taken from the left by
     `_get_ready_connection`, under the pool's lock):
-    `test_the_pool_hands_out_the_connection_returned_last` fails if they change."""
+    `test_the_pool_hands_out_the_connection_returned_last` fails if they change.
+
+    A connection idle for more than `ALIVE_BYPASS` seconds is tried (an empty statement)
+    before it is handed out, and replaced if its server ended it meanwhile: after a
+    restart or a failover, the first call on each idle connection used to fail with 503.
+    One returned more recently is handed out untried, as HikariCP does: under load no
+    call pays the round trip. (psycopg's own `check` tries every connection, and waits a
+    second or more before trying the next after a failure.)"""
 
     def _get_ready_connection(self, timeout: float | None) -> _PooledConnection | None:
         self._pool.rotate(1)  # the last one returned goes to the left, where it is taken
         return super()._get_ready_connection(timeout)
+
+    def getconn(self, timeout: float | None = None) -> _PooledConnection:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            conn = super().getconn(left)
+            if time.monotonic() - conn.returned_at <= ALIVE_BYPASS or _works(conn):
+                return conn
+            self.putconn(conn)  # broken: the pool discards it, and makes another
+
+    def putconn(self, conn: _PooledConnection) -> None:
+        conn.returned_at = time.monotonic()
+        super().putconn(conn)
+
+
+# Seconds a connection may sit idle in the pool and still be handed out untried.
+ALIVE_BYPASS = 0.5
+
+
+def _works(conn: _PooledConnection) -> bool:
+    """Whether `conn` answers an empty statement (it is in autocommit, idle)."""
+    try:
+        conn.execute("")
+    except psycopg.Error:
+        return False
+    return True
 
 
 class _Checkout:
