@@ -519,9 +519,14 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             conn = super().getconn(left)
-            if time.monotonic() - conn.returned_at <= ALIVE_BYPASS or _works(conn):
+            if time.monotonic() - conn.returned_at <= ALIVE_BYPASS:
                 return conn
-            self.putconn(conn)  # broken: the pool discards it, and makes another
+            try:
+                self.check_connection(conn)  # psycopg_pool's: an empty statement
+            except psycopg.Error:
+                self.putconn(conn)  # broken: the pool discards it, and makes another
+                continue
+            return conn
 
     def putconn(self, conn: _PooledConnection) -> None:
         conn.returned_at = time.monotonic()
@@ -530,15 +535,6 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
 
 # Seconds a connection may sit idle in the pool and still be handed out untried.
 ALIVE_BYPASS = 0.5
-
-
-def _works(conn: _PooledConnection) -> bool:
-    """Whether `conn` answers an empty statement (it is in autocommit, idle)."""
-    try:
-        conn.execute("")
-    except psycopg.Error:
-        return False
-    return True
 
 
 class _Checkout:
