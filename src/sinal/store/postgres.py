@@ -583,6 +583,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
         self.url = url
+        self._network = network_defaults(url)  # for every connection the store makes
         self._pool = self._new_pool(min_size, max_size)
         self._open_lock = threading.Lock()
         self._opened = False
@@ -596,7 +597,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             max_size=max_size,
             # UTF-8 whatever the server's or the environment's default (PGCLIENTENCODING):
             # sinal's own dumpers write text as UTF-8 (`_TextArrayDumper`, `_JsonbTextDumper`).
-            kwargs={"autocommit": True, "client_encoding": "UTF8", **network_defaults(self.url)},
+            kwargs={"autocommit": True, "client_encoding": "UTF8", **self._network},
             configure=_configure,
             open=False,
             name="sinal",
@@ -627,7 +628,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         timeout and then say only that it timed out. And a pool whose opening timed out is
         closed for good: it is replaced."""
         try:
-            psycopg.connect(self.url, **network_defaults(self.url)).close()
+            psycopg.connect(self.url, **self._network).close()
         except psycopg.Error as exc:
             text = str(exc).strip()
             reason = text.splitlines()[0] if text else type(exc).__name__
