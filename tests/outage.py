@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import subprocess
-import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -28,9 +27,8 @@ import psycopg
 
 from tests.conftest import PG_URL
 from tests.contract.test_network import Partition
-from tests.helpers import free_port, sql
-
-SINAL = str(Path(sys.executable).with_name("sinal"))
+from tests.helpers import sql
+from tests.integration.test_serve import SINAL, cli, serving
 
 
 def main() -> None:
@@ -53,36 +51,12 @@ def main() -> None:
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
-def _cli(env: dict[str, str], *arguments: str) -> dict[str, str]:
-    done = subprocess.run(
-        [SINAL, *arguments, "--json"], env=env, check=True, capture_output=True, text=True
-    )
-    answer: dict[str, str] = json.loads(done.stdout)
-    return answer
-
-
 def run(partition: Partition, env: dict[str, str], cut: float, clients: int, url: str) -> None:
     subprocess.run([SINAL, "migrate"], env=env, check=True, capture_output=True)
-    account = _cli(env, "accounts", "create", "--name", "Loja")
-    key = _cli(env, "keys", "create", "--account", account["id"], "--scopes", "ingest")["key"]
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [SINAL, "serve", "--port", str(port)], env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    account = cli(env, "accounts", "create", "--name", "Loja")
+    key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "ingest")["key"]
+    with tempfile.TemporaryDirectory() as cwd, serving(env, Path(cwd)) as base:
         answers = load(partition, base, key, cut, clients)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     [(stored,)] = sql(url, "SELECT count(*) FROM events")
     created = answers[201]
     print(f"answers {dict(answers)}; events stored {stored}, answered 201 {created}")
