@@ -25,9 +25,10 @@ import pytest
 import sinal
 from sinal import EmitEvent
 from sinal.store.libpq import NETWORK_DEFAULTS, network_defaults
+from sinal.store.postgres import ALIVE_BYPASS, PostgresStore
 from sinal.store.postgres_automations import listen
 from tests.conftest import IN_CI
-from tests.helpers import count, sql
+from tests.helpers import count, free_port, sql
 
 URL = "postgresql://postgres@db.example:5432/sinal"
 
@@ -138,10 +139,7 @@ class Partition:
         prefix = f"10.{200 + index // 16384 % 50}.{index // 64 % 256}"
         self.address = f"{prefix}.{index % 64 * 4 + 2}"
         self.host_address = host_address = f"{prefix}.{index % 64 * 4 + 1}"
-        [(directory, port)] = sql(
-            pg_url, "SELECT current_setting('unix_socket_directories'), current_setting('port')"
-        )
-        socket_path = f"{directory.split(',')[0].strip()}/.s.PGSQL.{port}"
+        socket_path = _socket_path(pg_url)
         self.relay: subprocess.Popen[str] | None = None
         self._ip(f"netns add {self.namespace}")
         try:
@@ -152,15 +150,8 @@ class Partition:
             inside = f"netns exec {self.namespace} ip"
             self._ip(f"{inside} addr add {self.address}/30 dev {self.far_end}")
             self._ip(f"{inside} link set {self.far_end} up")
-            relay = ["ip", "netns", "exec", self.namespace, sys.executable, "-m", "tests.relay"]
-            self.relay = subprocess.Popen(
-                [*relay, self.address, "5432", socket_path],
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=Path(__file__).parents[2],
-            )
-            assert self.relay.stdout is not None
-            assert self.relay.stdout.readline().strip() == "ready"
+            self.relay = _relay(["ip", "netns", "exec", self.namespace], self.address, 5432,
+                                socket_path)  # fmt: skip
         except BaseException:
             self.close()
             raise
@@ -178,10 +169,7 @@ class Partition:
 
     def close(self) -> None:
         if self.relay is not None:
-            self.relay.kill()
-            self.relay.wait()
-            assert self.relay.stdout is not None
-            self.relay.stdout.close()
+            _end(self.relay)
         with contextlib.suppress(subprocess.CalledProcessError):
             self.heal()
         self._ip(f"netns del {self.namespace}")  # its end of the link, and so the link
@@ -274,3 +262,144 @@ def test_a_listener_on_a_server_gone_silent_listens_again(
     sql(partition.url, "NOTIFY sinal_outbox")
     assert next(notices) == {"sinal_outbox"}
     assert states == [True, False, True]
+
+
+class Outage:
+    """PostgreSQL's database at `pg_url`, reached through a relay on loopback that `stop`
+    stops, as a server stopping does (its connections closed, new ones refused), and
+    `start` starts again on the same port. Needs no privileges."""
+
+    def __init__(self, pg_url: str) -> None:
+        self.socket_path = _socket_path(pg_url)
+        self.port = free_port()
+        self.relay: subprocess.Popen[str] | None = None
+        database = pg_url.rsplit("/", 1)[1]
+        self.url = (
+            f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+            "?sslmode=disable&gssencmode=disable"
+        )
+        self.start()
+
+    def start(self) -> None:
+        self.relay = _relay([], "127.0.0.1", self.port, self.socket_path)
+
+    def stop(self) -> None:
+        if self.relay is not None:
+            _end(self.relay)
+            self.relay = None
+
+
+def _socket_path(pg_url: str) -> str:
+    """The Unix socket of the PostgreSQL at `pg_url`."""
+    [(directory, port)] = sql(
+        pg_url, "SELECT current_setting('unix_socket_directories'), current_setting('port')"
+    )
+    return f"{directory.split(',')[0].strip()}/.s.PGSQL.{port}"
+
+
+def _relay(prefix: list[str], host: str, port: int, socket_path: str) -> subprocess.Popen[str]:
+    """`tests.relay` listening on `host`:`port` (run under `prefix`, e.g. `ip netns exec`)."""
+    relay = subprocess.Popen(
+        [*prefix, sys.executable, "-m", "tests.relay", host, str(port), socket_path],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[2],
+    )
+    assert relay.stdout is not None
+    assert relay.stdout.readline().strip() == "ready"
+    return relay
+
+
+def _end(relay: subprocess.Popen[str]) -> None:
+    """Kill a relay: its connections end with it."""
+    relay.kill()
+    relay.wait()
+    assert relay.stdout is not None
+    relay.stdout.close()
+
+
+@pytest.fixture
+def outage(pg_url: str) -> Iterator[Outage]:
+    made = Outage(pg_url)
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def _order(account: sinal.Account, contact: sinal.Contact, number: int) -> EmitEvent:
+    return EmitEvent(
+        account_id=account.id,
+        contact_id=contact.id,
+        metric_name=sinal.METRIC_ORDER_PAID,
+        properties={"order_id": str(number)},
+        value=Decimal("297.90"),
+        source="shopify",
+        source_id=str(number),
+        entity_type="order",
+    )
+
+
+@pytest.mark.postgres
+def test_calls_fail_at_once_while_the_server_stays_down_and_work_once_it_is_back(
+    outage: Outage,
+) -> None:
+    # A call waits up to `wait` seconds for a connection; once the server has been down
+    # that long, calls fail at once, saying why; once it is back, the pool connects again
+    # within about a second. Before: every call waited the pool's whole timeout, and the
+    # pool tried again 1, 2, 4, 8 … s apart, so here only ~7 s after the server was back.
+    wait = 3.0
+    with sinal.Ledger(PostgresStore(outage.url, wait=wait)) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        assert ledger.emit(_order(account, contact, 1)).status == "created"
+
+        outage.stop()
+        stopped = time.monotonic()
+        raised = _in_thread(lambda: ledger.emit(_order(account, contact, 2)), timeout=wait + 10)
+        assert isinstance(raised, sinal.StoreUnavailable), raised
+        time.sleep(max(0.0, stopped + wait + 5 - time.monotonic()))  # down for 8 s
+
+        began = time.monotonic()
+        raised = _in_thread(lambda: ledger.emit(_order(account, contact, 3)), timeout=wait + 10)
+        assert isinstance(raised, sinal.StoreUnavailable), raised
+        assert time.monotonic() - began < wait / 2, "the call waited for the pool"
+        assert "PostgreSQL unreachable for" in str(raised)
+        assert "refused" in str(raised)
+
+        outage.start()
+        restarted = time.monotonic()
+        while True:
+            try:
+                result = ledger.emit(_order(account, contact, 4))
+                break
+            except sinal.StoreUnavailable:
+                assert time.monotonic() - restarted < 20, "the pool never connected again"
+                time.sleep(0.05)
+        assert result.status == "created"
+        assert time.monotonic() - restarted < 3, "the pool connected again late"
+        assert ledger.emit(_order(account, contact, 2)).status == "created"  # nothing stored
+    assert count(outage.url, "events") == 3
+
+
+@pytest.mark.postgres
+def test_a_call_waits_out_a_restart_shorter_than_its_wait(outage: Outage) -> None:
+    # A server back within `wait` seconds: the call made while it was down waits and
+    # succeeds, rather than failing.
+    with sinal.Ledger(PostgresStore(outage.url, wait=10.0)) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        assert ledger.emit(_order(account, contact, 1)).status == "created"
+
+        outage.stop()
+        time.sleep(ALIVE_BYPASS + 0.1)  # a connection used since goes out untried, and fails
+        answers: list[sinal.EmitResult] = []
+        caller = threading.Thread(
+            target=lambda: answers.append(ledger.emit(_order(account, contact, 2)))
+        )
+        caller.start()
+        time.sleep(1.5)
+        outage.start()
+        caller.join(15)
+        assert [a.status for a in answers] == ["created"]
+    assert count(outage.url, "events") == 2

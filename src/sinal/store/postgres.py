@@ -47,6 +47,7 @@ the event and its summary.
 from __future__ import annotations
 
 import itertools
+import math
 import struct
 import threading
 import time
@@ -75,7 +76,8 @@ from psycopg.pq import (
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.rows import TupleRow
 from psycopg.types.json import set_json_dumps, set_json_loads
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from sinal.errors import (
     ConfigurationError,
@@ -508,17 +510,40 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
     restart or a failover, the first call on each idle connection used to fail with 503.
     One returned more recently is handed out untried, as HikariCP does: under load no
     call pays the round trip. (psycopg's own `check` tries every connection, and waits a
-    second or more before trying the next after a failure.)"""
+    second or more before trying the next after a failure.)
+
+    While PostgreSQL cannot be reached, a call waits for a connection only until the
+    outage is `timeout` seconds old, then fails at once with libpq's reason; the pool
+    tries to connect again every `RECONNECT_EVERY` seconds, and the first connection it
+    makes ends that. Stopped for 40 s under `sinal serve`, PostgreSQL had every request
+    wait 30 s for a 503, and served again 11 s after it was back (bench/HISTORY.md,
+    session 27)."""
 
     def _get_ready_connection(self, timeout: float | None) -> _PooledConnection | None:
         self._pool.rotate(1)  # the last one returned goes to the left, where it is taken
         return super()._get_ready_connection(timeout)
 
+    # Since when no connection could be made, and libpq's reason (None: the last attempt
+    # worked). Written by the pool's own threads, read by the callers'.
+    unreachable: tuple[float, str] | None = None
+
     def getconn(self, timeout: float | None = None) -> _PooledConnection:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            conn = super().getconn(left)
+            now = time.monotonic()
+            left = deadline - now
+            down = self.unreachable
+            if down is not None:  # wait no longer than the outage's first `timeout` seconds
+                left = min(left, down[0] + self.timeout - now)
+                if left <= 0 and not self._pool:
+                    raise _unreachable(down, now)
+            try:
+                conn = super().getconn(max(left, 0.001))
+            except PoolTimeout:
+                down = self.unreachable
+                if down is None:
+                    raise
+                raise _unreachable(down, time.monotonic()) from None
             if time.monotonic() - conn.returned_at <= ALIVE_BYPASS:
                 return conn
             try:
@@ -532,9 +557,47 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
         conn.returned_at = time.monotonic()
         super().putconn(conn)
 
+    def _connect(self, timeout: float | None = None) -> _PooledConnection:
+        try:
+            conn = super()._connect(timeout)
+        except psycopg.OperationalError as exc:
+            # Not reached (refused, timed out, no such host) or not taking connections
+            # (starting up, shutting down: class 57); not a full server (53300) or a
+            # refused login, where the connections the pool holds still work.
+            if (exc.sqlstate is None or exc.sqlstate.startswith("57")) and not self.unreachable:
+                self.unreachable = (time.monotonic(), _reason(exc))
+            raise
+        self.unreachable = None
+        return conn
+
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        super()._add_connection(attempt or _Reconnect(timeout=self.reconnect_timeout), growing)
+
+
+class _Reconnect(AttemptWithBackoff):
+    """psycopg_pool's schedule for making a lost connection again, its delay capped at
+    `RECONNECT_EVERY` seconds. Its own doubles the delay after each failure (1, 2, 4 … s),
+    so after an outage of a minute the pool tried again only ~30 s after the server was
+    back, and every request waited for it (bench/HISTORY.md, session 27)."""
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_EVERY)
+
+
+def _unreachable(down: tuple[float, str], now: float) -> PoolTimeout:
+    return PoolTimeout(f"PostgreSQL unreachable for {now - down[0]:.0f} s: {down[1]}")
+
+
+def _reason(exc: psycopg.Error) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
 
 # Seconds a connection may sit idle in the pool and still be handed out untried.
 ALIVE_BYPASS = 0.5
+# Seconds between the pool's attempts to make a lost connection again.
+RECONNECT_EVERY = 1.0
 
 
 class _Checkout:
@@ -581,9 +644,15 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
 
     backend = "postgresql"
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
+    def __init__(
+        self, url: str, *, min_size: int = 1, max_size: int = 8, wait: float = 30.0
+    ) -> None:
+        """`wait`: seconds a call waits for a connection (all in use, or none can be
+        made); once PostgreSQL has been unreachable for that long, calls fail at once
+        until a connection can be made again (`_LifoPool.getconn`)."""
         self.url = url
         self._network = network_defaults(url)  # for every connection the store makes
+        self._wait = wait
         self._pool = self._new_pool(min_size, max_size)
         self._open_lock = threading.Lock()
         self._opened = False
@@ -601,6 +670,11 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             configure=_configure,
             open=False,
             name="sinal",
+            timeout=self._wait,
+            # Make lost connections again for as long as it takes, every second: the
+            # pool's default gives up after 5 minutes, and while callers fail at once it
+            # would not try again (`_LifoPool.getconn`).
+            reconnect_timeout=math.inf,
         )
 
     def _conn(self) -> _Checkout:
@@ -630,9 +704,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         try:
             psycopg.connect(self.url, **self._network).close()
         except psycopg.Error as exc:
-            text = str(exc).strip()
-            reason = text.splitlines()[0] if text else type(exc).__name__
-            raise StoreUnavailable(f"cannot connect to PostgreSQL: {reason}") from exc
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {_reason(exc)}") from exc
         try:
             self._pool.open(wait=True, timeout=OPEN_TIMEOUT)
         except psycopg.Error as exc:
