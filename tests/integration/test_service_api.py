@@ -293,6 +293,7 @@ async def test_a_sqlite_write_kept_waiting_for_its_turn_is_503_and_writes_nothin
 
     assert busy.status_code == 503
     assert busy.headers["content-type"] == "application/problem+json"
+    assert busy.headers["retry-after"] == "2"
     assert busy.json()["type"] == "/problems/store-unavailable"
     assert later.status_code == 201
     assert sql(sqlite_url, "SELECT count(*) FROM events WHERE metric_name = 'Order Paid'") == [(1,)]
@@ -315,6 +316,7 @@ async def test_a_database_failure_is_503_without_the_drivers_message(
     for response in (write, read):
         assert response.status_code == 503
         assert response.headers["content-type"] == "application/problem+json"
+        assert response.headers["retry-after"] == "2"
         assert response.json()["type"] == "/problems/store-unavailable"
         assert "10.0.0.7" not in response.text
 

@@ -198,6 +198,8 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     problem = problem_for(exc)
     errors = _errors_of(exc)
     headers = None if problem.challenge is None else {"WWW-Authenticate": problem.challenge}
+    if problem.status == 503:
+        headers = {"Retry-After": RETRY_AFTER}
     if isinstance(exc, StoreUnavailable):
         _unavailable.log(request.method, path, exc)
     elif problem.status >= 500:
@@ -205,6 +207,10 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     extra = exc.extra if isinstance(exc, ApiError) else {}
     detail = _detail(exc, problem, errors)
     return problem_response(problem, detail, errors, instance=path, headers=headers, **extra)
+
+
+# Seconds a client is told to wait before sending a request answered 503 again.
+RETRY_AFTER = "2"
 
 
 class _UnavailableLog:
