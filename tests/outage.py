@@ -1,13 +1,16 @@
-"""`sinal serve` on PostgreSQL across a link cut for a while: what its clients get.
+"""`sinal serve` on PostgreSQL across a link cut for a while, or with PostgreSQL
+stopped for a while: what its clients get.
 
     sudo .venv/bin/python -m tests.outage [--cut 90] [--clients 8]
+    .venv/bin/python -m tests.outage --stop [--cut 90] [--clients 8]
 
 Not a test (it takes two minutes): the figures README.md gives under "PostgreSQL across a
 network". It makes a database, reaches it through `tests.contract.test_network.Partition`
-(root and iproute2), starts `sinal serve` on it with sinal's default network settings,
-and has `--clients` clients post events in a loop while the link is cut for `--cut`
-seconds. It prints the answers by second, the slow ones, what /readyz and /metrics
-answered during the cut, and whether every event answered 201 was stored.
+(root and iproute2) or, with `--stop`, through `Outage` (a relay on loopback, stopped and
+started again: connections closed, then refused), starts `sinal serve` on it with sinal's
+defaults, and has `--clients` clients post events in a loop while the link is cut or the
+server stopped for `--cut` seconds. It prints the answers by second, the slow ones, what
+/readyz and /metrics answered meanwhile, and whether every event answered 201 was stored.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 import psycopg
 
 from tests.conftest import PG_URL
-from tests.contract.test_network import Partition
+from tests.contract.test_network import Outage, Partition
 from tests.helpers import sql
 from tests.integration.test_serve import SINAL, cli, serving
 
@@ -35,28 +39,50 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cut", type=float, default=90.0, help="seconds the link is cut")
     parser.add_argument("--clients", type=int, default=8, help="clients posting in a loop")
+    parser.add_argument("--stop", action="store_true", help="stop the server, not the link")
     args = parser.parse_args()
 
     database = f"sinal_outage_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{database}"')
     url = PG_URL.rsplit("/", 1)[0] + "/" + database
-    partition = Partition(url)
-    env = {**os.environ, "SINAL_DATABASE_URL": partition.url}
+    link: Link = _Stopped(url) if args.stop else Partition(url)
+    env = {**os.environ, "SINAL_DATABASE_URL": link.url}
     try:
-        run(partition, env, args.cut, args.clients, url)
+        run(link, env, args.cut, args.clients, url)
     finally:
-        partition.close()
+        link.close()
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
-def run(partition: Partition, env: dict[str, str], cut: float, clients: int, url: str) -> None:
+class Link(Protocol):
+    url: str
+
+    def cut(self) -> None: ...
+    def heal(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class _Stopped(Outage):
+    """`Outage` as a `Link`: cut is a stop, heal a start."""
+
+    def cut(self) -> None:
+        self.stop()
+
+    def heal(self) -> None:
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+
+
+def run(link: Link, env: dict[str, str], cut: float, clients: int, url: str) -> None:
     subprocess.run([SINAL, "migrate"], env=env, check=True, capture_output=True)
     account = cli(env, "accounts", "create", "--name", "Loja")
     key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "ingest")["key"]
     with tempfile.TemporaryDirectory() as cwd, serving(env, Path(cwd)) as base:
-        answers = load(partition, base, key, cut, clients)
+        answers = load(link, base, key, cut, clients)
     [(stored,)] = sql(url, "SELECT count(*) FROM events")
     created = answers[201]
     print(f"answers {dict(answers)}; events stored {stored}, answered 201 {created}")
@@ -64,7 +90,7 @@ def run(partition: Partition, env: dict[str, str], cut: float, clients: int, url
 
 
 def load(
-    partition: Partition, base: str, key: str, cut: float, clients: int
+    link: Link, base: str, key: str, cut: float, clients: int
 ) -> collections.Counter[int | str]:
     answers: collections.Counter[int | str] = collections.Counter()
     by_second: dict[int, collections.Counter[int | str]] = collections.defaultdict(
@@ -99,7 +125,7 @@ def load(
     for thread in threads:
         thread.start()
     time.sleep(5)
-    partition.cut()
+    link.cut()
     print(f"cut at {time.monotonic() - start:.1f} s", flush=True)
     time.sleep(min(20.0, cut / 2))
     for path in ("/readyz", "/metrics"):
@@ -110,7 +136,7 @@ def load(
         print(f"{path} during the cut: {response.status_code} in "
               f"{time.monotonic() - began:.2f} s, {what}", flush=True)  # fmt: skip
     time.sleep(max(0.0, cut - min(20.0, cut / 2)))
-    partition.heal()
+    link.heal()
     print(f"healed at {time.monotonic() - start:.1f} s", flush=True)
     time.sleep(15)
     stop.set()
