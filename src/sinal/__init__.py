@@ -51,7 +51,8 @@ def default_ledger() -> Ledger:
         if _default is None:
             from sinal.config import Settings
 
-            _default = connect(Settings.from_env().database_url)
+            settings = Settings.from_env()
+            _default = connect(settings.database_url, wait=settings.database_wait)
         return _default
 
 

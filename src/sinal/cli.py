@@ -43,7 +43,8 @@ def open_ledger(database_url: str | None, *, is_migrating: bool = False) -> Ledg
     """The ledger for a command: --database-url, else SINAL_DATABASE_URL, else the default.
     `SchemaOutOfDate` (run `sinal migrate`) unless its migrations are applied, or the command
     applies them itself (`is_migrating`): a raw "no such table" helps nobody."""
-    ledger = connect(database_url or Settings.from_env().database_url)
+    settings = Settings.from_env().with_overrides(database_url=database_url)
+    ledger = connect(settings.database_url, wait=settings.database_wait)
     if not is_migrating:
         try:
             ledger.check_schema()
@@ -261,7 +262,7 @@ def serve(
     settings = Settings.from_env().with_overrides(
         database_url=database_url, host=host, port=port, workers=workers
     )
-    with connect(settings.database_url) as ledger:
+    with connect(settings.database_url, wait=settings.database_wait) as ledger:
         if migrate_first:
             ledger.migrate()
         if demo_key:
@@ -340,7 +341,7 @@ def worker(database_url: DatabaseOption = None) -> None:
 
     settings = Settings.from_env().with_overrides(database_url=database_url)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(message)s")
-    with connect(settings.database_url) as ledger:
+    with connect(settings.database_url, wait=settings.database_wait) as ledger:
         try:
             ledger.check_schema()  # SchemaOutOfDate: "run `sinal migrate`", exit 1
         except SchemaOutOfDate:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from sinal.errors import ConfigurationError
 from sinal.group_commit import MAX_DELAY
 from sinal.ledger import MAX_BATCH
+from sinal.store import DEFAULT_WAIT
 
 DEFAULT_DATABASE_URL = "sqlite:///sinal.db"
 
@@ -41,6 +42,12 @@ class Settings:
 
     database_url: str = _setting(
         DEFAULT_DATABASE_URL, "sqlite:///relative.db, sqlite:////absolute.db or postgresql://…"
+    )
+    database_wait: float = _setting(
+        DEFAULT_WAIT,
+        "seconds a call waits for the database (a PostgreSQL connection, SQLite's write lock) "
+        "before 503; once PostgreSQL has been unreachable that long, calls fail at once",
+        within=(0.1, 3_600),
     )
     host: str = _setting("127.0.0.1", "address `sinal serve` listens on")
     port: int = _setting(8000, "port `sinal serve` listens on", within=(1, 65_535))

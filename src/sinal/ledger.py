@@ -48,7 +48,7 @@ from sinal.events import (
     utcnow,
 )
 from sinal.ids import new_id
-from sinal.store import open_store
+from sinal.store import DEFAULT_WAIT, open_store
 from sinal.store.base import (
     Account,
     AggregateQuery,
@@ -565,9 +565,10 @@ class Ledger:
         self.close()
 
 
-def connect(url: str, *, clock: Clock = utcnow) -> Ledger:
-    """A ledger on the database at `url` ("sqlite:///path.db" or "postgresql://...")."""
-    return Ledger(open_store(url), clock=clock)
+def connect(url: str, *, clock: Clock = utcnow, wait: float = DEFAULT_WAIT) -> Ledger:
+    """A ledger on the database at `url` ("sqlite:///path.db" or "postgresql://..."); a
+    call waits up to `wait` seconds for the database (see `open_store`)."""
+    return Ledger(open_store(url, wait=wait), clock=clock)
 
 
 def _result(event: PreparedEvent, outcome: Outcome) -> EmitResult:

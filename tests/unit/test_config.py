@@ -67,6 +67,10 @@ def test_settings_public_url_is_unset_by_default() -> None:
         ("SINAL_PORT", "80.5", "SINAL_PORT='80.5' is not a whole number"),
         ("SINAL_PORT", "http", "SINAL_PORT='http' is not a whole number"),
         ("SINAL_WORKERS", "0", "SINAL_WORKERS=0 must be within 1..256"),
+        # no wait at all would fail every call that meets a busy pool or lock
+        ("SINAL_DATABASE_WAIT", "0", "SINAL_DATABASE_WAIT=0 must be within 0.1..3600"),
+        ("SINAL_DATABASE_WAIT", "inf", "SINAL_DATABASE_WAIT=inf must be within 0.1..3600"),
+        ("SINAL_DATABASE_WAIT", "30s", "SINAL_DATABASE_WAIT='30s' is not a number"),
         ("SINAL_AUTH_CACHE_TTL", "-1", "SINAL_AUTH_CACHE_TTL=-1 must be within 0..3600"),
         # a key cached forever: revoking it would never take effect
         ("SINAL_AUTH_CACHE_TTL", "inf", "SINAL_AUTH_CACHE_TTL=inf must be within 0..3600"),
@@ -140,6 +144,8 @@ def test_settings_out_of_range_is_refused_naming_the_variable_and_the_range(
     [
         ("SINAL_PORT", "1", "port", 1),
         ("SINAL_PORT", "65535", "port", 65_535),
+        ("SINAL_DATABASE_WAIT", "0.1", "database_wait", 0.1),
+        ("SINAL_DATABASE_WAIT", "3600", "database_wait", 3_600.0),
         ("SINAL_AUTH_CACHE_TTL", "0", "auth_cache_ttl", 0.0),  # no cache
         ("SINAL_GROUP_COMMIT_MAX_BATCH", "1000", "group_commit_max_batch", 1_000),
         ("SINAL_GROUP_COMMIT_MAX_DELAY", "0", "group_commit_max_delay", 0.0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -49,7 +50,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ledger = await asyncio.to_thread(connect, settings.database_url)
+        ledger = await asyncio.to_thread(
+            functools.partial(connect, settings.database_url, wait=settings.database_wait)
+        )
         svc = Service(settings, ledger, metrics)
         app.state.service = svc
         worker = None

@@ -5,26 +5,27 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from sinal.errors import ConfigurationError
-from sinal.store.base import Store
+from sinal.store.base import DEFAULT_WAIT, Store
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, wait: float = DEFAULT_WAIT) -> Store:
     """The store for a database URL: "sqlite:///relative.db", "sqlite:////abs.db" or
-    "postgresql://user@host:port/db"."""
+    "postgresql://user@host:port/db". A call waits up to `wait` seconds for the database
+    (a connection; SQLite's write lock), then fails with `StoreUnavailable`."""
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":
         path = url.removeprefix("sqlite://")
         path = path.removeprefix("/")  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
         from sinal.store.sqlite import SQLiteStore
 
-        return SQLiteStore(path)
+        return SQLiteStore(path, busy_timeout=wait)
     if scheme in ("postgresql", "postgres"):
         from sinal.store.postgres import PostgresStore
 
-        return PostgresStore(url)
+        return PostgresStore(url, wait=wait)
     raise ConfigurationError(
         f"unsupported database URL {url!r}: use sqlite:///file.db or postgresql://..."
     )
 
 
-__all__ = ["Store", "open_store"]
+__all__ = ["DEFAULT_WAIT", "Store", "open_store"]

@@ -21,6 +21,10 @@ IdentityKind = Literal["phone", "email", "external_id"]
 ContactField = Literal["name", "phone", "email", "external_id"]
 Measurement = Literal["count", "sum_value", "unique_contacts"]
 
+# Seconds a call waits for the database by default before `StoreUnavailable`: for a
+# PostgreSQL connection from the pool, for SQLite's write lock (SINAL_DATABASE_WAIT).
+DEFAULT_WAIT = 30.0
+
 
 @dataclass(frozen=True, slots=True)
 class Account:

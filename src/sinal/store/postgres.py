@@ -89,6 +89,7 @@ from sinal.errors import (
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id
 from sinal.store.base import (
+    DEFAULT_WAIT,
     Account,
     AggregateCell,
     AggregateQuery,
@@ -645,7 +646,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
     backend = "postgresql"
 
     def __init__(
-        self, url: str, *, min_size: int = 1, max_size: int = 8, wait: float = 30.0
+        self, url: str, *, min_size: int = 1, max_size: int = 8, wait: float = DEFAULT_WAIT
     ) -> None:
         """`wait`: seconds a call waits for a connection (all in use, or none can be
         made); once PostgreSQL has been unreachable for that long, calls fail at once

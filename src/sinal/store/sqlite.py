@@ -6,7 +6,7 @@ queue for it on an advisory file lock first (`flock` on `<database>-lock`, every
 and thread alike): SQLite's own busy handler makes a waiting writer sleep and poll (1, 2,
 5 … 100 ms), which adds its sleeps to every write that waited, and lets a fresh arrival
 overtake writers that have waited for seconds. A writer waits for its turn at most the
-busy timeout (60 s by default, as SQLite's own), then gets `StoreError`. Each thread has
+busy timeout (`SINAL_DATABASE_WAIT`, 30 s by default), then gets `StoreUnavailable`. Each thread has
 its own connection.
 Decimals are stored as exact text and summed with a Python aggregate (`decimal_sum`),
 never as floats.
@@ -39,6 +39,7 @@ from sinal.errors import (
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
 from sinal.store.base import (
+    DEFAULT_WAIT,
     Account,
     AggregateCell,
     AggregateQuery,
@@ -191,7 +192,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
 
     backend = "sqlite"
 
-    def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = 60.0):
+    def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = DEFAULT_WAIT):
         if path in ("", ":memory:"):
             raise ConfigurationError(
                 "SQLite needs a file path, e.g. sqlite:///sinal.db (each thread opens its own "
