@@ -578,8 +578,9 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
 class _Reconnect(AttemptWithBackoff):
     """psycopg_pool's schedule for making a lost connection again, its delay capped at
     `RECONNECT_EVERY` seconds. Its own doubles the delay after each failure (1, 2, 4 … s),
-    so after an outage of a minute the pool tried again only ~30 s after the server was
-    back, and every request waited for it (bench/HISTORY.md, session 27)."""
+    so a server back after an outage of a minute could wait up to ~30 s for the pool's
+    next try, and every request with it (11 s late after a stop of 40 s: bench/HISTORY.md,
+    session 27)."""
 
     def update_delay(self, now: float) -> None:
         super().update_delay(now)
