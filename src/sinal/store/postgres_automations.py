@@ -565,9 +565,10 @@ def listen(
     in a tight loop, which would spin a core and hammer a server coming back up. Logs and
     reports (`on_state`) the first failure of each outage, and the recovery."""
     failures = 0
+    network = network_defaults(url)  # once: the URL and the environment stay as they are
     while True:
         try:
-            with psycopg.connect(url, autocommit=True, **network_defaults(url)) as conn:
+            with psycopg.connect(url, autocommit=True, **network) as conn:
                 for channel in channels:
                     conn.execute(f"LISTEN {channel}")  # channel names are ours, not input
                 if failures:
