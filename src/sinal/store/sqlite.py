@@ -6,8 +6,8 @@ queue for it on an advisory file lock first (`flock` on `<database>-lock`, every
 and thread alike): SQLite's own busy handler makes a waiting writer sleep and poll (1, 2,
 5 … 100 ms), which adds its sleeps to every write that waited, and lets a fresh arrival
 overtake writers that have waited for seconds. A writer waits for its turn at most the
-busy timeout (`SINAL_DATABASE_WAIT`, 30 s by default), then gets `StoreUnavailable`. Each thread has
-its own connection.
+busy timeout (`SINAL_DATABASE_WAIT`, 30 s by default), then gets `StoreUnavailable`.
+Each thread has its own connection.
 Decimals are stored as exact text and summed with a Python aggregate (`decimal_sum`),
 never as floats.
 """
