@@ -89,6 +89,35 @@ def test_schema_every_key_starts_with_account_id(database_url: str, table: str) 
         assert key[0] == "account_id", f"{table} has a unique key without account_id: {key}"
 
 
+# The tables that are not an account's data: the tenants themselves (keyed by their id,
+# the account_id of every other row) and the server's own bookkeeping (`outbox_wake`:
+# PostgreSQL only).
+NOT_AN_ACCOUNTS = {"accounts", "schema_migrations", "outbox_wake"}
+
+
+def _tables(url: str) -> set[str]:
+    if url.startswith("sqlite:"):
+        query = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+    else:
+        query = "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+    return {r[0] for r in sql(url, query)}
+
+
+def test_schema_every_table_of_an_account_is_keyed_by_it(database_url: str) -> None:
+    """DESIGN.md's "tenants are walls", over every table the migrations make, so a table
+    added later cannot slip past `EXPECTED_KEYS`: its primary key and each unique key
+    start with account_id."""
+    tables = _tables(database_url)
+    assert tables >= set(EXPECTED_KEYS) | {"accounts", "schema_migrations"}
+    wrong = [
+        (table, key)
+        for table in sorted(tables - NOT_AN_ACCOUNTS)
+        for key in [_primary_key(database_url, table), *_unique_keys(database_url, table)]
+        if key[:1] != ["account_id"]
+    ]
+    assert wrong == []
+
+
 def test_schema_events_have_the_seed_columns_and_dedup_key(database_url: str) -> None:
     assert _columns(database_url, "events") >= EVENT_COLUMNS
     assert ["account_id", "unique_event_id"] in _unique_keys(database_url, "events")
