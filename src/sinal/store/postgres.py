@@ -944,11 +944,10 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
     def rebuild_summaries(
         self, account_id: UUID | None = None, progress: Progress | None = None
     ) -> list[RebuildReport]:
-        """Recompute summaries from events, one account per transaction.
-
-        Each account's transaction holds a SHARE lock on events (writers wait, readers
-        don't), so no event can commit between the recount and the rewrite.
-        """
+        """Recompute summaries from events, an account's contacts `REBUILD_CONTACTS` at a
+        time, each chunk in its own transaction (`_rebuild_contacts`). Only writers of the
+        summary rows being recounted wait, for one chunk; other contacts and accounts
+        write on."""
         if account_id is not None:
             accounts = [account_id]
         else:
@@ -956,9 +955,24 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
                 accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")]
         reports: list[RebuildReport] = []
         for done, account in enumerate(accounts, start=1):
-            with self._tx() as conn:
-                conn.execute("LOCK TABLE events IN SHARE MODE")
-                reports.append(_rebuild_account(conn, account))
+            report = RebuildReport(account)
+            after: UUID | None = None  # contacts by id; sinal deletes none
+            while True:
+                with self._tx() as conn:
+                    chunk = [
+                        r[0]
+                        for r in conn.execute(
+                            "SELECT id FROM contacts WHERE account_id = %s "
+                            "AND (%s::uuid IS NULL OR id > %s) ORDER BY id LIMIT %s",
+                            (account, after, after, REBUILD_CONTACTS),
+                        )
+                    ]
+                    if chunk:
+                        _add_report(report, _rebuild_contacts(conn, account, chunk))
+                if len(chunk) < REBUILD_CONTACTS:
+                    break
+                after = chunk[-1]
+            reports.append(report)
             if progress is not None:
                 progress(done, len(accounts))
         return reports
@@ -1626,24 +1640,104 @@ def _outcome(
     return Outcome("duplicate", event_id=existing_id, stored=payload)
 
 
-def _rebuild_account(conn: psycopg.Connection[TupleRow], account: UUID) -> RebuildReport:
-    truth_sql = (
-        "SELECT contact_id, metric_name, count(*), coalesce(sum(value), 0), min(occurred_at), "
-        "max(occurred_at) FROM events WHERE account_id = %s GROUP BY contact_id, metric_name"
-    )
-    kept_sql = (
-        "SELECT contact_id, metric_name, event_count, total_value, first_event_at, "
-        "last_event_at FROM contact_metrics_summary WHERE account_id = %s"
-    )
-    truth = {(r[0], r[1]): tuple(r[2:]) for r in conn.execute(truth_sql, (account,))}
-    kept = {(r[0], r[1]): tuple(r[2:]) for r in conn.execute(kept_sql, (account,))}
+# Contacts per transaction of `rebuild_summaries`: their summary rows stay locked while
+# their events are recounted.
+REBUILD_CONTACTS = 500
+
+# The summary keys of some contacts of an account: those their events have, and those
+# stored (rows with no events behind them are found this way).
+_REBUILD_KEYS_SQL = """
+SELECT contact_id, metric_name FROM events
+WHERE account_id = %(account)s AND contact_id = ANY(%(contacts)s)
+UNION
+SELECT contact_id, metric_name FROM contact_metrics_summary
+WHERE account_id = %(account)s AND contact_id = ANY(%(contacts)s)
+"""
+# Lock each key's summary row, creating the missing ones (a placeholder, rewritten or
+# deleted before the commit), in the writers' order: `DO UPDATE ... WHERE false` locks a
+# row it does not change. Answers the keys it created.
+_REBUILD_LOCK_SQL = """
+INSERT INTO contact_metrics_summary AS s (account_id, contact_id, metric_name, event_count,
+                                          total_value, first_event_at, last_event_at)
+SELECT %s, c, m, 0, 0, 'epoch', 'epoch'
+FROM unnest(%s::uuid[], %s::text[]) AS k(c, m)
+ORDER BY c, m COLLATE "C"
+ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET event_count = s.event_count
+WHERE false
+RETURNING contact_id, metric_name
+"""
+_REBUILD_KEPT_SQL = (
+    "SELECT contact_id, metric_name, event_count, total_value, first_event_at, last_event_at "
+    "FROM contact_metrics_summary WHERE account_id = %s AND contact_id = ANY(%s)"
+)
+_REBUILD_TRUTH_SQL = (
+    "SELECT contact_id, metric_name, count(*), coalesce(sum(value), 0), min(occurred_at), "
+    "max(occurred_at) FROM events WHERE account_id = %s AND contact_id = ANY(%s) "
+    "GROUP BY contact_id, metric_name"
+)
+_REBUILD_SET_SQL = """
+UPDATE contact_metrics_summary AS s
+SET event_count = t.n, total_value = t.v, first_event_at = t.f, last_event_at = t.l,
+    updated_at = now()
+FROM unnest(%s::uuid[], %s::text[], %s::bigint[], %s::numeric[], %s::timestamptz[],
+            %s::timestamptz[]) AS t(c, m, n, v, f, l)
+WHERE s.account_id = %s AND s.contact_id = t.c AND s.metric_name = t.m
+"""
+_REBUILD_DELETE_SQL = """
+DELETE FROM contact_metrics_summary AS s
+USING unnest(%s::uuid[], %s::text[]) AS t(c, m)
+WHERE s.account_id = %s AND s.contact_id = t.c AND s.metric_name = t.m
+"""
+
+
+def _rebuild_contacts(
+    conn: psycopg.Connection[TupleRow], account: UUID, contacts: list[UUID]
+) -> RebuildReport:
+    """Recount the summaries of some contacts of an account, inside the caller's
+    transaction, and fix the rows that are wrong.
+
+    Every writer updates an event's summary row in the event's transaction. So once this
+    transaction holds the rows' locks, a writer of an event of these keys either
+    committed before (its event is seen by the recount, which starts after the locks are
+    taken, and its addition is in the row) or waits for the row until this commits, its
+    event unseen (and adds to the row afterwards). A key whose first event commits after
+    the keys were read is not locked, not recounted, and its row is the writer's own.
+    No lock on `events`: only writers of these rows wait."""
+    keys = conn.execute(_REBUILD_KEYS_SQL, {"account": account, "contacts": contacts}).fetchall()
+    if not keys:
+        return RebuildReport(account)
+    locked = {(c, m) for c, m in keys}
+    created = {
+        (c, m)
+        for c, m in conn.execute(
+            _REBUILD_LOCK_SQL, (account, [k[0] for k in keys], [k[1] for k in keys])
+        ).fetchall()
+    }
+    kept = {
+        (r[0], r[1]): tuple(r[2:])
+        for r in conn.execute(_REBUILD_KEPT_SQL, (account, contacts))
+        if (r[0], r[1]) in locked and (r[0], r[1]) not in created
+    }
+    truth = {
+        (r[0], r[1]): tuple(r[2:])
+        for r in conn.execute(_REBUILD_TRUTH_SQL, (account, contacts))
+        if (r[0], r[1]) in locked
+    }
     report = compare_summaries(account, truth, kept)
-    if report.drift:
-        conn.execute("DELETE FROM contact_metrics_summary WHERE account_id = %s", (account,))
-        conn.execute(
-            "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, "
-            "event_count, total_value, first_event_at, last_event_at) "
-            f"SELECT %s, * FROM ({truth_sql}) t",
-            (account, account),
-        )
+    wrong = [(key, figures) for key, figures in truth.items() if kept.get(key) != figures]
+    if wrong:
+        columns = list(zip(*((*key, *figures) for key, figures in wrong), strict=True))
+        conn.execute(_REBUILD_SET_SQL, (*(list(c) for c in columns), account))
+    empty = sorted(locked - truth.keys())  # no events behind: kept rows and placeholders
+    if empty:
+        conn.execute(_REBUILD_DELETE_SQL, ([k[0] for k in empty], [k[1] for k in empty], account))
     return report
+
+
+def _add_report(total: RebuildReport, part: RebuildReport) -> None:
+    """Add one chunk's findings to its account's report."""
+    total.rows += part.rows
+    total.inserted += part.inserted
+    total.changed += part.changed
+    total.deleted += part.deleted
+    total.details.extend(part.details)

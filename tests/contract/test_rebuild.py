@@ -1,0 +1,194 @@
+"""`rebuild_summaries` while writers write: nothing lost, and nobody else held up."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from uuid import UUID, uuid4
+
+import psycopg
+import pytest
+
+import sinal
+from sinal import EmitEvent, Ledger
+from sinal.store import postgres
+from sinal.store.base import EventQuery, RebuildReport
+from sinal.store.sqlite import ts
+from tests.helpers import sql
+
+T0 = datetime(2026, 6, 1, tzinfo=UTC)
+METRICS = ["Order Paid", "Message Read", "Quiz Answered", "Survey Sent"]
+
+
+def _event(account: sinal.Account, contact: UUID, rnd: random.Random, n: int) -> EmitEvent:
+    return EmitEvent(
+        account_id=account.id,
+        contact_id=contact,
+        metric_name=rnd.choice(METRICS),
+        source="rebuild",
+        source_id=str(rnd.randrange(n)),  # repeats: duplicates too
+        value=Decimal(rnd.randrange(-500, 5000)) / 100 if rnd.random() < 0.8 else None,
+        occurred_at=T0 + timedelta(minutes=rnd.randrange(-50_000, 50_000)),  # out of order
+    )
+
+
+def _group_by(ledger: Ledger, account: sinal.Account) -> dict[tuple[UUID, str], tuple[object, ...]]:
+    """The oracle: the account's events, added up in Python."""
+    truth: dict[tuple[UUID, str], tuple[int, Decimal, datetime, datetime]] = {}
+    for ev in ledger.list_events(EventQuery(account.id, limit=100_000)):
+        key = (ev.contact_id, ev.metric_name)
+        n, total, first, last = truth.get(key, (0, Decimal(0), ev.occurred_at, ev.occurred_at))
+        truth[key] = (n + 1, total + (ev.value or 0), min(first, ev.occurred_at),
+                      max(last, ev.occurred_at))  # fmt: skip
+    return dict(truth)
+
+
+def _summaries(
+    ledger: Ledger, account: sinal.Account
+) -> dict[tuple[UUID, str], tuple[object, ...]]:
+    return {
+        (s.contact_id, s.metric_name): (s.event_count, s.total_value, s.first_event_at,
+                                        s.last_event_at)
+        for s in ledger.get_summary(account.id)
+    }  # fmt: skip
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three contacts per rebuild transaction: every account spans several chunks."""
+    monkeypatch.setattr(postgres, "REBUILD_CONTACTS", 3)
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_rebuilds_during_writes_leave_summaries_equal_to_the_events(
+    ledger: Ledger, database_url: str
+) -> None:
+    account = ledger.create_account("Rebuilt while written")
+    contacts = [ledger.create_contact(account.id, external_id=f"c{i}").id for i in range(8)]
+    seed = random.Random(7)
+    ledger.emit_many([_event(account, seed.choice(contacts), seed, 400) for _ in range(300)])
+    # Drift of every kind: wrong figures, a missing row, a row with no events behind it.
+    sql(database_url, "UPDATE contact_metrics_summary SET event_count = event_count + 5, "
+        "first_event_at = ? WHERE contact_id = ?", ts(T0 - timedelta(days=900)),
+        str(contacts[0]))  # fmt: skip
+    sql(database_url, "DELETE FROM contact_metrics_summary WHERE contact_id = ?", str(contacts[1]))
+    sql(database_url, "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, "
+        "id, event_count, total_value, first_event_at, last_event_at, updated_at) "
+        "VALUES (?, ?, ?, ?, 3, 9, ?, ?, ?)", str(account.id), str(contacts[2]),
+        "Never Emitted", str(uuid4()), ts(T0), ts(T0), ts(T0))  # fmt: skip
+
+    errors: list[BaseException] = []
+
+    def write(worker: int) -> None:
+        rnd = random.Random(worker)
+        try:
+            for i in range(40):
+                if i % 4 == 0:  # batches too, over many contacts (and locks)
+                    ledger.emit_many([_event(account, rnd.choice(contacts), rnd, 400)
+                                      for _ in range(12)])  # fmt: skip
+                else:
+                    ledger.emit(_event(account, rnd.choice(contacts), rnd, 400))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    writers = [threading.Thread(target=write, args=(w,)) for w in range(3)]
+    for t in writers:
+        t.start()
+    reports: list[RebuildReport] = []
+    while any(t.is_alive() for t in writers) or not reports:
+        [report] = ledger.rebuild_summaries(account.id)
+        reports.append(report)
+    for t in writers:
+        t.join()
+
+    assert errors == []
+    assert reports[0].drift >= 3
+    # No rebuild after the writers stopped: every addition made while rebuilds ran is kept.
+    assert _summaries(ledger, account) == _group_by(ledger, account)
+    [last] = ledger.rebuild_summaries(account.id)
+    assert last.drift == 0
+
+
+@pytest.fixture
+def blocker(pg_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """A PostgreSQL transaction, left open by the test, for holding row locks."""
+    with psycopg.connect(pg_url) as conn:
+        yield conn
+        conn.rollback()
+
+
+def _waiting_on_a_lock(pg_url: str, timeout: float = 30.0) -> bool:
+    """Whether some other backend of the database waits for a lock (polled)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            waiting = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            ).fetchone()
+            if waiting and waiting[0]:
+                return True
+            time.sleep(0.02)
+    return False
+
+
+@pytest.mark.postgres
+def test_a_rebuild_waiting_on_one_account_holds_up_no_other_account(
+    pg_url: str, blocker: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    with sinal.connect(pg_url) as ledger:
+        busy, other = ledger.create_account("Busy"), ledger.create_account("Other")
+        ana = ledger.create_contact(busy.id, external_id="ana")
+        bia = ledger.create_contact(other.id, external_id="bia")
+        for account, contact in ((busy, ana), (other, bia)):
+            ledger.emit_event(account_id=account.id, contact_id=contact.id,
+                              metric_name="Order Paid", source="shop", source_id="1",
+                              value=Decimal("10.00"))  # fmt: skip
+        sql(pg_url, "UPDATE contact_metrics_summary SET event_count = 9 WHERE account_id = ?",
+            str(busy.id))  # fmt: skip
+        # A writer of Busy's summary row, slow to commit: the rebuild of Busy waits for it.
+        blocker.execute(
+            "SELECT 1 FROM contact_metrics_summary WHERE account_id = %s FOR UPDATE", (busy.id,)
+        )
+        reports: list[list[RebuildReport]] = []
+        rebuild = threading.Thread(target=lambda: reports.append(ledger.rebuild_summaries()))
+        rebuild.start()
+        assert _waiting_on_a_lock(pg_url)
+
+        # Meanwhile another account's events go in.
+        answers: list[sinal.EmitResult] = []
+
+        def write_other() -> None:
+            answers.append(
+                ledger.emit_event(
+                    account_id=other.id,
+                    contact_id=bia.id,
+                    metric_name="Order Paid",
+                    source="shop",
+                    source_id="2",
+                    value=Decimal("5.00"),
+                )
+            )
+
+        writer = threading.Thread(target=write_other)
+        writer.start()
+        writer.join(timeout=30)
+        held_up = writer.is_alive()
+        alive = rebuild.is_alive()
+        blocker.rollback()  # the slow writer ends; the rebuild goes on
+        rebuild.join(timeout=60)
+        writer.join(timeout=60)
+
+        assert not held_up, "another account's writer waited for the rebuild"
+        assert alive, "the rebuild did not wait for the locked row"
+        assert [a.status for a in answers] == ["created"]
+        [(busy_report, other_report)] = [sorted(r, key=lambda x: x.account_id != busy.id)
+                                         for r in reports]  # fmt: skip
+        assert (busy_report.changed, other_report.drift) == (1, 0)
+        counts = {s.metric_name: s.event_count for s in ledger.get_summary(busy.id)}
+        assert counts == {"Order Paid": 1}
+        assert [s.event_count for s in ledger.get_summary(other.id)] == [2]
