@@ -150,6 +150,35 @@ class RebuildReport:
         """Rows that were wrong in any way."""
         return self.inserted + self.changed + self.deleted
 
+    def add(self, part: RebuildReport) -> None:
+        """Count in what one chunk of the account's contacts found."""
+        self.rows += part.rows
+        self.inserted += part.inserted
+        self.changed += part.changed
+        self.deleted += part.deleted
+        self.details.extend(part.details)
+
+
+# Contacts per transaction of `rebuild_summaries`: their summary rows are recounted while
+# their writers wait (read at each call, so a test can lower it here).
+REBUILD_CONTACTS = 500
+
+
+def rebuild_by_contacts(
+    account_id: UUID, step: Callable[[Any], tuple[list[Any], RebuildReport]]
+) -> RebuildReport:
+    """One account's `rebuild_summaries`, its contacts in order of id, `REBUILD_CONTACTS`
+    at a time: `step(after)` recounts, in a transaction of its own, the next contacts
+    after `after` (None: from the first) and answers them with what it found."""
+    report = RebuildReport(account_id)
+    after = None
+    while True:
+        chunk, found = step(after)
+        report.add(found)
+        if len(chunk) < REBUILD_CONTACTS:
+            return report
+        after = chunk[-1]
+
 
 @dataclass(frozen=True, slots=True)
 class EventQuery:

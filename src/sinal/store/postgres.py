@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar, cast
 from uuid import UUID
@@ -88,6 +89,7 @@ from sinal.errors import (
 )
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id
+from sinal.store import base
 from sinal.store.base import (
     DEFAULT_WAIT,
     Account,
@@ -112,6 +114,7 @@ from sinal.store.base import (
     SummaryRow,
     compare_summaries,
     read_migrations,
+    rebuild_by_contacts,
     rejection_message,
     summary_deltas,
 )
@@ -944,7 +947,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
     def rebuild_summaries(
         self, account_id: UUID | None = None, progress: Progress | None = None
     ) -> list[RebuildReport]:
-        """Recompute summaries from events, an account's contacts `REBUILD_CONTACTS` at a
+        """Recompute summaries from events, an account's contacts `base.REBUILD_CONTACTS` at a
         time, each chunk in its own transaction (`_rebuild_contacts`). Only writers of the
         summary rows being recounted wait, for one chunk; other contacts and accounts
         write on."""
@@ -955,27 +958,24 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
                 accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")]
         reports: list[RebuildReport] = []
         for done, account in enumerate(accounts, start=1):
-            report = RebuildReport(account)
-            after: UUID | None = None  # contacts by id; sinal deletes none
-            while True:
-                with self._tx() as conn:
-                    chunk = [
-                        r[0]
-                        for r in conn.execute(
-                            "SELECT id FROM contacts WHERE account_id = %s "
-                            "AND (%s::uuid IS NULL OR id > %s) ORDER BY id LIMIT %s",
-                            (account, after, after, REBUILD_CONTACTS),
-                        )
-                    ]
-                    if chunk:
-                        _add_report(report, _rebuild_contacts(conn, account, chunk))
-                if len(chunk) < REBUILD_CONTACTS:
-                    break
-                after = chunk[-1]
+            report = rebuild_by_contacts(account, partial(self._rebuild_step, account))
             reports.append(report)
             if progress is not None:
                 progress(done, len(accounts))
         return reports
+
+    def _rebuild_step(self, account: UUID, after: UUID | None) -> tuple[list[UUID], RebuildReport]:
+        """The account's next contacts after `after`, recounted in one transaction."""
+        with self._tx() as conn:
+            chunk = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM contacts WHERE account_id = %s "
+                    "AND (%s::uuid IS NULL OR id > %s) ORDER BY id LIMIT %s",
+                    (account, after, after, base.REBUILD_CONTACTS),
+                )
+            ]
+            return chunk, _rebuild_contacts(conn, account, chunk)
 
     # -- added for the HTTP service ---------------------------------------------------
 
@@ -1640,10 +1640,6 @@ def _outcome(
     return Outcome("duplicate", event_id=existing_id, stored=payload)
 
 
-# Contacts per transaction of `rebuild_summaries`: their summary rows stay locked while
-# their events are recounted.
-REBUILD_CONTACTS = 500
-
 # The summary keys of some contacts of an account: those their events have, and those
 # stored (rows with no events behind them are found this way).
 _REBUILD_KEYS_SQL = """
@@ -1732,12 +1728,3 @@ def _rebuild_contacts(
     if empty:
         conn.execute(_REBUILD_DELETE_SQL, ([k[0] for k in empty], [k[1] for k in empty], account))
     return report
-
-
-def _add_report(total: RebuildReport, part: RebuildReport) -> None:
-    """Add one chunk's findings to its account's report."""
-    total.rows += part.rows
-    total.inserted += part.inserted
-    total.changed += part.changed
-    total.deleted += part.deleted
-    total.details.extend(part.details)

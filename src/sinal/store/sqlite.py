@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -38,6 +39,7 @@ from sinal.errors import (
 )
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
+from sinal.store import base
 from sinal.store.base import (
     DEFAULT_WAIT,
     Account,
@@ -62,6 +64,7 @@ from sinal.store.base import (
     SummaryRow,
     compare_summaries,
     read_migrations,
+    rebuild_by_contacts,
     rejection_message,
     summary_deltas,
 )
@@ -533,7 +536,9 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
     def rebuild_summaries(
         self, account_id: UUID | None = None, progress: Progress | None = None
     ) -> list[RebuildReport]:
-        """Recompute summaries from events, one account per transaction."""
+        """Recompute summaries from events, an account's contacts `base.REBUILD_CONTACTS`
+        at a time, each chunk in one write transaction: writers wait for a chunk, not for
+        the whole rebuild."""
         if account_id is not None:
             accounts = [str(account_id)]
         else:
@@ -541,11 +546,23 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
                 accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")]
         reports: list[RebuildReport] = []
         for done, account in enumerate(accounts, start=1):
-            with self._write() as conn:
-                reports.append(_rebuild_account(conn, account))
+            report = rebuild_by_contacts(UUID(account), partial(self._rebuild_step, account))
+            reports.append(report)
             if progress is not None:
                 progress(done, len(accounts))
         return reports
+
+    def _rebuild_step(self, account: str, after: str | None) -> tuple[list[str], RebuildReport]:
+        """The account's next contacts after `after`, recounted in one transaction."""
+        with self._write() as conn:
+            chunk = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT id FROM contacts WHERE account_id = ? AND id > ? ORDER BY id LIMIT ?",
+                    (account, after or "", base.REBUILD_CONTACTS),
+                )
+            ]
+            return chunk, _rebuild_contacts(conn, account, chunk)
 
     # -- added for the HTTP service ---------------------------------------------------
 
@@ -981,27 +998,36 @@ def _group_text(raw: str | None) -> str | None:
     return raw
 
 
-def _rebuild_account(conn: sqlite3.Connection, account: str) -> RebuildReport:
+def _rebuild_contacts(conn: sqlite3.Connection, account: str, contacts: list[str]) -> RebuildReport:
+    """Recount the summaries of some contacts of an account inside the caller's write
+    transaction (no other writer runs), and rewrite their rows if any is wrong."""
+    ids = orjson.dumps(contacts).decode()
     truth = {
         (r[0], r[1]): (r[2], Decimal(r[3]), r[4], r[5])
         for r in conn.execute(
             "SELECT contact_id, metric_name, count(*), decimal_sum(value), min(occurred_at), "
-            "max(occurred_at) FROM events WHERE account_id = ? GROUP BY contact_id, metric_name",
-            (account,),
+            "max(occurred_at) FROM events WHERE account_id = ? "
+            "AND contact_id IN (SELECT value FROM json_each(?)) GROUP BY contact_id, metric_name",
+            (account, ids),
         )
     }
     kept = {
         (r[0], r[1]): (r[2], Decimal(r[3]), r[4], r[5])
         for r in conn.execute(
             "SELECT contact_id, metric_name, event_count, total_value, first_event_at, "
-            "last_event_at FROM contact_metrics_summary WHERE account_id = ?",
-            (account,),
+            "last_event_at FROM contact_metrics_summary WHERE account_id = ? "
+            "AND contact_id IN (SELECT value FROM json_each(?))",
+            (account, ids),
         )
     }
     report = compare_summaries(UUID(account), truth, kept)
     if report.drift:
         now = ts(datetime.now(UTC))
-        conn.execute("DELETE FROM contact_metrics_summary WHERE account_id = ?", (account,))
+        conn.execute(
+            "DELETE FROM contact_metrics_summary WHERE account_id = ? "
+            "AND contact_id IN (SELECT value FROM json_each(?))",
+            (account, ids),
+        )
         conn.executemany(
             "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, id, "
             "event_count, total_value, first_event_at, last_event_at, updated_at) "
