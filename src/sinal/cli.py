@@ -77,7 +77,7 @@ def rebuild_summaries(
 ) -> None:
     """Recompute contact_metrics_summary from the events table and report the drift fixed."""
     with open_ledger(database_url) as ledger, _progress() as progress:
-        task = progress.add_task("rebuilding summaries", total=None)
+        task = progress.add_task("rebuilding summaries, contacts", total=None)
 
         def advance(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)

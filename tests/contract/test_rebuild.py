@@ -193,3 +193,18 @@ def test_a_rebuild_waiting_on_one_account_holds_up_no_other_account(
         counts = {s.metric_name: s.event_count for s in ledger.get_summary(busy.id)}
         assert counts == {"Order Paid": 1}
         assert [s.event_count for s in ledger.get_summary(other.id)] == [2]
+
+
+@pytest.mark.usefixtures("small_chunks")
+def test_rebuild_reports_progress_in_contacts(ledger: Ledger) -> None:
+    first, second = ledger.create_account("First"), ledger.create_account("Second")
+    for account, n in ((first, 7), (second, 2)):
+        for i in range(n):
+            ledger.create_contact(account.id, external_id=f"c{i}")
+    seen: list[tuple[int, int]] = []
+
+    ledger.rebuild_summaries(first.id, lambda done, total: seen.append((done, total)))
+    assert seen == [(3, 7), (6, 7), (7, 7)]
+    seen.clear()
+    ledger.rebuild_summaries(None, lambda done, total: seen.append((done, total)))
+    assert seen == [(3, 9), (6, 9), (7, 9), (9, 9)]

@@ -164,20 +164,33 @@ class RebuildReport:
 REBUILD_CONTACTS = 500
 
 
-def rebuild_by_contacts(
-    account_id: UUID, step: Callable[[Any], tuple[list[Any], RebuildReport]]
-) -> RebuildReport:
-    """One account's `rebuild_summaries`, its contacts in order of id, `REBUILD_CONTACTS`
-    at a time: `step(after)` recounts, in a transaction of its own, the next contacts
-    after `after` (None: from the first) and answers them with what it found."""
-    report = RebuildReport(account_id)
-    after = None
-    while True:
-        chunk, found = step(after)
-        report.add(found)
-        if len(chunk) < REBUILD_CONTACTS:
-            return report
-        after = chunk[-1]
+def rebuild_accounts(
+    accounts: Sequence[Any],
+    contacts: int,
+    step: Callable[[Any, Any], tuple[list[Any], RebuildReport]],
+    progress: Progress | None,
+) -> list[RebuildReport]:
+    """`rebuild_summaries` over `accounts` (ids as the store keeps them), whose contacts
+    number `contacts`: each account's contacts in order of id, `REBUILD_CONTACTS` at a
+    time. `step(account, after)` recounts, in a transaction of its own, the account's
+    next contacts after `after` (None: from the first) and answers them with what it
+    found; `progress(done, total)` counts contacts (more may be made meanwhile)."""
+    reports: list[RebuildReport] = []
+    done = 0
+    for account in accounts:
+        report = RebuildReport(UUID(str(account)))
+        after = None
+        while True:
+            chunk, found = step(account, after)
+            report.add(found)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, max(contacts, done))
+            if len(chunk) < REBUILD_CONTACTS:
+                break
+            after = chunk[-1]
+        reports.append(report)
+    return reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +352,8 @@ class Store(Protocol):
     def rebuild_summaries(
         self, account_id: UUID | None = None, progress: Progress | None = None
     ) -> list[RebuildReport]:
-        """Recompute summaries from events, per account; report the drift fixed."""
+        """Recompute summaries from events, per account; report the drift fixed.
+        `progress(done, total)` counts contacts recounted."""
         ...
 
     def close(self) -> None:

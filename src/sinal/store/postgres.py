@@ -55,7 +55,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import datetime
-from functools import partial
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar, cast
 from uuid import UUID
@@ -114,7 +113,7 @@ from sinal.store.base import (
     SummaryRow,
     compare_summaries,
     read_migrations,
-    rebuild_by_contacts,
+    rebuild_accounts,
     rejection_message,
     summary_deltas,
 )
@@ -951,18 +950,17 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         time, each chunk in its own transaction (`_rebuild_contacts`). Only writers of the
         summary rows being recounted wait, for one chunk; other contacts and accounts
         write on."""
-        if account_id is not None:
-            accounts = [account_id]
-        else:
-            with self._conn() as conn:
+        with self._conn() as conn:
+            if account_id is not None:
+                accounts = [account_id]
+                counted = conn.execute(
+                    "SELECT count(*) FROM contacts WHERE account_id = %s", (account_id,)
+                )
+            else:
                 accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")]
-        reports: list[RebuildReport] = []
-        for done, account in enumerate(accounts, start=1):
-            report = rebuild_by_contacts(account, partial(self._rebuild_step, account))
-            reports.append(report)
-            if progress is not None:
-                progress(done, len(accounts))
-        return reports
+                counted = conn.execute("SELECT count(*) FROM contacts")
+            [(contacts,)] = counted.fetchall()
+        return rebuild_accounts(accounts, contacts, self._rebuild_step, progress)
 
     def _rebuild_step(self, account: UUID, after: UUID | None) -> tuple[list[UUID], RebuildReport]:
         """The account's next contacts after `after`, recounted in one transaction."""

@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
-from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -64,7 +63,7 @@ from sinal.store.base import (
     SummaryRow,
     compare_summaries,
     read_migrations,
-    rebuild_by_contacts,
+    rebuild_accounts,
     rejection_message,
     summary_deltas,
 )
@@ -539,18 +538,17 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         """Recompute summaries from events, an account's contacts `base.REBUILD_CONTACTS`
         at a time, each chunk in one write transaction: writers wait for a chunk, not for
         the whole rebuild."""
-        if account_id is not None:
-            accounts = [str(account_id)]
-        else:
-            with self._read() as conn:
+        with self._read() as conn:
+            if account_id is not None:
+                accounts = [str(account_id)]
+                counted = conn.execute(
+                    "SELECT count(*) FROM contacts WHERE account_id = ?", (accounts[0],)
+                )
+            else:
                 accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")]
-        reports: list[RebuildReport] = []
-        for done, account in enumerate(accounts, start=1):
-            report = rebuild_by_contacts(UUID(account), partial(self._rebuild_step, account))
-            reports.append(report)
-            if progress is not None:
-                progress(done, len(accounts))
-        return reports
+                counted = conn.execute("SELECT count(*) FROM contacts")
+            [(contacts,)] = counted.fetchall()
+        return rebuild_accounts(accounts, contacts, self._rebuild_step, progress)
 
     def _rebuild_step(self, account: str, after: str | None) -> tuple[list[str], RebuildReport]:
         """The account's next contacts after `after`, recounted in one transaction."""
