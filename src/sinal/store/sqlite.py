@@ -5,9 +5,11 @@ never has to upgrade a read lock and deadlock); readers run beside it under WAL.
 queue for it on an advisory file lock first (`flock` on `<database>-lock`, every process
 and thread alike): SQLite's own busy handler makes a waiting writer sleep and poll (1, 2,
 5 … 100 ms), which adds its sleeps to every write that waited, and lets a fresh arrival
-overtake writers that have waited for seconds. A writer waits for its turn at most the
-busy timeout (`SINAL_DATABASE_WAIT`, 30 s by default), then gets `StoreUnavailable`.
-Each thread has its own connection.
+overtake writers that have waited for seconds. The threads of one process queue on a lock
+of the process before that: only one of them at a time takes or waits for the file, and
+a thread that waits for another of its process costs no thread of its own. A writer waits
+for its turn at most the busy timeout (`SINAL_DATABASE_WAIT`, 30 s by default), then gets
+`StoreUnavailable`. Each thread has its own connection.
 Decimals are stored as exact text and summed with a Python aggregate (`decimal_sum`),
 never as floats.
 """
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import queue
 import sqlite3
 import threading
+import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -149,8 +153,9 @@ def translated_errors() -> Iterator[None]:
 
 
 class _LockWait:
-    """A thread waiting for the writers' lock file on `fd` (without the GIL) for a writer
-    that can stop waiting, and take the wait up again at its next write."""
+    """One wait for the writers' lock file on `fd`, run by a thread of `_Waiters` (without
+    the GIL) for a writer that can stop waiting, and take the wait up again at its next
+    write."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -158,9 +163,9 @@ class _LockWait:
         self._taken = threading.Event()
         self._abandoned = False
         self._gone = False  # the lock came while abandoned: given back, the descriptor closed
-        threading.Thread(target=self._wait, name="sinal-sqlite-lock", daemon=True).start()
 
-    def _wait(self) -> None:
+    def run(self) -> None:
+        """Wait for the lock (in a waiting thread); give it back if nobody wants it any more."""
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         with self._state:
             if not self._abandoned:
@@ -189,6 +194,49 @@ class _LockWait:
             return True
 
 
+class _Waiters:
+    """The threads that wait for the lock file (`flock` cannot time out), each kept for the
+    next wait once its wait has ended. Starting a thread for every wait cost a writer that
+    found the file taken ~100 µs: two processes writing one database, 84% of their writes
+    had to wait (bench/README.md, session 29). One thread usually does: a process waits for
+    the file one writer at a time, and only a wait given up while the file stays taken
+    keeps its thread, until the file comes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[_LockWait | None]] = []
+        self._closed = False
+
+    def start(self, fd: int) -> _LockWait:
+        """A wait for the lock on `fd`, started in an idle waiting thread or a new one."""
+        wait = _LockWait(fd)
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is None:
+            inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve, args=(inbox,), name="sinal-sqlite-lock", daemon=True
+            ).start()
+        inbox.put(wait)
+        return wait
+
+    def _serve(self, inbox: queue.SimpleQueue[_LockWait | None]) -> None:
+        while (wait := inbox.get()) is not None:
+            wait.run()
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle.append(inbox)
+
+    def close(self) -> None:
+        """End the idle threads, and each busy one once its wait has ended."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
+
+
 class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteCommerce):
     """sinal's tables in one SQLite file."""
 
@@ -208,6 +256,8 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         self._all_lock = threading.Lock()
         self._lock_path = f"{path}-lock"
         self._lock_fds: list[int] = []
+        self._turn = threading.Lock()  # this process's writer, or the one waiting for the file
+        self._waiters = _Waiters()
         self._users = 0  # operations in progress, in every thread
         self._idle = threading.Condition(self._all_lock)  # notified when they are none
 
@@ -259,10 +309,36 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
                         raise
                     conn.execute("COMMIT")
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                finally:
+                    self._turn.release()
 
     def _writers_turn(self) -> int:
-        """Take the writers' lock file, waiting at most the busy timeout; the descriptor
+        """Take this process's turn, then the writers' lock file, waiting at most the busy
+        timeout for both; the descriptor holding the file (the turn is released after it).
+
+        Without the turn, each thread that found the file taken waited for it in a thread
+        made for the wait: 32 threads calling `emit_event` stored 950 events/s where one
+        thread stored 2,500 (bench/README.md, session 29). The process's lock is waited
+        for without a thread of its own and without the GIL."""
+        started = time.monotonic()
+        if not self._turn.acquire(timeout=self._busy_timeout):
+            raise self._busy()
+        try:
+            return self._file_turn(self._busy_timeout - (time.monotonic() - started))
+        except BaseException:
+            self._turn.release()
+            raise
+
+    def _busy(self) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"the database is busy: no writer's turn within {self._busy_timeout:g} s "
+            f"(another writer holds {self._lock_path})"
+        )
+
+    def _file_turn(self, timeout: float) -> int:
+        """Take the writers' lock file, waiting at most `timeout` seconds; the descriptor
         holding it. `flock` cannot time out, so a writer that has to wait does so in a
         thread of its own; if its turn does not come in time, that thread keeps the
         descriptor, and gives the lock back and closes it once it gets it. The writer's
@@ -282,17 +358,14 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
                 return fd
             except BlockingIOError:
                 pass
-            wait = _LockWait(fd)
-        if wait.done(self._busy_timeout):
+            wait = self._waiters.start(fd)
+        if wait.done(max(timeout, 0.0)):
             return wait.fd
         with self._all_lock:
             self._lock_fds.remove(wait.fd)
         self._local.lock_fd = None  # the waiting thread's now
         self._local.pending = wait
-        raise StoreUnavailable(
-            f"the database is busy: no writer's turn within {self._busy_timeout:g} s "
-            f"(another writer holds {self._lock_path})"
-        )
+        raise self._busy()
 
     def _lock_fd(self) -> int:
         """This thread's descriptor of the writers' lock file (flock locks belong to an
@@ -333,6 +406,8 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
             for fd in self._lock_fds:
                 os.close(fd)
             self._lock_fds.clear()
+            self._waiters.close()
+            self._waiters = _Waiters()  # for a write after the close, which opens anew
         self._local = threading.local()
 
     # -- schema ------------------------------------------------------------------------
