@@ -1383,6 +1383,43 @@ def test_sqlite_threads_of_one_process_wait_for_the_lock_file_one_at_a_time(
     assert count(sqlite_url, "events") == 8
 
 
+def test_sqlite_writers_of_one_process_take_turns_in_the_order_they_came() -> None:
+    """The process's turn goes to the thread that has waited longest: a thread that
+    writes back to back (`rebuild-summaries`, chunk after chunk) cannot take it again
+    while another waits, nor can a thread that asks later; one that gives up leaves the
+    line."""
+    from sinal.store.sqlite import _Turns
+
+    turns = _Turns()
+    order: list[str] = []
+
+    def take(name: str, timeout: float = 10) -> None:
+        if turns.acquire(timeout):
+            order.append(name)
+            turns.release()
+        else:
+            order.append(f"{name} gave up")
+
+    assert turns.acquire(1)  # the writer writing back to back
+    first = threading.Thread(target=take, args=("first",))
+    first.start()
+    wait_until(lambda: len(turns._waiting) == 1)
+    quitter = threading.Thread(target=take, args=("quitter", 0.05))
+    quitter.start()
+    quitter.join(10)
+    second = threading.Thread(target=take, args=("second",))
+    second.start()
+    wait_until(lambda: len(turns._waiting) == 2)
+    turns.release()
+    assert turns.acquire(10)  # at once again: after the two that wait
+    order.append("again")
+    turns.release()
+    first.join(10)
+    second.join(10)
+
+    assert order == ["quitter gave up", "first", "second", "again"]
+
+
 def test_a_sqlite_waiting_thread_waits_again_for_the_next_writer(sqlite_url: str) -> None:
     """The thread that waited for the lock file for one write waits for the next one too
     (starting a thread per wait cost each write that found the file taken ~100 µs)."""

@@ -23,6 +23,7 @@ import sqlite3
 import threading
 import time
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -194,13 +195,50 @@ class _LockWait:
             return True
 
 
+class _Turns:
+    """A lock handed over to the threads waiting for it in the order they came. (A
+    `threading.Lock` lets the thread that releases it take it again before the waiter it
+    woke runs: a thread writing back to back, as `rebuild-summaries` does chunk after
+    chunk, would keep the other threads of its process waiting for several of its writes.)"""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._held = False
+        self._waiting: deque[threading.Lock] = deque()
+
+    def acquire(self, timeout: float) -> bool:
+        """Whether the lock is this thread's within `timeout` seconds."""
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return True
+            mine = threading.Lock()
+            mine.acquire()
+            self._waiting.append(mine)
+        if mine.acquire(timeout=timeout):
+            return True  # handed over by `release`
+        with self._mutex:
+            if mine in self._waiting:
+                self._waiting.remove(mine)
+                return False
+        return True  # handed over while the wait timed out
+
+    def release(self) -> None:
+        """Hand the lock to the thread that has waited longest, or leave it free."""
+        with self._mutex:
+            if self._waiting:
+                self._waiting.popleft().release()  # still held: by that thread now
+            else:
+                self._held = False
+
+
 class _Waiters:
     """The threads that wait for the lock file (`flock` cannot time out), each kept for the
-    next wait once its wait has ended. Starting a thread for every wait cost a writer that
-    found the file taken ~100 µs: two processes writing one database, 84% of their writes
-    had to wait (bench/README.md, session 29). One thread usually does: a process waits for
-    the file one writer at a time, and only a wait given up while the file stays taken
-    keeps its thread, until the file comes."""
+    next wait once its wait has ended. Starting a thread costs ~100 µs; two processes
+    writing one database found the file taken for 85–97% of their writes, and keeping
+    the thread took 7% off their CPU per event (bench/README.md, session 29). One thread
+    usually does: a process waits for the file one writer at a time, and only a wait given
+    up while the file stays taken keeps its thread, until the file comes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -256,7 +294,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         self._all_lock = threading.Lock()
         self._lock_path = f"{path}-lock"
         self._lock_fds: list[int] = []
-        self._turn = threading.Lock()  # this process's writer, or the one waiting for the file
+        self._turn = _Turns()  # this process's writer, or the one waiting for the file
         self._waiters = _Waiters()
         self._users = 0  # operations in progress, in every thread
         self._idle = threading.Condition(self._all_lock)  # notified when they are none
@@ -319,9 +357,10 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         timeout for both; the descriptor holding the file (the turn is released after it).
 
         Without the turn, each thread that found the file taken waited for it in a thread
-        made for the wait: 32 threads calling `emit_event` stored 950 events/s where one
-        thread stored 2,500 (bench/README.md, session 29). The process's lock is waited
-        for without a thread of its own and without the GIL."""
+        made for the wait: six threads calling `emit_event` stored 916–997 events/s where
+        one stored 2,354–2,589, and 1,362–1,467 with the turn (bench/README.md, session
+        29). The process's lock is waited for without a thread of its own and without the
+        GIL."""
         started = time.monotonic()
         if not self._turn.acquire(timeout=self._busy_timeout):
             raise self._busy()
