@@ -6,10 +6,11 @@ queue for it on an advisory file lock first (`flock` on `<database>-lock`, every
 and thread alike): SQLite's own busy handler makes a waiting writer sleep and poll (1, 2,
 5 … 100 ms), which adds its sleeps to every write that waited, and lets a fresh arrival
 overtake writers that have waited for seconds. The threads of one process queue on a lock
-of the process before that: only one of them at a time takes or waits for the file, and
-a thread that waits for another of its process costs no thread of its own. A writer waits
-for its turn at most the busy timeout (`SINAL_DATABASE_WAIT`, 30 s by default), then gets
-`StoreUnavailable`. Each thread has its own connection.
+of the process before that, served in the order they came (`_Turns`): only one of them at
+a time takes or waits for the file, and a thread that waits for another of its process
+costs no thread of its own. A writer waits for its turn at most the busy timeout
+(`SINAL_DATABASE_WAIT`, 30 s by default), then gets `StoreUnavailable`. Each thread has
+its own connection.
 Decimals are stored as exact text and summed with a Python aggregate (`decimal_sum`),
 never as floats.
 """
@@ -235,10 +236,11 @@ class _Turns:
 class _Waiters:
     """The threads that wait for the lock file (`flock` cannot time out), each kept for the
     next wait once its wait has ended. Starting a thread costs ~100 µs; two processes
-    writing one database found the file taken for 85–97% of their writes, and keeping
-    the thread took 7% off their CPU per event (bench/README.md, session 29). One thread
-    usually does: a process waits for the file one writer at a time, and only a wait given
-    up while the file stays taken keeps its thread, until the file comes."""
+    writing one database found the file taken for 83–97% of their writes, and keeping
+    the thread took their CPU per event from 560–617 µs to 532–583 (bench/README.md,
+    session 29). One thread usually does: a process waits for the file one writer at a
+    time, and only a wait given up while the file stays taken keeps its thread, until the
+    file comes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -358,7 +360,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
 
         Without the turn, each thread that found the file taken waited for it in a thread
         made for the wait: six threads calling `emit_event` stored 916–997 events/s where
-        one stored 2,354–2,589, and 1,362–1,467 with the turn (bench/README.md, session
+        one stored 2,354–2,589, and 1,361–1,389 with the turn (bench/README.md, session
         29). The process's lock is waited for without a thread of its own and without the
         GIL."""
         started = time.monotonic()
