@@ -83,6 +83,8 @@ SEED = 20261129
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432"
 CONCURRENT = 32  # asyncio callers in flight at once, for the concurrent methods
 FULL = (20_000, 3_000)  # (batch methods, per-event methods)
+FLUSH_PROBES = 300  # fdatasync calls per measurement of the disk
+FLUSH_GAP = 200e-6  # seconds between them in the second: ~ a caller's turn between commits
 QUICK = (2_000, 500)
 
 # (metric, weight, source, entity type)
@@ -1000,7 +1002,39 @@ def targets(report: Report) -> list[tuple[str, float, float]]:
     ]
 
 
-def print_report(reports: list[Report]) -> None:
+def flush_latency(gap: float, directory: str | None = None) -> float:
+    """Mean µs of one fdatasync of an 8 kB write to a temporary file in `directory`, over
+    `FLUSH_PROBES` calls `gap` seconds apart (0: back to back)."""
+    sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+    page = 8192
+    with tempfile.NamedTemporaryFile(dir=directory, prefix="sinal_bench_flush_") as file:
+        fd = file.fileno()
+        os.pwrite(fd, bytes(64 * page), 0)  # written once, like a WAL segment
+        os.fsync(fd)
+        waited = 0.0
+        for i in range(FLUSH_PROBES):
+            os.pwrite(fd, os.urandom(page), i % 64 * page)
+            started = time.perf_counter()
+            sync(fd)
+            waited += time.perf_counter() - started
+            if gap:
+                time.sleep(gap)
+    return waited / FLUSH_PROBES * 1e6
+
+
+def flush_line() -> str:
+    """The disk's flush, back to back (what `pg_test_fsync` reports) and with a caller's
+    gap between flushes (what a caller committing one event at a time pays: on some
+    virtual disks several times more, bench/README.md)."""
+    back_to_back, spaced = flush_latency(0), flush_latency(FLUSH_GAP)
+    return (
+        f"This machine's disk (a file in {tempfile.gettempdir()}): fdatasync of an 8 kB write "
+        f"{back_to_back:,.0f} µs back to back, {spaced:,.0f} µs with {FLUSH_GAP * 1e6:.0f} µs "
+        f"between flushes (means of {FLUSH_PROBES})."
+    )
+
+
+def print_report(reports: list[Report], disk: str) -> None:
     """Tables, then the targets (PostgreSQL's are the targets; SQLite's are shown too)."""
     out = Console()
     if not out.is_terminal:
@@ -1008,6 +1042,8 @@ def print_report(reports: list[Report]) -> None:
     for report in reports:
         out.print(table(report))
         out.print()
+    out.print(disk)
+    out.print()
     for report in reports:
         scope = "targets" if report.backend == "postgresql" else "same ratios, for information"
         out.print(f"[bold]{report.backend}[/bold] — {scope}:")
@@ -1121,7 +1157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(as_json(reports) + "\n")
     else:
-        print_report(reports)
+        print_report(reports, flush_line())
     return 0
 
 
