@@ -1002,12 +1002,12 @@ def targets(report: Report) -> list[tuple[str, float, float]]:
     ]
 
 
-def flush_latency(gap: float, directory: str | None = None) -> float:
-    """Mean µs of one fdatasync of an 8 kB write to a temporary file in `directory`, over
-    `FLUSH_PROBES` calls `gap` seconds apart (0: back to back)."""
+def flush_latency(gap: float) -> float:
+    """Mean µs of one fdatasync of an 8 kB write to a temporary file (in the temporary
+    directory), over `FLUSH_PROBES` calls `gap` seconds apart (0: back to back)."""
     sync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
     page = 8192
-    with tempfile.NamedTemporaryFile(dir=directory, prefix="sinal_bench_flush_") as file:
+    with tempfile.NamedTemporaryFile(prefix="sinal_bench_flush_") as file:
         fd = file.fileno()
         os.pwrite(fd, bytes(64 * page), 0)  # written once, like a WAL segment
         os.fsync(fd)
