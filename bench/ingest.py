@@ -1035,7 +1035,8 @@ def flush_line() -> str:
 
 
 def print_report(reports: list[Report], disk: str) -> None:
-    """Tables, then the targets (PostgreSQL's are the targets; SQLite's are shown too)."""
+    """Tables, the `disk` line (`flush_line`), then the targets (PostgreSQL's are the
+    targets; SQLite's are shown too)."""
     out = Console()
     if not out.is_terminal:
         out = Console(width=140)  # not 80: the table fits without wrapping
