@@ -845,6 +845,42 @@ def test_a_streamed_batch_survives_a_metric_deleted_by_hand(pg_url: str) -> None
 
 
 @pytest.mark.postgres
+def test_a_streamed_batchs_lookups_are_planned_for_each_batch(pg_url: str) -> None:
+    """The lookups of a streamed batch (its stored keys, its missing contacts) are never
+    kept as prepared statements, whose plan would outlive the table's statistics: planned
+    while `events` was empty after a purge and a VACUUM, it read the whole table for each
+    key of every later batch, until the next ANALYZE. psycopg prepares what runs five
+    times, as the batch's closing statements show; the answers stay right throughout."""
+    store = PostgresStore(pg_url, max_size=1)  # one connection: the one asked below
+    with Ledger(store) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        stranger = uuid.uuid4()  # no contact of the account
+
+        def batch(first: int) -> list[EmitEvent]:
+            events = [order_paid(account, contact, source_id=str(first + i)) for i in range(80)]
+            events[-1] = order_paid(account, contact, source_id=str(first))  # a repeat
+            events[-2] = order_paid(account, contact, contact_id=stranger, source_id="x")
+            return events
+
+        answers = [ledger.emit_many(batch(100 * n)) for n in range(8)]
+        for table in ("outbox", "contact_metrics_summary", "events", "rejections"):
+            sql(pg_url, f"DELETE FROM {table}")
+        sql(pg_url, "VACUUM events")
+        answers += [ledger.emit_many(batch(100 * n)) for n in range(8)]
+        with store._pool.connection() as conn:
+            kept = [r[0] for r in conn.execute("SELECT statement FROM pg_prepared_statements")]
+
+    assert any("INSERT INTO contact_metrics_summary" in s for s in kept)
+    assert not [s for s in kept if "WITH ORDINALITY AS k(" in s]
+    for results in answers:
+        assert [r.status for r in results[:78]] == ["created"] * 78
+        assert (results[78].status, results[78].reason) == ("rejected", "contact_not_found")
+        assert (results[79].status, results[79].event_id) == ("duplicate", results[0].event_id)
+    assert count(pg_url, "events") == 8 * 78
+
+
+@pytest.mark.postgres
 @pytest.mark.parametrize("where", ["copy", "tail"])
 def test_a_streamed_batch_aborted_by_a_deadlock_is_redone_whole(
     pg_url: str, monkeypatch: pytest.MonkeyPatch, where: str

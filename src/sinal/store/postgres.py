@@ -323,6 +323,18 @@ _RECORD_EVENT_PREPARED = _RECORD_EVENT.format(
 # install, a burst), a join can scan a whole account's rows per key, and a prepared
 # statement keeps that plan until the next ANALYZE.
 #
+# And neither is prepared: each is planned for its batch. A table vacuumed while empty
+# (after a purge, or an operator's VACUUM) has statistics of no rows, for which a
+# sequential scan per key is cheapest, and psycopg prepares a statement after five runs:
+# the plan was kept while the table grew, until autovacuum's next ANALYZE, and each key
+# of a batch read the whole table. After a purge and a VACUUM, 10,000 events by batches
+# of 500 went at 2,580 events/s against 19,710 before, prepared; 21,190 against 18,708,
+# planned per batch (bench/HISTORY.md, session 33). With sequential scans off, as
+# `sinal_record_event` runs, the planner took another index of `events` and read the
+# account's rows per key (762 events/s): with no rows expected, every index costs the
+# same. Planned per batch, the plan follows the table's size as it grows; the planning
+# did not show in `bench/ingest.py` (8 runs alternated with the prepared statements).
+#
 # Both answer with the key's place in the arrays (`ord`, from 1), not the key: the caller
 # has it already, and loading 400 UUIDs back cost ~0.5 ms of a batch's ~25.
 _DUPLICATES_SQL = """
@@ -1273,11 +1285,11 @@ def _record_copied(
             # `conn.transaction()`, which in a pipeline keeps one open around its block.)
             transaction.enter_context(psycopg.Transaction(conn))
             dedup = _key_arrays((k.account_id, k.unique_event_id) for k in keys)
-            found = conn.execute(_DUPLICATES_SQL, dedup)
+            found = conn.execute(_DUPLICATES_SQL, dedup, prepare=False)
             contacts = _pair_arrays(
                 ((k.account_id, k.contact_id) for k in keys), _UuidArray, _UuidArray
             )
-            missing = conn.cursor().execute(_MISSING_CONTACTS_SQL, contacts)
+            missing = conn.cursor().execute(_MISSING_CONTACTS_SQL, contacts, prepare=False)
             first = next(chunks, ())  # validated while PostgreSQL looks up
             batch = _Streamed(
                 _payloads(dedup, found.fetchall()), _pairs_at(contacts, missing.fetchall())
@@ -1555,7 +1567,7 @@ def _stored_payloads(
 ) -> dict[tuple[UUID, str], tuple[UUID, StoredPayload]]:
     """The stored events (id and payload) that `events`, duplicates, repeat, by dedup key."""
     keys = _key_arrays((e.account_id, e.unique_event_id) for e in events)
-    return _payloads(keys, conn.execute(_DUPLICATES_SQL, keys).fetchall())
+    return _payloads(keys, conn.execute(_DUPLICATES_SQL, keys, prepare=False).fetchall())
 
 
 def _payloads(
