@@ -20,8 +20,9 @@ from sinal.automations.dispatcher import Dispatcher, DispatchSettings, spec_of
 from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
 from sinal.errors import InvalidIntegration, StoreError
-from sinal.store.automations import Advance, Claim
+from sinal.store.automations import Advance, Claim, StepFinish, StepStart
 from sinal.store.base import EventQuery
+from sinal.store.postgres import PostgresStore
 from tests.helpers import count, cut_connections, sql, wait_until
 from tests.servers import Recorder, ai_server, webhook_receiver, whatsapp_server
 
@@ -331,6 +332,56 @@ def test_renewal_extends_a_held_claim_and_never_revives_a_lost_one(world: World)
     assert store.renew_claims([taken, claim]) == {taken.execution.id}
     assert store.renew_claims([]) == set()
     assert not store.advance(claim, Advance("completed", 2))  # still worker-b's
+
+
+@pytest.mark.postgres
+def test_steps_find_their_executions_by_key_once_the_table_has_grown(pg_url: str) -> None:
+    """A worker's claims and fenced writes (a step's start and finish, a lease's renewal)
+    look each execution up by its key, whatever the statistics: planned while `executions`
+    was small and kept, they read the whole table for every statement until the next
+    ANALYZE."""
+    store = PostgresStore(pg_url, max_size=1)  # one connection: its statements stay prepared
+    with Ledger(store) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, external_id="c1")
+        Automations(ledger).create(account.id, {
+            "name": "no-op", "trigger_metric": "Ping",
+            "steps": [{"type": "filter", "conditions": [
+                {"field": "source", "op": "eq", "value": "test"}]}],
+        })  # fmt: skip
+        sql(pg_url, "ALTER TABLE executions SET (autovacuum_enabled = off)")
+        sql(pg_url, "ANALYZE executions")
+
+        def one_execution(n: int) -> tuple[bool, bool, bool]:
+            ledger.emit_event(account_id=account.id, contact_id=contact.id,
+                              metric_name="Ping", source="test", source_id=str(n))  # fmt: skip
+            store.fan_out(lambda e, c: [a.id for a in c], 10)
+            [claim] = store.claim_executions("worker-a", 10, 30.0)
+            [start] = store.start_steps([StepStart(claim, 0, "filter")])
+            renewed = store.renew_claims([claim])
+            [held] = store.finish_steps(
+                [StepFinish(claim, 0, "completed", then=Advance("completed", 1))]
+            )
+            return start is not None and start[1], renewed == {claim.execution.id}, held
+
+        small = [one_execution(n) for n in range(16)]  # prepared, planned on a small table
+        [(automation,)] = sql(pg_url, "SELECT id FROM automations")
+        sql(pg_url, "INSERT INTO executions (account_id, id, automation_id, event_id, "
+            "contact_id, status) SELECT ?, gen_random_uuid(), ?, gen_random_uuid(), ?, "
+            "'completed' FROM generate_series(1, 50000)",
+            account.id, automation, contact.id)  # fmt: skip
+        grown = [one_execution(n) for n in range(16, 20)]
+    # the server's counters, flushed as the store's connection ended
+    others = (
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()"
+    )
+    wait_until(lambda: not sql(pg_url, others))
+    [(read,)] = sql(pg_url, "SELECT seq_tup_read FROM pg_stat_user_tables "
+                    "WHERE relname = 'executions'")  # fmt: skip
+
+    assert small + grown == [(True, True, True)] * 20  # started, renewed, held
+    assert read < 50_000  # no statement read the grown table through
 
 
 def test_a_stuck_step_is_renewed_no_longer(world: World, caplog: pytest.LogCaptureFixture) -> None:

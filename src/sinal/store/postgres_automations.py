@@ -102,6 +102,25 @@ WHERE NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
                   AND s.execution_id = h.id AND s.step_index = h.step_index)
 """
 
+# The three statements above and below (and the claim) find each request's execution
+# (and step) by its whole primary key, the requests coming as one JSON array that the
+# planner takes for 100 rows. On statistics taken while `executions` was small (a new or
+# emptied table, until autovacuum's next ANALYZE) it joined them to a scan of the whole
+# table by a hash, kept that as the statement's generic plan, and every step's start and
+# finish then read every execution: 25-40 ms a statement 20 s into a steady 1,000
+# executions/s on a new database, and the lag grew with the table (bench/README.md,
+# session 34). These settings, sent in the statement's round trip and transaction, leave
+# the planner one way: a nested loop over the requests, each an index lookup.
+_BY_KEY = (
+    "SELECT set_config('enable_seqscan', 'off', true), "
+    "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+)
+# ... and back, for what else the transaction runs (a plan is kept whatever the settings).
+_BY_KEY_END = (
+    "SELECT set_config(name, reset_val, true) FROM pg_settings "
+    "WHERE name IN ('enable_seqscan', 'enable_hashjoin', 'enable_mergejoin')"
+)
+
 # Leases renewed while their executions run, fenced like every write of a claimed
 # execution. SKIP LOCKED: a row locked by another transaction belongs to a step being
 # recorded, and that record releases the claim or the next step's start extends it;
@@ -339,9 +358,13 @@ class PostgresAutomations:
             # finds dead so the next claims skip them; a bitmap scan (the planner's choice
             # when its statistics lag behind the churn) visits every one of them, every
             # time: 18,000 entries and 12 ms per claim after 17 s at 1,000 executions/s.
-            # The pipeline sends BEGIN, SET LOCAL, the claim and COMMIT in one round trip.
+            # And like the fenced writes (`_BY_KEY`), the claim finds each claimed row by its
+            # key: on a small table's statistics it too was planned as a hash join over a
+            # scan of every execution. The pipeline sends BEGIN, the settings, the claim and
+            # COMMIT in one round trip.
             with conn.pipeline(), conn.transaction():
                 conn.execute("SET LOCAL enable_bitmapscan = off")
+                conn.execute(_BY_KEY)
                 cur = conn.execute(
                     _claim_layout()[0], {"worker": worker, "lease": lease, "limit": limit}
                 )
@@ -362,8 +385,8 @@ class PostgresAutomations:
              "step_type": s.step_type}
             for i, s in enumerate(starts)
         ])}  # fmt: skip
-        with self._conn() as conn:  # one statement: its own transaction
-            rows = conn.execute(_START_STEPS_SQL, params).fetchall()
+        with self._conn() as conn:
+            rows = _by_key(conn, _START_STEPS_SQL, params).fetchall()
         found: list[tuple[StepRecord, bool] | None] = [None] * len(starts)
         for row in rows:
             found[row[0]] = (StepRecord(*row[2:]), row[1])
@@ -384,10 +407,18 @@ class PostgresAutomations:
         params = _finish_params(finishes)
         emits = [(i, f.emit) for i, f in enumerate(finishes) if f.emit is not None]
 
-        def work(conn: Conn) -> list[bool]:
+        def held_of(cur: psycopg.Cursor[TupleRow]) -> list[bool]:
             held = [False] * len(finishes)
-            for (ord_,) in conn.execute(_FINISH_STEPS_SQL, params):
+            for (ord_,) in cur:
                 held[ord_] = True
+            return held
+
+        def work(conn: Conn) -> list[bool]:
+            with conn.pipeline():  # one round trip, in the transaction of `_retrying`
+                conn.execute(_BY_KEY)
+                cur = conn.execute(_FINISH_STEPS_SQL, params)
+                conn.execute(_BY_KEY_END)
+            held = held_of(cur)
             if emits:
                 # recorded even where a claim was lost: the steps did happen. Last, so the
                 # contacts' summary rows stay locked only until the commit right after.
@@ -399,9 +430,9 @@ class PostgresAutomations:
                                                        finishes[i].step_index))  # fmt: skip
             return held
 
-        if not emits:  # one statement: its own transaction
+        if not emits:  # one statement
             with self._conn() as conn:
-                return work(conn)
+                return held_of(_by_key(conn, _FINISH_STEPS_SQL, params))
         return self._retrying(work)
 
     def finish_step(
@@ -442,8 +473,8 @@ class PostgresAutomations:
              "lease": c.lease}
             for c in claims
         ])}  # fmt: skip
-        with self._conn() as conn:  # one statement: its own transaction
-            return {row[0] for row in conn.execute(_RENEW_CLAIMS_SQL, params)}
+        with self._conn() as conn:
+            return {row[0] for row in _by_key(conn, _RENEW_CLAIMS_SQL, params)}
 
     def get_execution(self, account_id: UUID, execution_id: UUID) -> Execution | None:
         """One execution with its step records."""
@@ -700,6 +731,15 @@ def _claim(row: Sequence[Any], steps: tuple[StepRecord, ...], worker: str, lease
         worker=worker,
         lease=lease,
     )
+
+
+def _by_key(conn: Conn, statement: str, params: dict[str, str]) -> psycopg.Cursor[TupleRow]:
+    """`statement` in a transaction of its own under `_BY_KEY`: BEGIN, the settings, the
+    statement and COMMIT in one round trip. Its rows are read after the commit."""
+    with conn.pipeline(), conn.transaction():
+        conn.execute(_BY_KEY)
+        cur = conn.execute(statement, params)
+    return cur
 
 
 def _finish_params(finishes: Sequence[StepFinish]) -> dict[str, str]:
