@@ -111,14 +111,13 @@ WHERE NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
 # executions/s on a new database, and the lag grew with the table (bench/README.md,
 # session 34). These settings, sent in the statement's round trip and transaction, leave
 # the planner one way: a nested loop over the requests, each an index lookup.
-_BY_KEY = (
-    "SELECT set_config('enable_seqscan', 'off', true), "
-    "set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
-)
+_BY_KEY_SETTINGS = ("enable_seqscan", "enable_hashjoin", "enable_mergejoin")
+_BY_KEY = "SELECT " + ", ".join(f"set_config('{s}', 'off', true)" for s in _BY_KEY_SETTINGS)
 # ... and back, for what else the transaction runs (a plan is kept whatever the settings).
 _BY_KEY_END = (
-    "SELECT set_config(name, reset_val, true) FROM pg_settings "
-    "WHERE name IN ('enable_seqscan', 'enable_hashjoin', 'enable_mergejoin')"
+    "SELECT set_config(name, reset_val, true) FROM pg_settings WHERE name IN ("
+    + ", ".join(f"'{s}'" for s in _BY_KEY_SETTINGS)
+    + ")"
 )
 
 # Leases renewed while their executions run, fenced like every write of a claimed
