@@ -172,6 +172,14 @@ def shipment(status: str | None) -> dict[str, Any]:
     return update
 
 
+def refund(refund_id: int, amount: str) -> dict[str, Any]:
+    """A refunds/create of the fixture order: `amount` paid back in one transaction."""
+    payload = fixture("shopify", "refunds_create_partial_1")
+    payload["id"] = refund_id
+    payload["transactions"][0].update(id=refund_id + 1, amount=amount)
+    return payload
+
+
 # -- Shopify -----------------------------------------------------------------------------
 
 
@@ -317,7 +325,33 @@ async def test_an_order_cancelled_before_its_created_webhook_ends_cancelled_with
     assert cancelled.value == Decimal("297.90")  # what was ordered, not the 0.00 left
     row = order_row(api, ANA_ORDER)
     assert row["status"] == "cancelled"
-    assert row["total"] == Decimal("0.00")  # the newest snapshot's current total
+    assert row["total"] == Decimal("297.90")  # what was ordered; Shopify's current total: 0.00
+
+
+async def test_a_second_partial_refund_after_an_order_webhook_leaves_the_order_partly_refunded(
+    api: Api, shopify: Shop
+) -> None:
+    placed = fixture("shopify", "orders_create")
+    placed["total_price"] = placed["current_total_price"] = "100.00"
+    fulfilled = fixture("shopify", "orders_fulfilled")
+    fulfilled.update(
+        total_price="100.00", current_total_price="50.00", financial_status="partially_refunded"
+    )  # Shopify's current total has the first refund taken off already
+    await shopify.deliver(placed, "orders/create")
+    await shopify.deliver(refund(1, "50.00"), "refunds/create")
+    await shopify.deliver(fulfilled, "orders/fulfilled")
+    await shopify.deliver(refund(2, "10.00"), "refunds/create")
+
+    row = order_row(api, ANA_ORDER)
+    assert (row["status"], row["total"], row["refunded"]) == (
+        "partially_refunded", Decimal("100.00"), Decimal("60.00"),
+    )  # fmt: skip
+    [done] = events(api, "Order Fulfilled")
+    # what was ordered, like every order event: the refunds are events of their own
+    assert (done.value, done.properties["total"]) == (Decimal("100.00"), "100.00")
+
+    await shopify.deliver(refund(3, "40.00"), "refunds/create")  # the rest
+    assert order_row(api, ANA_ORDER)["status"] == "refunded"
 
 
 # -- redeliveries, signatures, integrations ----------------------------------------------

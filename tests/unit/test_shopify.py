@@ -328,7 +328,7 @@ def test_order_fulfilled_carries_its_tracking_numbers() -> None:
         ("orders_create", "orders/create", "pending", "297.90"),
         ("orders_paid", "orders/paid", "paid", "297.90"),
         ("orders_fulfilled", "orders/fulfilled", "fulfilled", "297.90"),
-        ("orders_cancelled", "orders/cancelled", "cancelled", "0.00"),
+        ("orders_cancelled", "orders/cancelled", "cancelled", "297.90"),  # not the 0.00 left
     ],
 )
 def test_order_row_follows_the_payload(fixture: str, topic: str, status: str, total: str) -> None:

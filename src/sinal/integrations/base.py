@@ -145,7 +145,7 @@ class OrderRef:
     number: str | None
     status: OrderStatus
     provider_status: str | None  # the provider's own word ("paid", "refused", ...)
-    total: Decimal | None  # the current total (after edits and refunds)
+    total: Decimal | None  # what was ordered, before refunds (refunds are events)
     currency: str | None
     checkout_token: str | None = None
     cart_token: str | None = None

@@ -136,11 +136,10 @@ def _order_event(topic: str, order: Mapping[str, Any]) -> Normalized:
     contact = _order_contact(order)
     if contact.is_empty:
         raise UnmappablePayload("no_contact", "the order has no customer, phone or email")
-    cancelled = topic == "orders/cancelled"
-    value = _order_value(order, prefer_original=cancelled)
+    value = ref.total
     properties = _order_properties(order, ref)
     properties["total"] = r.money_text(value)
-    if cancelled:
+    if topic == "orders/cancelled":
         properties["cancel_reason"] = r.text(order, "cancel_reason")
     if topic == "orders/fulfilled":
         properties.update(_order_tracking(order))
@@ -168,7 +167,7 @@ def _order_ref(order: Mapping[str, Any]) -> OrderRef:
         number=r.first(r.text(order, "name"), r.text(order, "order_number")),
         status=_order_status(order),
         provider_status=r.text(order, "financial_status"),
-        total=_order_value(order, prefer_original=False),
+        total=_order_total(order),
         currency=r.currency(order, "currency"),
         checkout_token=r.text(order, "checkout_token"),
         cart_token=r.text(order, "cart_token"),
@@ -188,14 +187,13 @@ def _order_status(order: Mapping[str, Any]) -> OrderStatus:
     return "paid" if financial == "paid" else "pending"
 
 
-def _order_value(order: Mapping[str, Any], *, prefer_original: bool) -> Decimal | None:
-    # current_total_price follows edits and refunds; a cancelled order's current total
-    # drops to 0 once refunded, so cancellations report what was ordered.
-    current = r.money(order, "current_total_price")
+def _order_total(order: Mapping[str, Any]) -> Decimal | None:
+    """What was ordered: total_price. Not current_total_price, which has the refunds taken
+    off (0.00 once all went back): refunds are events of their own, and the order row adds
+    them up against this total (a second partial refund must not count the first twice)."""
+    current = r.money(order, "current_total_price")  # read anyway: junk is still named
     original = r.money(order, "total_price")
-    if prefer_original:
-        return original if original is not None else current
-    return current if current is not None else original
+    return original if original is not None else current
 
 
 def _order_contact(order: Mapping[str, Any]) -> ContactRef:

@@ -62,8 +62,8 @@ class Order:
     number: str | None
     status: str
     provider_status: str | None
-    total: Decimal | None
-    refunded: Decimal
+    total: Decimal | None  # what was ordered, before refunds
+    refunded: Decimal  # the refunds recorded: "refunded" once they reach `total`
     currency: str | None
     checkout_token: str | None
     cart_token: str | None
