@@ -14,7 +14,8 @@ create the contact, then write the events together with the row they change:
 Everything is idempotent: events dedup on their unique ids, and a row only changes as
 `sinal.store.commerce.merge_order` / `merge_checkout` say (status never moves back). A
 payload that verified but cannot be mapped raises `UnmappablePayload`; it is kept and
-`sinal webhooks replay` processes it again (e.g. a refund that came before its order).
+`sinal webhooks replay` processes it again (e.g. a refund or shipment that came before its
+order: it is about the order's buyer, and moves the order's row, so it waits for the order).
 
 Abandoned carts: Shopify sends none, so `derive_abandoned(ledger, now)` records Checkout
 Abandoned for every checkout with no order `abandon_after_minutes` (per integration,
@@ -147,21 +148,19 @@ def _order_contact(
     existing: Order | None,
     order_id: str,
 ) -> UUID:
-    """Order events: the customer in the payload. Refunds and shipments: the order's buyer
-    (a shipment's recipient may be someone else), else whoever the payload names."""
-    about_order = normalized.order is not None
-    if not about_order and existing is not None and existing.contact_id is not None:
-        return existing.contact_id
-    for event in normalized.events:
-        contact_id = _contact_id(ledger, integration, event.contact)
-        if contact_id is not None:
-            return contact_id
+    """Order events: the customer in the payload. Refunds and shipments: the order's buyer,
+    never the recipient a shipment names (maybe someone else); with no buyer known yet,
+    kept for replay, so that the event and the status it implies wait for the order."""
+    if normalized.order is not None:
+        for event in normalized.events:
+            contact_id = _contact_id(ledger, integration, event.contact)
+            if contact_id is not None:
+                return contact_id
     if existing is not None and existing.contact_id is not None:
         return existing.contact_id
     raise UnmappablePayload(
         "unknown_order",
-        f"order {order_id} is not known yet and the payload names no customer; "
-        "replay once the order's webhook has arrived",
+        f"order {order_id} is not known yet; replay once the order's webhook has arrived",
     )
 
 

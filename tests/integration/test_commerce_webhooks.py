@@ -354,6 +354,28 @@ async def test_a_second_partial_refund_after_an_order_webhook_leaves_the_order_p
     assert order_row(api, ANA_ORDER)["status"] == "refunded"
 
 
+async def test_a_shipment_before_its_order_is_kept_and_replayed_for_the_buyer(
+    api: Api, shopify: Shop
+) -> None:
+    delivered = shipment("delivered")
+    delivered["destination"]["phone"] = "+55 21 99876-5432"  # a neighbour receives it
+    delivered["email"] = None
+    early = await shopify.deliver(delivered, "fulfillments/update")
+    assert early["status"] == "unmappable"
+    assert early["reason"].startswith("unknown_order")
+    assert (count(api.url, "events"), count(api.url, "contacts")) == (0, 0)
+    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")
+
+    outcome = await asyncio.to_thread(webhooks.replay, api.ledger)
+
+    assert outcome == {"processed": 1}
+    [placed] = events(api, "Order Placed")
+    [arrived] = events(api, "Shipment Delivered")
+    assert arrived.contact_id == placed.contact_id
+    assert count(api.url, "contacts") == 1
+    assert order_row(api, ANA_ORDER)["status"] == "delivered"
+
+
 # -- redeliveries, signatures, integrations ----------------------------------------------
 
 
