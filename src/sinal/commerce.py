@@ -22,8 +22,9 @@ Abandoned for every checkout with no order `abandon_after_minutes` (per integrat
 default 60) after its last update; every worker calls it through `derive_all_abandoned`,
 a `sinal.housekeeping` task, and any number may at once (the store abandons each
 checkout once, under its row lock). Yampi's
-`cart.reminder` is the abandonment itself. An order carrying an abandoned checkout's
-token records Checkout Recovered, with the order's value, once.
+`cart.reminder` is the abandonment itself, unless an order carrying its token came first.
+An order carrying an abandoned checkout's token records Checkout Recovered, with the
+order's value, once.
 """
 
 from __future__ import annotations

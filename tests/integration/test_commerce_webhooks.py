@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -682,6 +683,69 @@ async def test_yampi_cart_reminder_is_the_abandonment_and_a_later_order_the_reco
     assert recovered.contact_id == abandoned.contact_id
     assert recovered.properties["checkout_token"] == "c8a2f1e0-93b4-4d7c-8e5a-0b1c2d3e4f50"
     assert derive_abandoned(api.ledger, now=datetime(2024, 6, 1, tzinfo=UTC)) == 0
+
+
+async def test_a_yampi_cart_reminder_after_its_order_records_no_abandonment(
+    api: Api, yampi_shop: Shop
+) -> None:
+    await yampi_shop.deliver(fixture("yampi", "order_created"))  # 14:32, with the cart token
+    late = await yampi_shop.deliver(fixture("yampi", "cart_reminder"))  # sent at 15:05
+    await yampi_shop.deliver(fixture("yampi", "order_paid"))
+
+    assert late["status"] == "processed"
+    assert metrics(api) == {"Order Placed": 1, "Order Paid": 1}  # nothing abandoned, recovered
+    assert checkout_state(api) == (True, False)
+
+
+@pytest.mark.parametrize("first", ["order", "reminder"])
+async def test_a_yampi_order_racing_its_cart_reminder_ends_recovered_or_never_abandoned(
+    api: Api, yampi_shop: Shop, monkeypatch: pytest.MonkeyPatch, first: str
+) -> None:
+    from sinal.store import postgres_commerce, sqlite_commerce
+
+    backend = sqlite_commerce if api.url.startswith("sqlite") else postgres_commerce
+    # The first pauses in its transaction after its write, before its commit (the order
+    # having completed the checkouts it saw, the reminder having written the checkout row);
+    # unserialized, the second would run to its end meanwhile.
+    name = "_complete_checkouts" if first == "order" else "_write_checkout"
+    write = getattr(backend, name)
+    in_window, second_done = threading.Event(), threading.Event()
+
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        done = write(*args, **kwargs)
+        in_window.set()
+        second_done.wait(timeout=0.5)
+        return done
+
+    monkeypatch.setattr(backend, name, paused)
+    sent = {"order": fixture("yampi", "order_created")}
+    sent["reminder"] = fixture("yampi", "cart_reminder")
+    running = asyncio.create_task(yampi_shop.send(sent.pop(first)))
+    assert await asyncio.to_thread(in_window.wait, 10)
+    [second] = sent.values()
+    answer = await yampi_shop.send(second)
+    second_done.set()
+
+    assert [(await running).json()["status"], answer.json()["status"]] == ["processed"] * 2
+    if first == "order":  # the reminder waited for it, and saw it
+        assert metrics(api) == {"Order Placed": 1}
+        assert checkout_state(api) == (True, False)
+    else:  # the order waited for the abandonment, and recovered it
+        assert metrics(api) == {
+            "Checkout Abandoned": 1, "Order Placed": 1, "Checkout Recovered": 1,
+        }  # fmt: skip
+        assert checkout_state(api) == (True, True)
+
+
+def checkout_state(api: Api) -> tuple[bool, bool]:
+    """The one checkout's (completed, abandoned)."""
+    [(completed, abandoned)] = sql(
+        api.url,
+        "SELECT completed_at IS NOT NULL, abandoned_at IS NOT NULL FROM checkouts "
+        "WHERE account_id = ?",
+        str(api.account.id),
+    )
+    return bool(completed), bool(abandoned)
 
 
 async def test_a_brazilian_phone_with_and_without_the_ninth_digit_is_one_contact(

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 from uuid import UUID, uuid4
 
 import pytest
 
+from sinal.events import PreparedEvent
 from sinal.integrations.base import OrderRef, OrderStatus
-from sinal.store.commerce import CheckoutUpdate, Order, OrderUpdate, merge_checkout, merge_order
+from sinal.store.commerce import (
+    CheckoutUpdate,
+    Order,
+    OrderUpdate,
+    checkout_events,
+    merge_checkout,
+    merge_order,
+)
 
 ACCOUNT, INTEGRATION, CONTACT = uuid4(), uuid4(), uuid4()
 T0 = datetime(2024, 5, 10, 17, 0, tzinfo=UTC)
@@ -95,3 +103,15 @@ def test_merge_checkout_a_reminder_is_the_abandonment() -> None:
     reminder = checkout_update(T0, abandoned=True)
     merged = merge_checkout(None, reminder, now=T0, has_order=False)
     assert (merged.abandoned_at, merged.due_at) == (T0, None)
+
+
+@pytest.mark.parametrize("order_first", ["in_the_same_transaction", "before"])
+def test_merge_checkout_a_reminder_after_the_order_abandons_nothing(order_first: str) -> None:
+    current = None
+    if order_first == "before":  # the order completed the checkout row earlier
+        current = merge_checkout(None, checkout_update(T0), now=T0, has_order=True)
+    reminder = checkout_update(T0 + timedelta(minutes=30), abandoned=True)
+    merged = merge_checkout(current, reminder, now=T0, has_order=current is None)
+    abandonment = [cast(PreparedEvent, object())]
+    assert (merged.completed_at, merged.abandoned_at, merged.due_at) == (T0, None, None)
+    assert checkout_events(merged, reminder, abandonment) == ()

@@ -9,7 +9,9 @@ functions both backends call (`merge_order`, `merge_checkout`):
   the provider's `updated_at`);
 - a refund adds to the refunded amount only when its event was new (a redelivery adds
   nothing);
-- a checkout is due for abandonment at `due_at` unless an order completed it first.
+- a checkout is due for abandonment at `due_at` unless an order completed it first, and a
+  reminder (Yampi's cart.reminder) of a checkout an order completed first abandons nothing
+  (`checkout_events`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "Order",
     "OrderSaved",
     "OrderUpdate",
+    "checkout_events",
     "merge_checkout",
     "merge_order",
 ]
@@ -274,10 +277,19 @@ def merge_checkout(
     else:  # an older snapshot arriving late: it only fills what is missing
         base = replace(current, contact_id=current.contact_id or update.contact_id)
     completed_at = base.completed_at or update.completed_at or (now if has_order else None)
-    abandoned_at = base.abandoned_at or (now if update.abandoned else None)
+    # a reminder after the order is no abandonment (it would only be "recovered" next)
+    abandoned_at = base.abandoned_at or (now if update.abandoned and not completed_at else None)
     due_at = base.due_at
     if update.abandon_after is not None:
         due_at = base.updated_at + update.abandon_after
     if completed_at or abandoned_at or base.contact_id is None:
         due_at = None
     return replace(base, completed_at=completed_at, abandoned_at=abandoned_at, due_at=due_at)
+
+
+def checkout_events(
+    checkout: Checkout, update: CheckoutUpdate, events: Sequence[PreparedEvent]
+) -> Sequence[PreparedEvent]:
+    """The events to record with `checkout` (merged from `update`): none for a reminder that
+    abandoned nothing, because an order had completed the checkout first."""
+    return () if update.abandoned and checkout.abandoned_at is None else events

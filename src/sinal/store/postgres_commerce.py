@@ -30,6 +30,7 @@ from sinal.store.commerce import (
     Order,
     OrderSaved,
     OrderUpdate,
+    checkout_events,
     merge_checkout,
     merge_order,
 )
@@ -43,6 +44,13 @@ _CHECKOUT_KEY = "account_id = %s AND integration_id = %s AND token = %s"
 _HAS_ORDER = (
     "SELECT 1 FROM orders WHERE account_id = %s AND integration_id = %s "
     "AND (checkout_token = %s OR cart_token = %s) LIMIT 1"
+)
+# A cart reminder (the abandonment itself) and the order carrying its token can race with
+# neither row there to lock yet: both lock (account, integration, token) first, so the
+# reminder sees the order, or the order the abandonment it then recovers. (A checkout that
+# is only due needs no such lock: `abandon_checkout` looks for its order under the row lock.)
+_LOCK_TOKENS = (
+    "SELECT pg_advisory_xact_lock(hashtextextended(%s || t, 0)) FROM unnest(%s::text[]) AS t"
 )
 
 
@@ -107,6 +115,8 @@ class PostgresCommerce:
         key = (u.account_id, u.integration_id, u.token)
 
         def work(conn: Conn) -> list[Outcome]:
+            if u.abandoned:
+                conn.execute(_LOCK_TOKENS, (_lock_prefix(*key[:2]), [u.token]))
             found = conn.execute(
                 f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
             ).fetchone()
@@ -115,7 +125,8 @@ class PostgresCommerce:
             checkout = merge_checkout(current, u, now=datetime.now(UTC), has_order=has_order)
             if checkout != current:
                 _write_checkout(conn, checkout, is_new=current is None)
-            return _record_in(conn, events) if events else []
+            recorded = checkout_events(checkout, u, events)
+            return _record_in(conn, recorded) if recorded else []
 
         return self._retrying(work)
 
@@ -236,6 +247,7 @@ def _complete_checkouts(
     tokens = sorted(set(order.tokens))  # one lock order for concurrent callers
     if not tokens:
         return []
+    conn.execute(_LOCK_TOKENS, (_lock_prefix(order.account_id, order.integration_id), tokens))
     rows = conn.execute(
         "UPDATE checkouts SET completed_at = coalesce(completed_at, now()), due_at = NULL "
         "WHERE account_id = %s AND integration_id = %s AND token = ANY(%s) "
@@ -252,3 +264,8 @@ def _complete_checkouts(
         (order.account_id, order.integration_id, tokens),
     )
     return outcomes
+
+
+def _lock_prefix(account_id: UUID, integration_id: UUID) -> str:
+    """The text a checkout token is appended to for its `_LOCK_TOKENS` lock key."""
+    return f"sinal:checkout:{account_id}:{integration_id}:"

@@ -24,6 +24,7 @@ from sinal.store.commerce import (
     Order,
     OrderSaved,
     OrderUpdate,
+    checkout_events,
     merge_checkout,
     merge_order,
 )
@@ -93,7 +94,8 @@ class SQLiteCommerce:
             checkout = merge_checkout(current, u, now=datetime.now(UTC), has_order=has_order)
             if checkout != current:
                 _write_checkout(conn, checkout)
-            return _record_in(conn, events) if events else []
+            recorded = checkout_events(checkout, u, events)
+            return _record_in(conn, recorded) if recorded else []
 
     def get_checkout(self, account_id: UUID, integration_id: UUID, token: str) -> Checkout | None:
         """One checkout, or None."""
