@@ -51,6 +51,7 @@ from sinal.integrations.base import (
 from sinal.integrations.checkouts import (
     DEFAULT_ABANDON_DELAY,
     abandoned_checkout,
+    is_storable,
     recovered_checkout,
 )
 from sinal.integrations.shopify import normalize_shopify
@@ -92,6 +93,7 @@ def process_yampi(ledger: Ledger, integration: Integration, delivery: StoredDeli
 def _apply(ledger: Ledger, integration: Integration, normalized: Normalized) -> None:
     if normalized.ignored in _REPLAYABLE:
         raise UnmappablePayload(normalized.ignored, "the payload is not mapped yet (replay later)")
+    _check_totals(normalized)
     if normalized.checkout is not None:
         _save_checkout(ledger, integration, normalized.checkout, normalized.events)
         return
@@ -105,6 +107,19 @@ def _apply(ledger: Ledger, integration: Integration, normalized: Normalized) -> 
         if contact_id is None:
             raise UnmappablePayload("no_contact", "the payload has no phone, email or customer id")
         ledger.record_prepared([_prepare(ledger, event, integration, contact_id)])
+
+
+def _check_totals(normalized: Normalized) -> None:
+    """Refuse a total the rows cannot keep alike on both backends: PostgreSQL's numeric(18,4)
+    would round or overflow what SQLite keeps as sent (and an abandonment built from such a
+    row would fail on every pass, the checkout due forever)."""
+    for what, ref in (("order", normalized.order), ("checkout", normalized.checkout)):
+        total = ref.total if ref is not None else None
+        if total is not None and not is_storable(total):
+            raise UnmappablePayload(
+                "invalid_amount",
+                f"the {what} total {total} is not below 10^14 with at most 4 decimal places",
+            )
 
 
 # -- orders ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from sinal import webhooks
 from sinal.automations.service import Automations
 from sinal.catalog import METRIC_ORDER_CANCELLED
 from sinal.cli import app as cli
-from sinal.commerce import derive_abandoned
+from sinal.commerce import commerce_store, derive_abandoned
 from sinal.config import Settings
 from sinal.errors import StoreUnavailable
 from sinal.integrations import sign_shopify, sign_yampi, yampi
@@ -510,6 +510,7 @@ async def test_an_abandoned_checkout_is_derived_once_on_a_driven_clock_and_then_
     [abandoned] = events(api, "Checkout Abandoned")
     assert abandoned.occurred_at == due
     assert abandoned.value == Decimal("297.90")  # the last update's total
+    assert abandoned.properties["total"] == "297.90"  # as Checkout Started says it
     assert abandoned.integration_id == UUID(shopify.id)
     assert abandoned.properties["checkout_url"] == (
         "https://loja-da-ana.myshopify.com/68471930921/checkouts/ac/"
@@ -556,6 +557,35 @@ async def test_the_default_delay_is_60_minutes(api: Api, hooks: httpx.AsyncClien
     updated = datetime(2024, 5, 10, 17, 28, 5, tzinfo=UTC)
     assert derive_abandoned(api.ledger, now=updated + timedelta(minutes=59)) == 0
     assert derive_abandoned(api.ledger, now=updated + timedelta(minutes=60)) == 1
+
+
+@pytest.mark.parametrize("total", ["297.90001", "100000000000000.00"])
+async def test_a_checkout_total_no_row_can_hold_is_unmappable_not_due_forever(
+    api: Api, shopify: Shop, total: str
+) -> None:
+    update = fixture("shopify", "checkouts_update")
+    update["total_price"] = total
+
+    answer = await shopify.deliver(update, "checkouts/update")
+
+    assert answer["status"] == "unmappable"
+    assert answer["reason"].startswith("invalid_amount")
+    later = datetime(2024, 6, 1, tzinfo=UTC)
+    assert derive_abandoned(api.ledger, now=later) == 0
+    assert commerce_store(api.ledger).due_checkouts(later) == []
+
+
+async def test_an_order_total_no_row_can_hold_is_unmappable_on_both_backends(
+    api: Api, yampi_shop: Shop
+) -> None:
+    invoiced = yampi_status("invoiced")  # moves the row only: no event checks the amount
+    invoiced["resource"]["value_total"] = 123456789012345.67
+
+    answer = await yampi_shop.deliver(invoiced)
+
+    assert answer["status"] == "unmappable"
+    assert answer["reason"].startswith("invalid_amount")
+    assert count(api.url, "orders") == 0
 
 
 async def test_the_worker_derives_the_abandonment_on_its_own_and_the_cart_automation_runs(
