@@ -60,9 +60,9 @@ from sinal.store.messaging import (
     SentMessage,
 )
 from sinal.store.webhooks import StoredDelivery
+from sinal.webhooks import deferral_grace, may_defer_until
 
 __all__ = [
-    "DEFAULT_STATUS_GRACE",
     "assign_conversation",
     "close_conversation",
     "conversation_event",
@@ -78,8 +78,6 @@ SOURCE: Final = "whatsapp"
 # and WhatsApp's system notices.
 _IGNORED_SKIPS: Final = frozenset({"unsupported_field", "system_message"})
 _MAX_REASON = 2000
-DEFAULT_STATUS_GRACE: Final = timedelta(seconds=60)
-MAX_STATUS_GRACE_SECONDS: Final = 3600
 
 
 def messaging_store(ledger: Ledger) -> MessagingStore:
@@ -93,10 +91,7 @@ def messaging_store(ledger: Ledger) -> MessagingStore:
 def status_grace(integration: Integration) -> timedelta:
     """How long a status of a message sinal has no record of waits for that record (the
     sending step may not have committed yet) before it counts as another sender's."""
-    seconds = integration.settings.get("status_grace_seconds")
-    if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0:
-        return timedelta(seconds=min(seconds, MAX_STATUS_GRACE_SECONDS))
-    return DEFAULT_STATUS_GRACE
+    return deferral_grace(integration, "status_grace_seconds")
 
 
 def process_whatsapp(ledger: Ledger, integration: Integration, delivery: StoredDelivery) -> None:
@@ -104,10 +99,8 @@ def process_whatsapp(ledger: Ledger, integration: Integration, delivery: StoredD
     `DeliveryDeferred` when statuses in it wait for their messages' send records, else
     `UnmappablePayload` when the body, or any part of it, cannot be mapped."""
     batch = map_whatsapp(parse_body(delivery.body))
-    until = delivery.received_at + status_grace(integration)
-    # Only a first pass within the grace waits; a deferred delivery's next pass is final.
-    may_wait = delivery.due_at is None and ledger.clock() < until
-    inbox = _Inbox(ledger, integration, may_wait=may_wait)
+    until = may_defer_until(ledger, delivery, status_grace(integration))
+    inbox = _Inbox(ledger, integration, may_wait=until is not None)
     problems = [f"{s.kind} {s.item_id}: {s.reason}" for s in batch.skipped
                 if s.reason not in _IGNORED_SKIPS]  # fmt: skip
     for message in batch.messages:
@@ -117,7 +110,7 @@ def process_whatsapp(ledger: Ledger, integration: Integration, delivery: StoredD
     for update in batch.statuses:
         problems += inbox.attempt("status", update.wamid, update.phone_number_id,
                                   partial(inbox.apply_status, update))  # fmt: skip
-    if inbox.waiting:
+    if inbox.waiting and until is not None:  # only a pass that may wait has any waiting
         waiting = list(dict.fromkeys(inbox.waiting))
         detail = (f"statuses of {len(waiting)} message(s) sinal has no send record of yet: "
                   + ", ".join(waiting[:5]) + (", ..." if len(waiting) > 5 else ""))  # fmt: skip

@@ -6,7 +6,9 @@ checkouts, message statuses). It must be idempotent — a redelivery, or a repla
 duplicates, never second events — and raise `UnmappablePayload` for a verified payload it
 cannot map (kept with its reason), or `DeliveryDeferred` when part of it waits for a record
 that may still be committing: the delivery is then kept as ``deferred`` until its due
-time, and `process_deferred` (run periodically by the worker) processes it again.
+time, and `process_deferred` (run periodically by the worker) processes it again. Only a
+first pass within the integration's grace (`deferral_grace`) may wait (`may_defer_until`);
+the next pass is final, and so is a redelivery or replay of one past its grace.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import importlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, cast
 from uuid import UUID
 
@@ -40,6 +42,9 @@ PROCESSORS: Mapping[str, str] = {
 REPLAY_PAGE_SIZE = 500
 # Seconds a deferred delivery stays claimed by `process_deferred` (a crash: taken again).
 DEFERRED_LEASE: Final = 300.0
+# How long a delivery may wait for a record, unless its integration's setting says otherwise.
+DEFAULT_GRACE: Final = timedelta(seconds=60)
+MAX_GRACE_SECONDS: Final = 3600
 # Kept with a delivery: what identifies and explains it; never credentials.
 _DROPPED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
@@ -112,6 +117,22 @@ def process(
         status, reason = "processed", None
     store_of(ledger).finish_delivery(delivery.account_id, delivery.id, status, reason, due_at)
     return status, reason
+
+
+def deferral_grace(integration: Integration, setting: str) -> timedelta:
+    """How long a delivery of `integration` may wait for a record that may still be coming:
+    its `setting` (whole seconds, at most `MAX_GRACE_SECONDS`), else `DEFAULT_GRACE`."""
+    seconds = integration.settings.get(setting)
+    if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds >= 0:
+        return timedelta(seconds=min(seconds, MAX_GRACE_SECONDS))
+    return DEFAULT_GRACE
+
+
+def may_defer_until(ledger: Ledger, delivery: StoredDelivery, grace: timedelta) -> datetime | None:
+    """Until when this pass may defer `delivery` (its receipt plus `grace`), or None when the
+    pass is final: a deferred delivery's next pass, or any pass once the grace is over."""
+    until = delivery.received_at + grace
+    return until if delivery.due_at is None and ledger.clock() < until else None
 
 
 def process_deferred(

@@ -18,7 +18,6 @@ from sinal.automations.steps import DEFAULT_WHATSAPP_API
 from sinal.errors import FieldError, InvalidIntegration
 from sinal.ids import new_id
 from sinal.ledger import Ledger
-from sinal.messaging import DEFAULT_STATUS_GRACE, MAX_STATUS_GRACE_SECONDS
 from sinal.store.automations import (
     AutomationRow,
     AutomationStore,
@@ -27,6 +26,7 @@ from sinal.store.automations import (
     IntegrationKind,
 )
 from sinal.store.base import StoredEvent
+from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
 
 # Per kind: (required settings, optional settings with defaults, secret fields).
 _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
@@ -35,7 +35,7 @@ _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
         {
             "api_base_url": DEFAULT_WHATSAPP_API,
             "name": None,
-            "status_grace_seconds": int(DEFAULT_STATUS_GRACE.total_seconds()),
+            "status_grace_seconds": int(DEFAULT_GRACE.total_seconds()),
         },
         ("secret", "verify_token", "access_token"),
     ),
@@ -213,10 +213,8 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
                        "abandon_after_minutes must be a whole number from 5 to 10080")
         )  # fmt: skip
     grace = settings.get("status_grace_seconds")
-    if grace is not None and not _is_int_within(grace, 0, MAX_STATUS_GRACE_SECONDS):
-        message = (
-            f"status_grace_seconds must be a whole number from 0 to {MAX_STATUS_GRACE_SECONDS}"
-        )
+    if grace is not None and not _is_int_within(grace, 0, MAX_GRACE_SECONDS):
+        message = f"status_grace_seconds must be a whole number from 0 to {MAX_GRACE_SECONDS}"
         errors.append(FieldError("status_grace_seconds", "out_of_range", message))
     unknown = set(data) - {"kind", *required, *optional, *secret_fields}
     errors += [FieldError(k, "unknown_field", f"{k} is not a setting of {kind}") for k in unknown]
