@@ -14,8 +14,16 @@ create the contact, then write the events together with the row they change:
 Everything is idempotent: events dedup on their unique ids, and a row only changes as
 `sinal.store.commerce.merge_order` / `merge_checkout` say (status never moves back). A
 payload that verified but cannot be mapped raises `UnmappablePayload`; it is kept and
-`sinal webhooks replay` processes it again (e.g. a refund or shipment that came before its
-order: it is about the order's buyer, and moves the order's row, so it waits for the order).
+`sinal webhooks replay` processes it again.
+
+Refunds and shipments are about the order's buyer (a shipment's recipient may be someone
+else) and move the order's row. One of an order sinal does not know yet waits for it:
+webhooks come out of order by seconds, so its first pass within the integration's grace
+(`order_grace`, 60 s unless ``order_grace_seconds`` says otherwise) raises
+`DeliveryDeferred`, and `sinal.webhooks.process_deferred` processes it again when due. If
+the order is still unknown then (a store connected after it was placed: its webhook never
+comes), a shipment is recorded for the recipient its destination names, with no row to
+move, and a refund, which names no one, is kept ``unmappable: unknown_order`` for replay.
 
 Abandoned carts: Shopify sends none, so `derive_abandoned(ledger, now)` records Checkout
 Abandoned for every checkout with no order `abandon_after_minutes` (per integration,
@@ -43,6 +51,7 @@ from sinal.integrations import _read as r
 from sinal.integrations.base import (
     CheckoutRef,
     ContactRef,
+    DeliveryDeferred,
     Mapped,
     Normalized,
     Provider,
@@ -60,6 +69,7 @@ from sinal.ledger import Ledger
 from sinal.store.automations import Integration
 from sinal.store.commerce import Checkout, CheckoutUpdate, CommerceStore, Order, OrderUpdate
 from sinal.store.webhooks import StoredDelivery
+from sinal.webhooks import deferral_grace, may_defer_until
 
 __all__ = ["derive_abandoned", "derive_all_abandoned", "process_shopify", "process_yampi"]
 
@@ -78,19 +88,31 @@ def commerce_store(ledger: Ledger) -> CommerceStore:
 
 
 def process_shopify(ledger: Ledger, integration: Integration, delivery: StoredDelivery) -> None:
-    """Turn a kept Shopify delivery (topic from X-Shopify-Topic) into events and rows."""
+    """Turn a kept Shopify delivery (topic from X-Shopify-Topic) into events and rows;
+    raises `DeliveryDeferred` when it waits for its order (see the module docstring)."""
     if not delivery.topic:
         raise UnmappablePayload("missing_topic", "the delivery has no X-Shopify-Topic header")
     normalized = normalize_shopify(delivery.topic, r.parse_body(delivery.body))
-    _apply(ledger, integration, normalized)
+    wait = may_defer_until(ledger, delivery, order_grace(integration))
+    _apply(ledger, integration, normalized, wait)
 
 
 def process_yampi(ledger: Ledger, integration: Integration, delivery: StoredDelivery) -> None:
     """Turn a kept Yampi delivery (event name in the body) into events and rows."""
-    _apply(ledger, integration, normalize_yampi(r.parse_body(delivery.body)))
+    # every Yampi event carries its order's snapshot: none waits for the order
+    _apply(ledger, integration, normalize_yampi(r.parse_body(delivery.body)), None)
 
 
-def _apply(ledger: Ledger, integration: Integration, normalized: Normalized) -> None:
+def order_grace(integration: Integration) -> timedelta:
+    """How long a refund or shipment of an order sinal does not know yet waits for that
+    order's webhook before it is recorded without it."""
+    return deferral_grace(integration, "order_grace_seconds")
+
+
+def _apply(
+    ledger: Ledger, integration: Integration, normalized: Normalized, wait: datetime | None
+) -> None:
+    """Record `normalized`; `wait`: until when it may wait for its order (None: it may not)."""
     if normalized.ignored in _REPLAYABLE:
         raise UnmappablePayload(normalized.ignored, "the payload is not mapped yet (replay later)")
     _check_totals(normalized)
@@ -100,7 +122,7 @@ def _apply(ledger: Ledger, integration: Integration, normalized: Normalized) -> 
     order_id = normalized.order.external_id if normalized.order else None
     order_id = order_id or next((e.order_id for e in normalized.events if e.order_id), None)
     if order_id is not None:
-        _save_order(ledger, integration, order_id, normalized)
+        _save_order(ledger, integration, order_id, normalized, wait)
         return
     for event in normalized.events:
         contact_id = _contact_id(ledger, integration, event.contact)
@@ -126,7 +148,11 @@ def _check_totals(normalized: Normalized) -> None:
 
 
 def _save_order(
-    ledger: Ledger, integration: Integration, order_id: str, normalized: Normalized
+    ledger: Ledger,
+    integration: Integration,
+    order_id: str,
+    normalized: Normalized,
+    wait: datetime | None,
 ) -> None:
     store = commerce_store(ledger)
     existing = store.find_order(integration.account_id, integration.id, order_id)
@@ -134,7 +160,7 @@ def _save_order(
     recoveries: dict[str, PreparedEvent] = {}
     contact_id = existing.contact_id if existing else None
     if normalized.events:  # a status change with no event only moves the row
-        contact_id = _order_contact(ledger, integration, normalized, existing, order_id)
+        contact_id = _order_contact(ledger, integration, normalized, existing, order_id, wait=wait)
         events = [_prepare(ledger, e, integration, contact_id) for e in normalized.events]
         order_events = [e for e in normalized.events if e.order is not None]
         if normalized.order is not None and order_events:
@@ -163,20 +189,28 @@ def _order_contact(
     normalized: Normalized,
     existing: Order | None,
     order_id: str,
+    *,
+    wait: datetime | None,
 ) -> UUID:
-    """Order events: the customer in the payload. Refunds and shipments: the order's buyer,
-    never the recipient a shipment names (maybe someone else); with no buyer known yet,
-    kept for replay, so that the event and the status it implies wait for the order."""
-    if normalized.order is not None:
-        for event in normalized.events:
-            contact_id = _contact_id(ledger, integration, event.contact)
-            if contact_id is not None:
-                return contact_id
-    if existing is not None and existing.contact_id is not None:
-        return existing.contact_id
+    """Order events: the customer in the payload. Refunds and shipments: the order's buyer;
+    of an order not known yet, they wait for it until `wait`, then (final pass) whoever the
+    payload names (a shipment's recipient), else they are kept for replay."""
+    about_order = normalized.order is not None
+    buyer = existing.contact_id if existing is not None else None
+    if not about_order and buyer is not None:
+        return buyer
+    if not about_order and wait is not None:
+        raise DeliveryDeferred(wait, f"order {order_id} is not known yet: waiting for its webhook")
+    for event in normalized.events:
+        contact_id = _contact_id(ledger, integration, event.contact)
+        if contact_id is not None:
+            return contact_id
+    if buyer is not None:
+        return buyer
     raise UnmappablePayload(
         "unknown_order",
-        f"order {order_id} is not known yet; replay once the order's webhook has arrived",
+        f"order {order_id} is not known yet and the payload names no customer; "
+        "replay once the order's webhook has arrived",
     )
 
 

@@ -36,7 +36,7 @@ Task = Callable[[Ledger, datetime], object]
 # The registry: read on every pass, so a task appended at import time is picked up.
 TASKS: list[str | Task] = [
     "sinal.commerce:derive_all_abandoned",  # Shopify checkouts with no order in time
-    "sinal.webhooks:process_deferred",  # statuses of wamids unknown when they arrived
+    "sinal.webhooks:process_deferred",  # statuses, refunds, shipments that came too early
 ]
 
 

@@ -5,10 +5,11 @@ A processor turns one stored delivery into events (and the rows that go with the
 checkouts, message statuses). It must be idempotent — a redelivery, or a replay, records
 duplicates, never second events — and raise `UnmappablePayload` for a verified payload it
 cannot map (kept with its reason), or `DeliveryDeferred` when part of it waits for a record
-that may still be committing: the delivery is then kept as ``deferred`` until its due
-time, and `process_deferred` (run periodically by the worker) processes it again. Only a
-first pass within the integration's grace (`deferral_grace`) may wait (`may_defer_until`);
-the next pass is final, and so is a redelivery or replay of one past its grace.
+that may still be coming (a message's send still committing, an order whose webhook is
+seconds behind): the delivery is then kept as ``deferred`` until its due time, and
+`process_deferred` (run periodically by the worker) processes it again. Only a first pass
+within the integration's grace (`deferral_grace`) may wait (`may_defer_until`); the next
+pass is final, and so is a redelivery or replay of one past its grace.
 """
 
 from __future__ import annotations
@@ -141,8 +142,9 @@ def process_deferred(
     """Process the deferred deliveries due at `now` (default: the ledger's clock) once more,
     without waiting this time, `limit` claimed at a time until fewer than that are due (at
     most `max_rounds` claims: the rest waits for the next call); how many were processed.
-    The worker's housekeeping task: statuses of messages other systems send all pass here,
-    so one call must keep up with more than one page."""
+    The worker's housekeeping task: statuses of messages other systems send all pass here
+    (and refunds and shipments of orders placed before a store was connected), so one call
+    must keep up with more than one page."""
     store = store_of(ledger)
     now = now or ledger.clock()
     integrations: dict[UUID, Integration | None] = {}

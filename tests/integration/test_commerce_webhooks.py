@@ -32,6 +32,7 @@ from sinal.store.base import EventQuery, StoredEvent
 from sinal.worker import start_worker_thread
 from tests.helpers import DrivenClock, count, settle, sql
 from tests.integration.conftest import Api
+from tests.integration.whatsapp import deferred, due_at
 from tests.servers import whatsapp_server
 
 pytestmark = pytest.mark.anyio
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.anyio
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 ANA_ORDER = "5829371002921"
 PROTECTED_ORDER = "5829371068457"
+NEIGHBOUR = "+55 21 99876-5432"  # receives a parcel for the buyer
 CHECKOUT_TOKEN = "b7f3c1a9e2d54b8f9a0c6e1d2f3a4b5c"
 
 
@@ -355,26 +357,52 @@ async def test_a_second_partial_refund_after_an_order_webhook_leaves_the_order_p
     assert order_row(api, ANA_ORDER)["status"] == "refunded"
 
 
-async def test_a_shipment_before_its_order_is_kept_and_replayed_for_the_buyer(
+def delivered_to_a_neighbour() -> dict[str, Any]:
+    """fulfillments/update "delivered" of the fixture order, its destination naming someone
+    other than the buyer (and no email)."""
+    delivered = shipment("delivered")
+    delivered["destination"]["phone"] = NEIGHBOUR
+    delivered["email"] = None
+    return delivered
+
+
+async def test_a_shipment_before_its_order_waits_and_is_the_buyers_once_the_order_arrives(
     api: Api, shopify: Shop
 ) -> None:
-    delivered = shipment("delivered")
-    delivered["destination"]["phone"] = "+55 21 99876-5432"  # a neighbour receives it
-    delivered["email"] = None
-    early = await shopify.deliver(delivered, "fulfillments/update")
-    assert early["status"] == "unmappable"
-    assert early["reason"].startswith("unknown_order")
+    early = await shopify.deliver(delivered_to_a_neighbour(), "fulfillments/update")
+    assert early["status"] == "deferred"
+    assert ANA_ORDER in early["reason"]
     assert (count(api.url, "events"), count(api.url, "contacts")) == (0, 0)
-    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")
+    due = due_at(api)
+    assert due == deferred(api)[0].received_at + timedelta(seconds=60)  # the default grace
+    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")  # seconds later
 
-    outcome = await asyncio.to_thread(webhooks.replay, api.ledger)
+    assert webhooks.process_deferred(api.ledger, due + timedelta(seconds=1)) == 1
 
-    assert outcome == {"processed": 1}
     [placed] = events(api, "Order Placed")
     [arrived] = events(api, "Shipment Delivered")
-    assert arrived.contact_id == placed.contact_id
+    assert arrived.contact_id == placed.contact_id  # the buyer, not the neighbour
     assert count(api.url, "contacts") == 1
     assert order_row(api, ANA_ORDER)["status"] == "delivered"
+    assert deliveries(api) == [("processed", None), ("processed", None)]
+
+
+async def test_a_shipment_of_an_order_that_never_comes_is_the_recipients_after_the_grace(
+    api: Api, shopify: Shop
+) -> None:
+    # a store connected mid-life: the order was placed before, its webhook will never come
+    early = await shopify.deliver(delivered_to_a_neighbour(), "fulfillments/update")
+    assert early["status"] == "deferred"
+
+    assert webhooks.process_deferred(api.ledger, due_at(api) + timedelta(seconds=1)) == 1
+
+    [arrived] = events(api, "Shipment Delivered")
+    recipient = api.ledger.get_contact(api.account.id, arrived.contact_id)
+    assert recipient is not None
+    assert recipient.phone == "+5521998765432"
+    assert arrived.properties["order_id"] == ANA_ORDER
+    assert deliveries(api) == [("processed", None)]
+    assert count(api.url, "orders") == 0  # no row to move, and none made up
 
 
 # -- redeliveries, signatures, integrations ----------------------------------------------
@@ -471,6 +499,17 @@ async def test_a_body_over_2_mb_is_413_and_nothing_is_stored(api: Api, shopify: 
     response = await shopify.send(order, "orders/create")
     assert response.status_code == 413
     assert count(api.url, "webhook_deliveries") == 0
+
+
+@pytest.mark.parametrize("grace", [-1, 3601, 1.5, True, "60"])
+async def test_shopify_order_grace_must_be_whole_seconds_up_to_an_hour(
+    api: Api, grace: Any
+) -> None:
+    answer = await api.post(
+        "/v1/integrations", {"kind": "shopify", "secret": "s", "order_grace_seconds": grace}
+    )
+    assert answer.status_code == 422
+    assert [e["field"] for e in answer.json()["errors"]] == ["order_grace_seconds"]
 
 
 async def test_a_verified_unmappable_payload_is_200_and_kept_with_its_reason(
@@ -825,12 +864,16 @@ async def test_a_delivery_the_database_could_not_process_is_503_and_its_redelive
 # -- replay ------------------------------------------------------------------------------
 
 
-async def test_a_refund_before_its_order_is_kept_and_replayed_by_the_cli(
+async def test_a_refund_before_its_order_waits_then_is_kept_and_replayed_by_the_cli(
     api: Api, shopify: Shop
 ) -> None:
     early = await shopify.deliver(fixture("shopify", "refunds_create_partial_1"), "refunds/create")
-    assert early["status"] == "unmappable"
-    assert early["reason"].startswith("unknown_order")
+    assert early["status"] == "deferred"  # its order may be seconds behind
+    assert webhooks.process_deferred(api.ledger, due_at(api) + timedelta(seconds=1)) == 1
+    [(status, reason)] = deliveries(api)  # it was not: a refund names no one to file it under
+    assert status == "unmappable"
+    assert str(reason).startswith("unknown_order")
+    assert (count(api.url, "events"), count(api.url, "contacts")) == (0, 0)
     await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")
 
     result = await asyncio.to_thread(
@@ -877,8 +920,9 @@ async def test_a_new_status_alias_is_kept_unmappable_and_replayed_after_the_mapp
 
 
 async def test_replay_pages_through_every_kept_delivery_with_a_correct_progress(
-    api: Api, shopify: Shop
+    api: Api, hooks: httpx.AsyncClient
 ) -> None:
+    shopify = await connect(api, hooks, "shopify", order_grace_seconds=0)  # kept at once
     orders = [str(7000 + i) for i in range(7)]
     for i, order_id in enumerate(orders):  # seven refunds, each before its order
         refund = fixture("shopify", "refunds_create_partial_1")

@@ -40,7 +40,16 @@ _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
         ("secret", "verify_token", "access_token"),
     ),
     "ai": (("base_url", "model"), {"name": None}, ("api_key",)),
-    "shopify": ((), {"abandon_after_minutes": 60, "shop_domain": None, "name": None}, ("secret",)),
+    "shopify": (
+        (),
+        {
+            "abandon_after_minutes": 60,
+            "order_grace_seconds": int(DEFAULT_GRACE.total_seconds()),
+            "shop_domain": None,
+            "name": None,
+        },
+        ("secret",),
+    ),
     "yampi": ((), {"alias": None, "name": None}, ("secret",)),
 }
 _REQUIRED_SECRETS = {"whatsapp": ("secret", "access_token"), "shopify": ("secret",),
@@ -212,10 +221,11 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
             FieldError("abandon_after_minutes", "out_of_range",
                        "abandon_after_minutes must be a whole number from 5 to 10080")
         )  # fmt: skip
-    grace = settings.get("status_grace_seconds")
-    if grace is not None and not _is_int_within(grace, 0, MAX_GRACE_SECONDS):
-        message = f"status_grace_seconds must be a whole number from 0 to {MAX_GRACE_SECONDS}"
-        errors.append(FieldError("status_grace_seconds", "out_of_range", message))
+    for name in ("status_grace_seconds", "order_grace_seconds"):  # see webhooks.deferral_grace
+        grace = settings.get(name)
+        if grace is not None and not _is_int_within(grace, 0, MAX_GRACE_SECONDS):
+            message = f"{name} must be a whole number from 0 to {MAX_GRACE_SECONDS}"
+            errors.append(FieldError(name, "out_of_range", message))
     unknown = set(data) - {"kind", *required, *optional, *secret_fields}
     errors += [FieldError(k, "unknown_field", f"{k} is not a setting of {kind}") for k in unknown]
     if errors:

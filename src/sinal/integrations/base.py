@@ -66,9 +66,10 @@ class UnmappablePayload(WebhookError):
 
 
 class DeliveryDeferred(WebhookError):
-    """Part of a verified delivery waits for a record that may still be committing (a
-    status that outran the record of its message's send): process it again at `until`.
-    What could be recorded was; a later pass records the rest, or gives up waiting."""
+    """Part of a verified delivery waits for a record that may still be coming (a status
+    that outran the record of its message's send, a refund or shipment that outran its
+    order's webhook): process it again at `until`. What could be recorded was; a later
+    pass records the rest, or gives up waiting."""
 
     def __init__(self, until: datetime, message: str) -> None:
         super().__init__(until, message)  # both in args: survives pickling to a worker

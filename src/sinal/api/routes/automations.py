@@ -70,8 +70,8 @@ class AutomationPatch(BaseModel):
 class IntegrationIn(BaseModel):
     """A connection. whatsapp: secret (app secret), verify_token, phone_number_id,
     access_token, api_base_url, status_grace_seconds. ai: base_url, model, api_key.
-    shopify / yampi: secret (and abandon_after_minutes for shopify). Secrets are never
-    returned."""
+    shopify / yampi: secret (and abandon_after_minutes, order_grace_seconds for shopify).
+    Secrets are never returned."""
 
     model_config = ConfigDict(extra="allow")
 

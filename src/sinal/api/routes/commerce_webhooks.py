@@ -8,7 +8,9 @@ signature over the raw body bytes proves the sender. In order:
 3. the signature (constant-time) → 401 when missing or wrong; nothing is stored;
 4. the delivery is kept raw, once per delivery id, then processed (`sinal.webhooks`) →
    200 with its status: "processed", "duplicate" (a redelivery of a processed one),
-   "unmappable" (kept with its reason for `sinal webhooks replay`) or "failed".
+   "deferred" (a Shopify refund or shipment of an order not known yet: the worker
+   processes it again after the integration's ``order_grace_seconds``), "unmappable"
+   (kept with its reason for `sinal webhooks replay`) or "failed".
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ MAX_BODY = 2 * 1024 * 1024
 class WebhookReceipt(BaseModel):
     """The answer to a verified delivery (always 200: the provider must not retry it)."""
 
-    status: Literal["processed", "duplicate", "unmappable", "failed"]
+    status: Literal["processed", "duplicate", "deferred", "unmappable", "failed"]
     delivery_id: str  # sinal's id of the kept delivery
-    reason: str | None = None  # why it is unmappable or failed; kept for replay
+    reason: str | None = None  # why it waits, or is unmappable or failed (kept for replay)
 
 
 _SHOPIFY = Provider("shopify", verify_shopify, SHOPIFY_SIGNATURE_HEADER, shopify_delivery, MAX_BODY)
