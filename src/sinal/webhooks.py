@@ -48,6 +48,10 @@ DEFAULT_GRACE: Final = timedelta(seconds=60)
 MAX_GRACE_SECONDS: Final = 3600
 # Kept with a delivery: what identifies and explains it; never credentials.
 _DROPPED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+# Characters kept of a delivery's topic (read from a header or the body: any length) and of
+# the reason it ended so (which may quote the body).
+_MAX_TOPIC = 255
+_MAX_REASON = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +85,9 @@ def receive(
     delivery, is_new = store_of(ledger).save_delivery(
         StoredDelivery(
             account_id=integration.account_id, id=new_id(), integration_id=integration.id,
-            provider=integration.kind, topic=topic, delivery_id=delivery_id, headers=kept,
-            body=body, received_at=ledger.clock(), status="received", reason=None,
-            attempts=0, processed_at=None,
+            provider=integration.kind, topic=_storable(topic, _MAX_TOPIC),
+            delivery_id=delivery_id, headers=kept, body=body, received_at=ledger.clock(),
+            status="received", reason=None, attempts=0, processed_at=None,
         )
     )  # fmt: skip
     if delivery.status == "processed":
@@ -116,6 +120,7 @@ def process(
         status, reason = "failed", f"{type(exc).__name__}: {exc}"
     else:
         status, reason = "processed", None
+    reason = _storable(reason, _MAX_REASON)
     store_of(ledger).finish_delivery(delivery.account_id, delivery.id, status, reason, due_at)
     return status, reason
 
@@ -134,6 +139,15 @@ def may_defer_until(ledger: Ledger, delivery: StoredDelivery, grace: timedelta) 
     pass is final: a deferred delivery's next pass, or any pass once the grace is over."""
     until = delivery.received_at + grace
     return until if delivery.due_at is None and ledger.clock() < until else None
+
+
+def _storable(text: str | None, limit: int) -> str | None:
+    """`text` as both backends keep it alike: NUL (PostgreSQL's text refuses it) and lone
+    surrogates (UTF-8 cannot encode them) escaped, cut to `limit` characters."""
+    if text is None:
+        return None
+    kept = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    return kept if len(kept) <= limit else kept[: limit - 1] + "…"
 
 
 def process_deferred(

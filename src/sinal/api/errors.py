@@ -78,6 +78,10 @@ class NotFound(ApiError):
     """No such resource in this account (another account's id looks the same)."""
 
 
+class InvalidHeader(ApiError):
+    """A request header no sender could mean (a webhook's delivery id of several KB)."""
+
+
 class MalformedBody(ApiError):
     """The body is not JSON at all."""
 
@@ -119,6 +123,8 @@ class Problem:
 
 # The one table. Looked up along the exception's MRO, so subclasses inherit an answer.
 PROBLEMS: dict[type[BaseException], Problem] = {
+    # Before MalformedBody: the OpenAPI title of a plain 400 is the last row's.
+    InvalidHeader: Problem(400, "invalid-header", "A request header is invalid"),
     MalformedBody: Problem(400, "malformed-json", "The body is not valid JSON"),
     Unauthorized: Problem(401, "unauthorized", "A valid API key is required", "Bearer"),
     # No challenge: a webhook proves itself by its HMAC signature, not by a bearer token.
@@ -308,8 +314,11 @@ class ProblemBody(BaseModel):
     rejection_id: str | None = None
 
 
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` entries for the given error statuses."""
+def problem_responses(*statuses: int | type[Exception]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the given error statuses (or errors: the status and
+    title of their row, where rows share a status)."""
     content = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/ProblemBody"}}}
     titles = {p.status: p.title for p in [*PROBLEMS.values(), *_BY_STATUS.values()]}
-    return {s: {"description": titles.get(s, "Error"), "content": content} for s in statuses}
+    rows = [(s, titles.get(s, "Error")) if isinstance(s, int) else
+            (PROBLEMS[s].status, PROBLEMS[s].title) for s in statuses]  # fmt: skip
+    return {status: {"description": title, "content": content} for status, title in rows}

@@ -2,15 +2,18 @@
 
 Optional values of the wrong type read as absent; a value the event cannot do without
 (an id, an amount that is there but unreadable) raises `UnmappablePayload`, never a
-`KeyError` or `TypeError`.
+`KeyError`, `TypeError`, `ValueError`, `OverflowError` or `OSError`: a time within a year
+of datetime's limits, a timezone naming a directory, an amount past 10^14 are junk like any
+other, and an id sinal keeps is one both databases keep alike (see `id_text`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from datetime import MAXYEAR, MINYEAR, UTC, datetime
+from decimal import Decimal, DecimalException
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -18,6 +21,7 @@ import orjson
 
 from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone
 from sinal.currencies import is_currency
+from sinal.events import MAX_ABS_VALUE, MAX_ID_TEXT
 from sinal.integrations.base import UnmappablePayload
 
 _T = TypeVar("_T")
@@ -26,6 +30,12 @@ _CENT = Decimal("0.01")
 _MAX_QUANTIZE = Decimal("1e20")  # beyond this, cents would exceed Decimal's 28 digits
 # Far beyond any real order total, short enough to keep Decimal parsing cheap.
 _MAX_AMOUNT_TEXT = 40
+# Digits in a whole number a provider can mean (a Unix time, an error code): int() of
+# thousands is slow, and past 4300 refused.
+_MAX_DIGITS = 20
+# What no id can hold: control characters (NUL, which PostgreSQL's text refuses, among them)
+# and surrogates, which UTF-8 cannot encode.
+_CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def parse_body(body: bytes) -> Mapping[str, Any]:
@@ -80,11 +90,27 @@ def text(data: object, *path: str) -> str | None:
 
 
 def required_text(data: object, *path: str) -> str:
-    """Like `text`, but a missing value is UnmappablePayload("missing_field")."""
+    """Like `text`, but a missing value is UnmappablePayload("missing_field"), and one no id
+    can be (see `id_text`) UnmappablePayload("invalid_field")."""
     found = text(data, *path)
+    where = ".".join(path)
     if found is None:
-        raise UnmappablePayload("missing_field", f"{'.'.join(path)} is missing or empty")
+        raise UnmappablePayload("missing_field", f"{where} is missing or empty")
+    if not _is_id(found):
+        why = f"{where} is longer than {MAX_ID_TEXT} characters or holds control characters"
+        raise UnmappablePayload("invalid_field", why)
     return found
+
+
+def id_text(data: object, *path: str) -> str | None:
+    """Like `text`, for an id: None also when no id can be it (longer than MAX_ID_TEXT, or
+    holding control characters), so both backends look up and keep the same ids."""
+    found = text(data, *path)
+    return found if found is not None and _is_id(found) else None
+
+
+def _is_id(found: str) -> bool:
+    return len(found) <= MAX_ID_TEXT and _CONTROL_OR_SURROGATE.search(found) is None
 
 
 def texts(data: object, *path: str) -> list[str]:
@@ -100,11 +126,17 @@ def money(data: object, *path: str) -> Decimal | None:
     found = get(data, *path) if path else data
     if found is None or found == "":
         return None
-    amount = _decimal(found)
-    if amount is None or not amount.is_finite():
+    try:
+        amount = _decimal(found)
+        # -0 becomes 0; "1e999999999" (past the context's exponents) signals Overflow
+        amount = None if amount is None else amount + Decimal(0)
+    except DecimalException:
+        amount = None
+    # past 10^14 no event (nor an order's numeric(18, 4) total, on PostgreSQL) can hold it
+    if amount is None or not amount.is_finite() or abs(amount) >= MAX_ABS_VALUE:
         where = ".".join(path) or "amount"
-        raise UnmappablePayload("invalid_amount", f"{where} is not a decimal amount")
-    return amount + Decimal(0)  # -0 becomes 0
+        raise UnmappablePayload("invalid_amount", f"{where} is not a decimal amount below 10^14")
+    return amount
 
 
 def _decimal(raw: object) -> Decimal | None:
@@ -118,10 +150,7 @@ def _decimal(raw: object) -> Decimal | None:
             return amount
         return amount.quantize(_CENT)
     if isinstance(raw, str) and len(raw) <= _MAX_AMOUNT_TEXT:
-        try:
-            return Decimal(raw.strip())
-        except InvalidOperation:
-            return None
+        return Decimal(raw.strip())  # a DecimalException when it is no number
     return None
 
 
@@ -146,7 +175,7 @@ def iso_time(data: object, *path: str) -> datetime | None:
         raise _bad_time(path) from None
     if when.utcoffset() is None:
         raise UnmappablePayload("invalid_timestamp", f"{'.'.join(path)} has no UTC offset")
-    return when.astimezone(UTC)
+    return _in_utc(when, path)
 
 
 def first_iso_time(data: object, *fields: str) -> datetime:
@@ -169,13 +198,25 @@ def local_time(raw: object, zone: str) -> datetime | None:
         raise _bad_time(("time",)) from None
     if when.utcoffset() is None:
         when = when.replace(tzinfo=_zone(zone))
-    return when.astimezone(UTC)
+    return _in_utc(when, ("time",))
+
+
+def _in_utc(when: datetime, path: tuple[str, ...]) -> datetime:
+    try:
+        utc = when.astimezone(UTC)
+    except OverflowError:  # before year 1 or after 9999 once in UTC
+        raise _bad_time(path) from None
+    # A year away from datetime's limits: adding a delay to it (a checkout's abandonment)
+    # must not overflow either.
+    if not MINYEAR < utc.year < MAXYEAR:
+        raise _bad_time(path)
+    return utc
 
 
 def _zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "America", a directory
         raise UnmappablePayload("invalid_timestamp", f"unknown timezone {name[:64]!r}") from None
 
 
@@ -184,14 +225,27 @@ def epoch_time(data: object, *path: str) -> datetime | None:
     raw = get(data, *path)
     if raw is None or raw == "":
         return None
-    if isinstance(raw, str) and raw.strip().isdigit():
-        raw = int(raw.strip())
-    if not isinstance(raw, int) or isinstance(raw, bool):
+    seconds = whole_number(raw)
+    if seconds is None:
         raise _bad_time(path)
     try:
-        return datetime.fromtimestamp(raw, UTC)
+        when = datetime.fromtimestamp(seconds, UTC)
     except (OverflowError, OSError, ValueError):
         raise _bad_time(path) from None
+    return _in_utc(when, path)
+
+
+def whole_number(raw: object) -> int | None:
+    """A JSON integer, or text of ASCII digits (not "²": `str.isdigit` takes it, `int` does
+    not) up to 20 of them; None for anything else."""
+    if isinstance(raw, str):
+        digits = raw.strip()
+        if digits.isascii() and digits.isdigit() and len(digits) <= _MAX_DIGITS:
+            return int(digits)
+        return None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    return None
 
 
 def _bad_time(path: tuple[str, ...]) -> UnmappablePayload:

@@ -66,6 +66,8 @@ _CALLBACK_PREFIX: Final = "sinal"
 _CALLBACK_KINDS: Final[Mapping[str, bool]] = {"template": True, "message": False}
 
 _MEDIA_TYPES: Final = frozenset({"image", "video", "audio", "document", "sticker"})
+# Meta's error codes are small (131026); message_statuses.error_code is a 32-bit integer.
+_MAX_ERROR_CODE: Final = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +312,7 @@ class _Collector:
 
 def _contact(contact: Mapping[str, Any]) -> ContactRef:
     return _whatsapp_contact(
-        r.text(contact, "wa_id"), r.text(contact, "user_id"), r.text(contact, "profile", "name")
+        r.text(contact, "wa_id"), r.id_text(contact, "user_id"), r.text(contact, "profile", "name")
     )
 
 
@@ -326,7 +328,7 @@ def _whatsapp_contact(wa_id: str | None, user_id: str | None, name: str | None) 
 
 def _sender(message: Mapping[str, Any], contacts: list[ContactRef]) -> ContactRef:
     wa_id = r.text(message, "from")
-    user_id = r.text(message, "from_user_id")
+    user_id = r.id_text(message, "from_user_id")
     for contact in contacts:
         if (wa_id and contact.wa_id == wa_id) or (user_id and contact.user_id == user_id):
             return contact
@@ -456,7 +458,7 @@ def _status_update(status: Mapping[str, Any], phone_number_id: str | None) -> St
     if occurred_at is None:
         raise UnmappablePayload("missing_field", "timestamp is missing")
     recipient = _whatsapp_contact(
-        r.text(status, "recipient_id"), r.text(status, "recipient_user_id"), None
+        r.text(status, "recipient_id"), r.id_text(status, "recipient_user_id"), None
     )
     return StatusUpdate(
         wamid=wamid,
@@ -483,8 +485,14 @@ def _status_error(error: Mapping[str, Any]) -> StatusError:
 
 
 def _code(error: Mapping[str, Any]) -> int | None:
-    code = r.text(error, "code")
-    return int(code) if code is not None and code.isdigit() else None
+    raw = r.get(error, "code")
+    if raw is None or raw == "":
+        return None
+    code = r.whole_number(raw)
+    if code is None or not 0 <= code <= _MAX_ERROR_CODE:
+        why = f"an error code is not a whole number from 0 to {_MAX_ERROR_CODE}"
+        raise UnmappablePayload("invalid_error_code", why)
+    return code
 
 
 def _number(raw: object) -> float | int | None:

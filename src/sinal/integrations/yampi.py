@@ -97,11 +97,15 @@ _SHIPMENT_METRICS: Final = frozenset(
 def yampi_delivery(headers: Mapping[str, str], body: bytes) -> Delivery:
     """The delivery's event name, dedup id (a digest of the body: Yampi sends no id), time."""
     del headers  # Yampi sends no delivery id or event header; kept for a uniform signature
+    # Nothing here may stop the raw body from being stored: processing reports what is bad.
     try:
         payload: Mapping[str, Any] = r.parse_body(body)
+    except UnmappablePayload:
+        payload = {}
+    try:
         occurred_at = r.local_time(r.get(payload, "time"), YAMPI_TIMEZONE)
     except UnmappablePayload:
-        payload, occurred_at = {}, None  # the raw body is still stored, then reported
+        occurred_at = None  # informational only: the event's time is read again
     return Delivery(
         provider=SOURCE,
         topic=r.text(payload, "event"),

@@ -5,7 +5,8 @@ signature over the raw body bytes proves the sender. In order:
 
 1. an unknown, malformed or deleted integration id, or one of another kind → 404;
 2. the body, read up to `MAX_BODY` → 413 beyond;
-3. the signature (constant-time) → 401 when missing or wrong; nothing is stored;
+3. the signature (constant-time) → 401 when missing or wrong, and an
+   `X-Shopify-Webhook-Id` over 255 characters or not printable → 400; nothing is stored;
 4. the delivery is kept raw, once per delivery id, then processed (`sinal.webhooks`) →
    200 with its status: "processed", "duplicate" (a redelivery of a processed one),
    "deferred" (a Shopify refund or shipment of an order not known yet: the worker
@@ -22,7 +23,7 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from sinal import webhooks
-from sinal.api.errors import NotFound, problem_responses
+from sinal.api.errors import InvalidHeader, NotFound, problem_responses
 from sinal.api.service import Service, service
 from sinal.api.signed_webhooks import Provider, receive_signed
 from sinal.api.views import parse_path_id
@@ -50,7 +51,10 @@ class WebhookReceipt(BaseModel):
     reason: str | None = None  # why it waits, or is unmappable or failed (kept for replay)
 
 
-_SHOPIFY = Provider("shopify", verify_shopify, SHOPIFY_SIGNATURE_HEADER, shopify_delivery, MAX_BODY)
+_SHOPIFY = Provider(
+    "shopify", verify_shopify, SHOPIFY_SIGNATURE_HEADER, shopify_delivery, MAX_BODY,
+    id_header="X-Shopify-Webhook-Id",
+)  # fmt: skip
 _YAMPI = Provider("yampi", verify_yampi, YAMPI_SIGNATURE_HEADER, yampi_delivery, MAX_BODY)
 
 
@@ -58,7 +62,7 @@ _YAMPI = Provider("yampi", verify_yampi, YAMPI_SIGNATURE_HEADER, yampi_delivery,
     "/webhooks/shopify/{integration_id}",
     summary="Receive a Shopify webhook (signed with X-Shopify-Hmac-Sha256)",
     response_model=WebhookReceipt,
-    responses=problem_responses(401, 404, 413, 503),
+    responses=problem_responses(InvalidHeader, 401, 404, 413, 503),
 )
 async def shopify_webhook(request: Request, integration_id: str) -> Response:
     """Orders, refunds, checkouts, customers and fulfillments of a connected Shopify store."""
