@@ -611,3 +611,72 @@ def test_invalid_definitions_name_the_field(world: World) -> None:
     with pytest.raises(InvalidIntegration) as bad:
         world.automations.create_integration(world.account.id, {"kind": "whatsapp"})
     assert {e.field for e in bad.value.errors} == {"phone_number_id", "secret", "access_token"}
+
+
+def _unknown_send(world: World) -> Claim:
+    """THANKS's execution, its send started and settled `unknown` (the worker timed out)."""
+    claim = world.claim_thanks("worker-a", 30.0)
+    store = world.automations.store
+    assert store.start_step(claim, 0, "send_message") is not None
+    assert store.finish_step(claim, 0, "unknown", error="timed out",
+                             then=Advance("unknown", 0, last_error="timed out"))  # fmt: skip
+    return claim
+
+
+_REFUSE_STEP_UPDATES = {
+    "sqlite": ["CREATE TRIGGER refuse_step_updates BEFORE UPDATE ON execution_steps "
+               "BEGIN SELECT RAISE(ABORT, 'step updates refused'); END"],
+    "postgres": ["CREATE FUNCTION refuse_step_updates() RETURNS trigger LANGUAGE plpgsql AS "
+                 "$$ BEGIN RAISE EXCEPTION 'step updates refused'; END $$",
+                 "CREATE TRIGGER refuse_step_updates BEFORE UPDATE ON execution_steps "
+                 "FOR EACH ROW EXECUTE FUNCTION refuse_step_updates()"],
+}  # fmt: skip
+
+
+def test_retry_dead_revives_an_execution_with_its_steps_or_not_at_all(world: World) -> None:
+    """Reviving an unknown execution resets its step records in the same transaction: were
+    the execution pending before they are reset, a worker claiming it in between would find
+    the send still unknown and settle it so again (the retry silently doing nothing)."""
+    claim = _unknown_send(world)
+    backend = "sqlite" if world.url.startswith("sqlite") else "postgres"
+    for statement in _REFUSE_STEP_UPDATES[backend]:
+        sql(world.url, statement)
+
+    with pytest.raises(StoreError):
+        world.automations.store.retry_dead(world.account.id, claim.execution.id)
+
+    [execution] = world.executions()
+    assert execution.status == "unknown"  # not pending with its send still unknown
+    sql(world.url, "DROP TRIGGER refuse_step_updates" + (
+        "" if backend == "sqlite" else " ON execution_steps"))  # fmt: skip
+    assert world.automations.store.retry_dead(world.account.id, claim.execution.id) == 1
+    world.drain(world.dispatcher())
+    assert world.executions()[0].status == "completed"
+    assert len(world.whatsapp.bodies()) == 1
+
+
+def test_retry_dead_resets_the_steps_of_its_own_account_only(world: World) -> None:
+    """An execution id of another account (ids are unique per account only) keeps its
+    step records when this account's execution of that id is revived."""
+    claim = _unknown_send(world)
+    other = world.ledger.create_account("Outra Loja")
+    contact = world.ledger.create_contact(other.id, phone="+55 11 91234-5678")
+    automation = world.automations.create(other.id, THANKS)
+    x = str(claim.execution.id)
+    sql(world.url, "INSERT INTO executions (account_id, id, automation_id, event_id, "
+        "contact_id, status, run_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'unknown', "
+        "'2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z', "
+        "'2026-01-01T00:00:00.000000Z')",
+        str(other.id), x, str(automation.id), str(uuid.uuid4()), str(contact.id))  # fmt: skip
+    sql(world.url, "INSERT INTO execution_steps (account_id, execution_id, step_index, "
+        "step_type, status, started_at) VALUES (?, ?, 0, 'send_message', 'unknown', "
+        "'2026-01-01T00:00:00.000000Z')", str(other.id), x)  # fmt: skip
+
+    assert world.automations.store.retry_dead(world.account.id, claim.execution.id) == 1
+
+    steps = sql(world.url, "SELECT account_id, status FROM execution_steps "
+                "WHERE execution_id = ? ORDER BY status", x)  # fmt: skip
+    assert [(str(a), s) for a, s in steps] == [
+        (str(world.account.id), "failed"),
+        (str(other.id), "unknown"),
+    ]

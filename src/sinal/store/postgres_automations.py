@@ -510,24 +510,26 @@ class PostgresAutomations:
         return [Execution(*r) for r in rows]
 
     def retry_dead(self, account_id: UUID | None = None, execution_id: UUID | None = None) -> int:
-        """Revive dead executions (and an unknown one named by id)."""
+        """Revive dead executions (and an unknown one named by id): one transaction, so no
+        worker claims one before its step records are reset."""
         statuses = ["dead", "unknown"] if execution_id is not None else ["dead"]
-        with self._conn() as conn:
-            cur = conn.execute(
+        with self._tx() as conn:
+            # executions first, as every writer locks them before their steps
+            revived = conn.execute(
                 "UPDATE executions SET status = 'pending', attempts = 0, run_at = now(), "
                 "claimed_by = NULL, claimed_until = NULL, updated_at = now() "
                 "WHERE status = ANY(%s) AND (%s::uuid IS NULL OR account_id = %s) "
-                "AND (%s::uuid IS NULL OR id = %s)",
+                "AND (%s::uuid IS NULL OR id = %s) RETURNING account_id",
                 (statuses, account_id, account_id, execution_id, execution_id),
-            )
-            if execution_id is not None and cur.rowcount:
+            ).fetchall()
+            if execution_id is not None and revived:
                 # the operator checked the provider: an unknown step may now be sent again
                 conn.execute(
-                    "UPDATE execution_steps SET status = 'failed' WHERE execution_id = %s "
-                    "AND status IN ('unknown', 'started')",
-                    (execution_id,),
+                    "UPDATE execution_steps SET status = 'failed' WHERE account_id = ANY(%s) "
+                    "AND execution_id = %s AND status IN ('unknown', 'started')",
+                    ([r[0] for r in revived], execution_id),
                 )
-            return cur.rowcount
+            return len(revived)
 
     def close_open_conversation(self, account_id: UUID, contact_id: UUID) -> UUID | None:
         """Close the contact's open conversation."""

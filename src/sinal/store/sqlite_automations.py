@@ -335,20 +335,21 @@ class SQLiteAutomations:
         x = None if execution_id is None else str(execution_id)
         now = _ts(_now())
         with self._write() as conn:
-            cur = conn.execute(
+            revived = conn.execute(
                 "UPDATE executions SET status = 'pending', attempts = 0, run_at = ?, "
                 "claimed_by = NULL, claimed_until = NULL, updated_at = ? "
                 "WHERE status IN (?, ?) AND (? IS NULL OR account_id = ?) "
-                "AND (? IS NULL OR id = ?)",
+                "AND (? IS NULL OR id = ?) RETURNING account_id",
                 (now, now, *statuses, a, a, x, x),
-            )
-            if x is not None and cur.rowcount:
-                conn.execute(
-                    "UPDATE execution_steps SET status = 'failed' WHERE execution_id = ? "
-                    "AND status IN ('unknown', 'started')",
-                    (x,),
-                )
-            return cur.rowcount
+            ).fetchall()
+            if x is not None:  # the operator checked the provider: it may be sent again
+                for (account,) in revived:
+                    conn.execute(
+                        "UPDATE execution_steps SET status = 'failed' WHERE account_id = ? "
+                        "AND execution_id = ? AND status IN ('unknown', 'started')",
+                        (account, x),
+                    )
+            return len(revived)
 
     def close_open_conversation(self, account_id: UUID, contact_id: UUID) -> UUID | None:
         """Close the contact's open conversation."""
