@@ -25,6 +25,7 @@ class Behaviour:
     # Called with (request body, request number) before answering: what the far side does
     # meanwhile (Meta's status webhook outrunning the API's answer).
     before_answer: Callable[[Any, int], None] | None = None
+    refusal: bytes | None = None  # the body of an answer of 400 or more, as sent
 
 
 @dataclass
@@ -67,6 +68,8 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
                 if status < 400
                 else {"error": {"message": "unavailable" if failing else "refused", "code": status}}
             ).encode()
+            if status >= 400 and not failing and behaviour.refusal is not None:
+                payload = behaviour.refusal
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))

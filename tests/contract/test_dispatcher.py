@@ -680,3 +680,55 @@ def test_retry_dead_resets_the_steps_of_its_own_account_only(world: World) -> No
         (str(world.account.id), "failed"),
         (str(other.id), "unknown"),
     ]
+
+
+def test_a_refusal_whose_text_holds_a_nul_is_recorded_with_it_replaced(world: World) -> None:
+    """A receiver's answer goes into the step's error: a NUL in it (which PostgreSQL's text
+    refuses) is stored as U+FFFD on both backends, and the execution is dead as it should."""
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.status = 400
+        hook.behaviour.refusal = b'{"error": "campo\x00inv\xe1lido"}'  # a NUL, bad UTF-8
+        world.automations.create(world.account.id, {
+            "name": "crm", "trigger_type": "order_paid",
+            "steps": [{"type": "webhook", "url": f"{hook_url}/hook"}],
+        })  # fmt: skip
+        world.order_paid()
+        world.drain(world.dispatcher())
+
+    [execution] = world.executions()
+    assert execution.status == "dead"
+    assert execution.last_error is not None
+    assert execution.last_error.endswith('(400): {"error": "campo\ufffdinv\ufffdlido"}')
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    assert detail.steps[0].error == execution.last_error
+
+
+def test_a_step_record_that_cannot_be_stored_as_given_fails_no_other(world: World) -> None:
+    """Step records share a statement (`finish_steps`): one whose texts hold what a
+    database refuses is stored cleaned, and never fails the others."""
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid(source_id="1001")
+    world.order_paid(source_id="1002")
+    store = world.automations.store
+    store.fan_out(lambda e, c: [a.id for a in c], 10)
+    claims = store.claim_executions("worker-a", 10, 30.0)
+    assert all(s is not None for s in store.start_steps([StepStart(c, 0, "send_message")
+                                                          for c in claims]))  # fmt: skip
+    bad, good = claims
+    refused = "x\x00y\ud800z"
+    held = store.finish_steps([
+        StepFinish(bad, 0, "failed", result={"text": refused, refused: [refused]},
+                   error=refused, then=Advance("dead", 0, last_error=refused)),
+        StepFinish(good, 0, "completed", result={"wamid": "wamid.1"}),
+    ])  # fmt: skip
+
+    assert held == [True, True]
+    dead = store.get_execution(world.account.id, bad.execution.id)
+    assert dead is not None
+    cleaned = "x\ufffdy\ufffdz"
+    assert (dead.status, dead.last_error, dead.steps[0].error) == ("dead", cleaned, cleaned)
+    assert dead.steps[0].result == {"text": cleaned, cleaned: [cleaned]}
+    going = store.get_execution(world.account.id, good.execution.id)
+    assert going is not None
+    assert going.steps[0].result == {"wamid": "wamid.1"}

@@ -47,7 +47,7 @@ from sinal.automations.steps import (
     StepOutcome,
     run_step,
 )
-from sinal.errors import RetryLater, StoreError
+from sinal.errors import RetryLater, StoreError, StoreUnavailable
 from sinal.events import EmitEvent, prepare
 from sinal.failpoints import failpoint
 from sinal.housekeeping import Task, run_tasks
@@ -610,7 +610,10 @@ class _Combiner(Generic[ItemT, AnswerT]):
     A caller that finds no batch in flight sends its own at once, with whatever else is
     waiting; callers that arrive meanwhile wait for it and go together in the next one. So
     a lone thread pays no delay, and busy threads share round trips and commits. Each
-    caller returns only once the batch holding its item is done (committed)."""
+    caller returns only once the batch holding its item is done (committed).
+
+    A batch that fails (rolled back) for another reason than an unavailable database runs
+    again one item at a time: an item the database refuses fails no other caller's."""
 
     def __init__(
         self, run: Callable[[list[ItemT]], Sequence[AnswerT]], max_batch: int = 256
@@ -635,17 +638,29 @@ class _Combiner(Generic[ItemT, AnswerT]):
                 self._busy = True
                 batch, self._waiting = self._waiting[: self._max], self._waiting[self._max :]
             try:
-                for waiting, answer in zip(batch, self._run([s.item for s in batch]), strict=True):
-                    waiting.result = answer
-            except BaseException as exc:  # every caller in the batch hears of it
-                for waiting in batch:
-                    waiting.error = exc
+                self._answer(batch)
             finally:
                 with self._ready:
                     for waiting in batch:
                         waiting.done = True
                     self._busy = False
                     self._ready.notify_all()
+
+    def _answer(self, batch: list[_Slot[ItemT, AnswerT]]) -> None:
+        """Run `batch`, giving each slot its answer or its error."""
+        try:
+            for waiting, answer in zip(batch, self._run([s.item for s in batch]), strict=True):
+                waiting.result = answer
+        except BaseException as exc:
+            alone = len(batch) > 1 and isinstance(exc, Exception)
+            if not alone or isinstance(exc, StoreUnavailable):  # each alone would wait too
+                for waiting in batch:  # every caller in the batch hears of it
+                    waiting.error = exc
+                return
+            log.warning("a batch of %d failed (%s); running its items one by one",
+                        len(batch), exc)  # fmt: skip
+            for waiting in batch:
+                self._answer([waiting])
 
 
 class _Slot(Generic[ItemT, AnswerT]):

@@ -7,6 +7,7 @@ its aggregate recorder): the same backend classes implement both, through mixins
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -315,6 +316,30 @@ class Notices(Protocol):
         not has committed. Call it before each look at the outbox that may be followed by
         waiting for a NOTIFY."""
         ...
+
+
+# What a text column cannot hold alike on both backends: NUL (PostgreSQL refuses it, in
+# text and in jsonb) and surrogate code points (lone halves UTF-8 cannot encode).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str | None) -> str | None:
+    """`text` with each NUL and lone surrogate replaced by U+FFFD: errors and results quote
+    remote answers, which may hold anything, and a record refused for it would be lost."""
+    if text is None or not _UNSTORABLE.search(text):
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def storable_json(value: Any) -> Any:
+    """`value` (JSON-like data) with its strings, keys included, made `storable_text`."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, dict):
+        return {storable_json(k): storable_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable_json(v) for v in value]
+    return value
 
 
 def decode_json(value: Any) -> Any:

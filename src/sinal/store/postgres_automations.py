@@ -43,6 +43,8 @@ from sinal.store.automations import (
     StepRecord,
     StepStart,
     StepStatus,
+    storable_json,
+    storable_text,
 )
 from sinal.store.base import Contact, StoredEvent
 from sinal.store.libpq import network_defaults
@@ -750,12 +752,10 @@ def _finish_params(finishes: Sequence[StepFinish]) -> dict[str, str]:
         e, then = f.claim.execution, f.then
         rows.append({
             "ord": i, "account_id": e.account_id, "id": e.id, "worker": f.claim.worker,
-            "step_index": f.step_index, "status": f.status, "result": f.result,
-            "error": f.error, "event_id": f.emit.id if f.emit is not None else f.event_id,
-            "advance": then is not None,
-            **({} if then is None else {
-                "status_to": then.status, "next_step": then.next_step, "run_at": then.run_at,
-                "attempts": then.attempts, "last_error": then.last_error}),
+            "step_index": f.step_index, "status": f.status, "result": storable_json(f.result),
+            "error": storable_text(f.error),
+            "event_id": f.emit.id if f.emit is not None else f.event_id,
+            "advance": then is not None, **_advance_params(then),
         })  # fmt: skip
     return {"req": dumps_json(rows)}
 
@@ -765,5 +765,5 @@ def _advance_params(advance: Advance | None) -> dict[str, Any]:
         return {}
     return {
         "status_to": advance.status, "next_step": advance.next_step, "run_at": advance.run_at,
-        "attempts": advance.attempts, "last_error": advance.last_error,
+        "attempts": advance.attempts, "last_error": storable_text(advance.last_error),
     }  # fmt: skip

@@ -32,6 +32,8 @@ from sinal.store.automations import (
     StepRecord,
     StepStart,
     StepStatus,
+    storable_json,
+    storable_text,
 )
 
 _HELD = "account_id = ? AND id = ? AND claimed_by = ? AND claimed_until > ?"
@@ -423,7 +425,8 @@ def _finish(conn: sqlite3.Connection, f: StepFinish, now: str) -> bool:
     conn.execute(
         "UPDATE execution_steps SET status = ?, result = ?, error = ?, event_id = ?, "
         "finished_at = ? WHERE account_id = ? AND execution_id = ? AND step_index = ?",
-        (f.status, None if f.result is None else dumps_json(f.result), f.error,
+        (f.status, None if f.result is None else dumps_json(storable_json(f.result)),
+         storable_text(f.error),
          None if f.event_id is None else str(f.event_id), now, str(e.account_id), str(e.id),
          f.step_index),
     )  # fmt: skip
@@ -440,7 +443,8 @@ def _advance(conn: sqlite3.Connection, claim: Claim, advance: Advance, now: str)
         f"claimed_until = NULL, updated_at = ? WHERE {_HELD}",
         (advance.status, advance.next_step,
          None if advance.run_at is None else _ts(advance.run_at), advance.attempts,
-         advance.last_error, now, str(e.account_id), str(e.id), claim.worker, now),
+         storable_text(advance.last_error), now, str(e.account_id), str(e.id), claim.worker,
+         now),
     )  # fmt: skip
     return cur.rowcount == 1
 
