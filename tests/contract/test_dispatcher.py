@@ -732,3 +732,60 @@ def test_a_step_record_that_cannot_be_stored_as_given_fails_no_other(world: Worl
     going = store.get_execution(world.account.id, good.execution.id)
     assert going is not None
     assert going.steps[0].result == {"wamid": "wamid.1"}
+
+
+_REFUSE_COMPLETIONS = {
+    "sqlite": ["CREATE TRIGGER refuse_completions BEFORE UPDATE ON execution_steps "
+               "WHEN NEW.status = 'completed' BEGIN SELECT RAISE(ABORT, 'refused'); END"],
+    "postgres": ["CREATE FUNCTION refuse_completions() RETURNS trigger LANGUAGE plpgsql AS "
+                 "$$ BEGIN IF NEW.status = 'completed' THEN RAISE EXCEPTION 'refused'; END IF; "
+                 "RETURN NEW; END $$",
+                 "CREATE TRIGGER refuse_completions BEFORE UPDATE ON execution_steps "
+                 "FOR EACH ROW EXECUTE FUNCTION refuse_completions()"],
+}  # fmt: skip
+
+
+def _open_conversation(world: World, opened_at: str) -> uuid.UUID:
+    conversation = uuid.uuid4()
+    sql(world.url, "INSERT INTO conversations (account_id, id, contact_id, status, opened_at) "
+        "VALUES (?, ?, ?, 'open', ?)",
+        str(world.account.id), str(conversation), str(world.contact.id), opened_at)  # fmt: skip
+    return conversation
+
+
+def test_close_conversation_resumed_after_a_crash_records_its_close_once(world: World) -> None:
+    """The close and its Conversation Closed event commit together; a worker that dies
+    before the step's record leaves a step that, run again, finds what it closed (and
+    leaves alone a conversation opened since)."""
+    first = _open_conversation(world, "2026-11-01T00:00:00.000000Z")
+    world.automations.create(world.account.id, {
+        "name": "fechar", "trigger_type": "order_paid",
+        "steps": [{"type": "close_conversation"}],
+    })  # fmt: skip
+    world.order_paid()
+    backend = "sqlite" if world.url.startswith("sqlite") else "postgres"
+    for statement in _REFUSE_COMPLETIONS[backend]:
+        sql(world.url, statement)
+    with pytest.raises(StoreError):  # the step's record fails: as if the worker died there
+        world.drain(world.dispatcher(lease=0.3))
+    sql(world.url, "DROP TRIGGER refuse_completions" + (
+        "" if backend == "sqlite" else " ON execution_steps"))  # fmt: skip
+    second = _open_conversation(world, "2026-11-02T00:00:00.000000Z")
+    time.sleep(0.4)  # the dead worker's lease expires
+
+    world.drain(world.dispatcher())
+
+    closed = world.ledger.list_events(
+        EventQuery(world.account.id, metric_name="Conversation Closed")
+    )
+    assert [e.entity_id for e in closed] == [str(first)]
+    [execution] = world.executions()
+    assert execution.status == "completed"
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    assert (detail.steps[0].result, detail.steps[0].event_id) == (
+        {"closed": str(first)},
+        closed[0].id,
+    )
+    statuses = sql(world.url, "SELECT id, status FROM conversations ORDER BY opened_at")
+    assert [(str(i), s) for i, s in statuses] == [(str(first), "closed"), (str(second), "open")]

@@ -475,7 +475,8 @@ class Dispatcher:
         # the record, the step's event and (after the last step) the execution: one commit
         then = _settles(outcome, index, len(spec.steps))
         emit = None if outcome.emit is None else prepare(outcome.emit, self.ledger.clock())
-        finish("completed", result=outcome.result, emit=emit, then=then)
+        finish("completed", result=outcome.result, emit=emit, event_id=outcome.event_id,
+               then=then)  # fmt: skip
         failpoint("after_step")
         return outcome if then is None else None
 
@@ -519,6 +520,14 @@ class Dispatcher:
             store: Any = self.ledger.store
             store.change_tags(account, contact, [tag], add=add, on_change=lambda _: prepared)
 
+        def close_conversation(
+            key: str, closed: Callable[[UUID], EmitEvent]
+        ) -> tuple[UUID, UUID | None] | None:
+            now = self.ledger.clock()
+            return self.store.close_open_conversation(
+                account, contact, key, lambda conversation: prepare(closed(conversation), now)
+            )
+
         return StepContext(
             claim=claim,
             index=index,
@@ -526,7 +535,7 @@ class Dispatcher:
             http=self.http,
             integrations=lambda kind: self._integrations.first(account, kind),
             change_tag=change_tag,
-            close_conversation=lambda: self.store.close_open_conversation(account, contact),
+            close_conversation=close_conversation,
             allow_private_webhooks=self.settings.allow_private_webhooks,
             links=self._links,
         )

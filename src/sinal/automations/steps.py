@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal, Protocol
 from urllib.parse import urlsplit
+from uuid import UUID
 
 import httpx
 import orjson
@@ -44,7 +45,7 @@ from sinal.automations.model import (
 )
 from sinal.automations.templates import render_text, render_value
 from sinal.errors import ConfigurationError, InvalidLink, SinalError, StoreError
-from sinal.events import EmitEvent, decimal_text
+from sinal.events import EmitEvent, build_unique_event_id, decimal_text
 from sinal.integrations.links import rewrite_urls
 from sinal.integrations.whatsapp import sent_callback_data
 from sinal.store.automations import Claim, Execution, Integration
@@ -73,6 +74,7 @@ class StepOutcome:
 
     result: dict[str, Any] = field(default_factory=dict)
     emit: EmitEvent | None = None
+    event_id: UUID | None = None  # the event the step recorded with its change, if not `emit`
     control: Literal["continue", "wait", "stop"] = "continue"
     resume_at: datetime | None = None
     reason: str | None = None
@@ -99,7 +101,11 @@ class StepContext:
     http: httpx.Client
     integrations: Callable[[str], Integration | None]  # kind -> the account's connection
     change_tag: Callable[[str, bool, EmitEvent], None]  # (tag, add, event) in one transaction
-    close_conversation: Callable[[], Any]  # -> closed conversation id or None
+    # (key, event of closing conversation <id>) -> (its id, the event's id), or None when
+    # none was open: the close and its event in one transaction, once per key
+    close_conversation: Callable[
+        [str, Callable[[UUID], EmitEvent]], tuple[UUID, UUID | None] | None
+    ]
     allow_private_webhooks: bool = False
     links: LinkMaker | None = None  # None: steps with track_links fail (not retried)
 
@@ -121,13 +127,12 @@ class StepContext:
         """An event emitted by this step: source `automation`, carrying the execution, with a
         unique id per (execution, step[, key]) so a resumed step never records it twice."""
         e = self.claim.execution
-        suffix = f":{key}" if key else ""
         return EmitEvent(
             account_id=e.account_id,
             contact_id=e.contact_id,
             metric_name=metric,
             source="automation",
-            source_id=f"{e.id}:{self.index}{suffix}",
+            source_id=self._source_id(key),
             entity_type=entity_type,
             automation_execution_id=e.id,
             properties={
@@ -138,6 +143,14 @@ class StepContext:
             },
             **fields,
         )
+
+    def event_key(self, entity_type: str, key: str = "") -> str:
+        """The `unique_event_id` of the step's `event` of this entity type (and key)."""
+        return build_unique_event_id("automation", entity_type, self._source_id(key))
+
+    def _source_id(self, key: str) -> str:
+        suffix = f":{key}" if key else ""
+        return f"{self.claim.execution.id}:{self.index}{suffix}"
 
 
 def run_step(step: Step, ctx: StepContext) -> StepOutcome:
@@ -231,14 +244,19 @@ def _tag(step: Any, ctx: StepContext) -> StepOutcome:
 
 def _close_conversation(step: Any, ctx: StepContext) -> StepOutcome:
     assert isinstance(step, CloseConversation)
-    closed = ctx.close_conversation()
-    if closed is None:
+
+    def closed(conversation_id: UUID) -> EmitEvent:
+        return ctx.event(c.METRIC_CONVERSATION_CLOSED, entity_type="conversation",
+                         entity_id=str(conversation_id),
+                         properties={"conversation_id": str(conversation_id)})  # fmt: skip
+
+    # The close and its event commit together, once per step: run again (its worker died
+    # before the step's record), the step finds the conversation it closed.
+    found = ctx.close_conversation(ctx.event_key("conversation"), closed)
+    if found is None:
         return StepOutcome(result={"closed": None})
-    return StepOutcome(
-        result={"closed": str(closed)},
-        emit=ctx.event(c.METRIC_CONVERSATION_CLOSED, entity_type="conversation",
-                       entity_id=str(closed), properties={"conversation_id": str(closed)}),
-    )  # fmt: skip
+    conversation_id, event_id = found
+    return StepOutcome(result={"closed": str(conversation_id)}, event_id=event_id)
 
 
 def _webhook(step: Any, ctx: StepContext) -> StepOutcome:

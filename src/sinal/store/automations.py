@@ -164,6 +164,9 @@ class FanOut:
     skipped: list[tuple[UUID, str]] = field(default_factory=list)
 
 
+# Given a conversation's id, the event of its closing (`close_open_conversation`).
+BuildCloseEvent = Callable[[UUID], PreparedEvent]
+
 # Given an event and its account's automations listening to its metric, the ids to run.
 Chooser = Callable[[StoredEvent, Sequence[AutomationRow]], list[UUID]]
 
@@ -287,8 +290,13 @@ class AutomationStore(Protocol):
         """Revive dead (and unknown, when named by id) executions: pending again, now."""
         ...
 
-    def close_open_conversation(self, account_id: UUID, contact_id: UUID) -> UUID | None:
-        """Close the contact's open conversation; its id, or None when none was open."""
+    def close_open_conversation(
+        self, account_id: UUID, contact_id: UUID, key: str, on_close: BuildCloseEvent
+    ) -> tuple[UUID, UUID | None] | None:
+        """Close the contact's open conversation and record `on_close(its id)`, in one
+        transaction; the conversation's id and the event's, or None when none was open.
+        Once per `key`, the event's `unique_event_id`: when that event is recorded already,
+        nothing is closed, and the conversation it names comes back, with its id."""
         ...
 
     def backlog(self) -> Backlog:
@@ -355,6 +363,7 @@ __all__ = [
     "Advance",
     "AutomationRow",
     "AutomationStore",
+    "BuildCloseEvent",
     "Chooser",
     "Claim",
     "Execution",

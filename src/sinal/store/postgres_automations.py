@@ -33,6 +33,7 @@ from sinal.store.automations import (
     Advance,
     AutomationRow,
     Backlog,
+    BuildCloseEvent,
     Chooser,
     Claim,
     Execution,
@@ -533,15 +534,29 @@ class PostgresAutomations:
                 )
             return len(revived)
 
-    def close_open_conversation(self, account_id: UUID, contact_id: UUID) -> UUID | None:
-        """Close the contact's open conversation."""
-        with self._conn() as conn:
+    def close_open_conversation(
+        self, account_id: UUID, contact_id: UUID, key: str, on_close: BuildCloseEvent
+    ) -> tuple[UUID, UUID | None] | None:
+        """Close the contact's open conversation with its event, once per `key`."""
+        from sinal.store.postgres import _record_in
+
+        def work(conn: Conn) -> tuple[UUID, UUID | None] | None:
+            earlier = conn.execute(
+                "SELECT entity_id, id FROM events WHERE account_id = %s AND unique_event_id = %s",
+                (account_id, key),
+            ).fetchone()
+            if earlier is not None:
+                return UUID(earlier[0]), earlier[1]
             row = conn.execute(
                 "UPDATE conversations SET status = 'closed', closed_at = now() "
                 "WHERE account_id = %s AND contact_id = %s AND status = 'open' RETURNING id",
                 (account_id, contact_id),
             ).fetchone()
-        return None if row is None else row[0]
+            if row is None:
+                return None
+            return row[0], _record_in(conn, [on_close(row[0])])[0].event_id
+
+        return self._retrying(work)
 
     def backlog(self) -> Backlog:
         """What waits for the workers: one statement (the due executions by their partial

@@ -22,6 +22,7 @@ from sinal.store.automations import (
     Advance,
     AutomationRow,
     Backlog,
+    BuildCloseEvent,
     Chooser,
     Claim,
     Execution,
@@ -353,15 +354,29 @@ class SQLiteAutomations:
                     )
             return len(revived)
 
-    def close_open_conversation(self, account_id: UUID, contact_id: UUID) -> UUID | None:
-        """Close the contact's open conversation."""
+    def close_open_conversation(
+        self, account_id: UUID, contact_id: UUID, key: str, on_close: BuildCloseEvent
+    ) -> tuple[UUID, UUID | None] | None:
+        """Close the contact's open conversation with its event, once per `key`."""
+        from sinal.store.sqlite import _record_in
+
+        account = str(account_id)
         with self._write() as conn:
+            earlier = conn.execute(
+                "SELECT entity_id, id FROM events WHERE account_id = ? AND unique_event_id = ?",
+                (account, key),
+            ).fetchone()
+            if earlier is not None:
+                return UUID(earlier[0]), UUID(earlier[1])
             row = conn.execute(
                 "UPDATE conversations SET status = 'closed', closed_at = ? "
                 "WHERE account_id = ? AND contact_id = ? AND status = 'open' RETURNING id",
-                (_ts(_now()), str(account_id), str(contact_id)),
+                (_ts(_now()), account, str(contact_id)),
             ).fetchone()
-        return None if row is None else UUID(row[0])
+            if row is None:
+                return None
+            closed = UUID(row[0])
+            return closed, _record_in(conn, [on_close(closed)])[0].event_id
 
     def backlog(self) -> Backlog:
         """What waits for the workers (see `Backlog`)."""
