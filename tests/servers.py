@@ -26,6 +26,8 @@ class Behaviour:
     # meanwhile (Meta's status webhook outrunning the API's answer).
     before_answer: Callable[[Any, int], None] | None = None
     refusal: bytes | None = None  # the body of an answer of 400 or more, as sent
+    # Called with (request body, request number) for the answer, instead of the server's own.
+    answer: Callable[[Any, int], Any] | None = None
 
 
 @dataclass
@@ -64,7 +66,7 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
                 time.sleep(behaviour.delay)
             status = 503 if failing else behaviour.status
             payload = json.dumps(
-                answer(body, n)
+                (behaviour.answer or answer)(body, n)
                 if status < 400
                 else {"error": {"message": "unavailable" if failing else "refused", "code": status}}
             ).encode()

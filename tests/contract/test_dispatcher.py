@@ -20,7 +20,7 @@ from sinal.automations.dispatcher import Dispatcher, DispatchSettings, spec_of
 from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
 from sinal.errors import InvalidIntegration, StoreError
-from sinal.store.automations import Advance, Claim, StepFinish, StepStart
+from sinal.store.automations import Advance, Claim, Integration, StepFinish, StepStart
 from sinal.store.base import EventQuery
 from sinal.store.postgres import PostgresStore
 from tests.helpers import count, cut_connections, sql, wait_until
@@ -773,7 +773,7 @@ def test_close_conversation_resumed_after_a_crash_records_its_close_once(world: 
     second = _open_conversation(world, "2026-11-02T00:00:00.000000Z")
     time.sleep(0.4)  # the dead worker's lease expires
 
-    world.drain(world.dispatcher())
+    _run_until(world, world.dispatcher(), "completed", "dead")  # the step, taken over, again
 
     closed = world.ledger.list_events(
         EventQuery(world.account.id, metric_name="Conversation Closed")
@@ -789,3 +789,140 @@ def test_close_conversation_resumed_after_a_crash_records_its_close_once(world: 
     )
     statuses = sql(world.url, "SELECT id, status FROM conversations ORDER BY opened_at")
     assert [(str(i), s) for i, s in statuses] == [(str(first), "closed"), (str(second), "open")]
+
+
+def _connect_whatsapp(world: World, **changes: str) -> None:
+    """Replace the account's WhatsApp connection by one with `changes`, stored as given
+    (as one made before its values were checked when a connection is made)."""
+    store = world.automations.store
+    [old] = store.list_integrations(world.account.id, "whatsapp")
+    store.delete_integration(world.account.id, old.id)
+    settings = {k: changes.pop(k, v) for k, v in old.settings.items()}
+    secrets = {k: changes.pop(k, v) for k, v in old.secrets.items()}
+    store.create_integration(Integration(world.account.id, uuid.uuid4(), "whatsapp", None,
+                                         settings, secrets, old.created_at))  # fmt: skip
+
+
+def _run_until(world: World, dispatcher: Dispatcher, *statuses: str) -> None:
+    for _ in range(100):
+        dispatcher.run_once()
+        if world.executions()[0].status in statuses:
+            return
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"api_base_url": "http://a..b"},  # a host IDNA refuses: UnicodeError, not OSError
+        {"api_base_url": "http://☃.net"},  # one httpx refuses: InvalidURL, not an HTTPError
+        {"access_token": "EAAG-ção"},  # no header value: UnicodeEncodeError
+    ],
+)
+def test_a_send_that_cannot_leave_is_retried_then_dead_never_unknown(
+    world: World, changes: dict[str, str]
+) -> None:
+    """A request that fails before it could leave is a failed attempt like a refused
+    connection: retried, then dead once the attempts are spent, never "may have been sent"
+    (nor retried for ever)."""
+    _connect_whatsapp(world, **changes)
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+
+    _run_until(world, world.dispatcher(), "dead", "unknown")
+
+    [execution] = world.executions()
+    assert (execution.status, execution.attempts) == ("dead", 3)
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    assert [(s.status, s.attempts) for s in detail.steps] == [("failed", 3)]
+    assert world.whatsapp.requests == []
+
+
+def test_a_database_error_finding_the_connection_is_a_failed_attempt(world: World) -> None:
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    sql(world.url, "ALTER TABLE integrations RENAME TO integrations_away")
+    dispatcher = world.dispatcher()
+
+    dispatcher.run_once()
+
+    [execution] = world.executions()
+    assert (execution.status, execution.attempts) == ("pending", 1)  # not unknown
+    assert "integrations" in (execution.last_error or "")
+    sql(world.url, "ALTER TABLE integrations_away RENAME TO integrations")
+    _run_until(world, dispatcher, "completed", "dead", "unknown")
+    assert world.executions()[0].status == "completed"
+    assert len(world.whatsapp.bodies()) == 1
+
+
+def test_an_ai_answer_holding_a_nul_is_sent_and_recorded_without_it(world: World) -> None:
+    with ai_server() as (ai_url, ai):
+        ai.behaviour.answer = lambda body, n: {
+            "choices": [{"message": {"role": "assistant", "content": "Olá\x00 Ana!"}}]
+        }
+        world.automations.create_integration(
+            world.account.id, {"kind": "ai", "base_url": ai_url, "model": "m", "api_key": "k"}
+        )
+        world.automations.create(world.account.id, {
+            "name": "ia", "trigger_type": "order_paid", "steps": [{"type": "ai_respond"}],
+        })  # fmt: skip
+        world.order_paid()
+        world.drain(world.dispatcher())
+
+    [sent] = world.whatsapp.bodies()
+    assert sent["text"]["body"] == "Olá Ana!"
+    [event] = world.ledger.list_events(EventQuery(world.account.id, metric_name="AI Response Sent"))
+    assert (event.entity_id, event.properties["text"]) == ("wamid.LOCAL00000000", "Olá Ana!")
+    assert world.executions()[0].status == "completed"
+
+
+def test_a_sent_message_whose_event_is_refused_keeps_its_wamid(world: World) -> None:
+    """After the send nothing may lose it: a WAMID no event can carry (an entity id is at
+    most 255 characters) still completes the step, its result holding the WAMID, and the
+    step's error says why its event is missing."""
+    wamid = "wamid." + "A" * 300
+    world.whatsapp.behaviour.answer = lambda body, n: {"messages": [{"id": wamid}]}
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+
+    world.drain(world.dispatcher())
+
+    assert len(world.whatsapp.bodies()) == 1
+    [execution] = world.executions()
+    assert execution.status == "completed"  # the next step ran
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    sent = detail.steps[0]
+    assert (sent.status, sent.result["wamid"] if sent.result else None) == ("completed", wamid)
+    assert "entity_id" in (sent.error or "")
+    assert sent.event_id is None
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+
+
+def test_a_step_whose_worker_dies_every_time_ends_dead(world: World) -> None:
+    """A step taken over from a worker that stopped inside it counts as a failed attempt,
+    so a step that kills its worker every time (a poison pill) ends dead instead of taking
+    down one worker after another for ever."""
+    with webhook_receiver() as (hook_url, hook):
+        world.automations.create(world.account.id, {
+            "name": "crm", "trigger_type": "order_paid",
+            "steps": [{"type": "webhook", "url": f"{hook_url}/hook"}],
+        })  # fmt: skip
+        world.order_paid()
+        store = world.automations.store
+        store.fan_out(lambda e, c: [a.id for a in c], 10)
+        dispatcher = world.dispatcher(lease=0.2)
+        for attempt in range(1, 4):
+            claims: list[Claim] = []
+            while not claims:  # once its retry is due
+                claims = store.claim_executions("doomed", 1, 0.2)
+            assert store.start_step(claims[0], 0, "webhook") is not None  # ...and it dies
+            time.sleep(0.3)
+            dispatcher.run_once()  # takes the execution over
+            [execution] = world.executions()
+            assert execution.attempts == attempt
+        assert hook.requests == []
+
+    assert execution.status == "dead"
+    assert "interrupted" in (execution.last_error or "")

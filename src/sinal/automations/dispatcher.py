@@ -47,8 +47,8 @@ from sinal.automations.steps import (
     StepOutcome,
     run_step,
 )
-from sinal.errors import RetryLater, StoreError, StoreUnavailable
-from sinal.events import EmitEvent, prepare
+from sinal.errors import InvalidEvent, RetryLater, StoreError, StoreUnavailable
+from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.failpoints import failpoint
 from sinal.housekeeping import Task, run_tasks
 from sinal.ledger import Ledger
@@ -463,6 +463,12 @@ class Dispatcher:
             message = "the step was interrupted mid-send; it may or may not have been sent"
             finish("unknown", error=message, then=Advance("unknown", index, last_error=message))
             return None
+        if not fresh:
+            # A worker stopped inside this step: an attempt, so a step that stops its worker
+            # every time (memory, a crash) ends dead rather than stop worker after worker.
+            failed = StepFailed("the step was interrupted (its worker stopped)", retry=True)
+            finish("failed", error=str(failed), then=self._retry(claim, index, failed))
+            return None
         try:
             outcome = run_step(step, self._context(claim, index))
         except OutcomeUnknown as exc:
@@ -474,11 +480,26 @@ class Dispatcher:
             return None
         # the record, the step's event and (after the last step) the execution: one commit
         then = _settles(outcome, index, len(spec.steps))
-        emit = None if outcome.emit is None else prepare(outcome.emit, self.ledger.clock())
+        emit, refused = self._prepare(claim, index, outcome)
         finish("completed", result=outcome.result, emit=emit, event_id=outcome.event_id,
-               then=then)  # fmt: skip
+               error=refused, then=then)  # fmt: skip
         failpoint("after_step")
         return outcome if then is None else None
+
+    def _prepare(
+        self, claim: Claim, index: int, outcome: StepOutcome
+    ) -> tuple[PreparedEvent | None, str | None]:
+        """The event a step that happened emits, checked; or None, and why it was refused:
+        the step stays completed all the same (a message was sent: never send it again), its
+        result kept."""
+        if outcome.emit is None:
+            return None, None
+        try:
+            return prepare(outcome.emit, self.ledger.clock()), None
+        except InvalidEvent as exc:
+            log.warning("execution %s, step %d: its event was refused: %s",
+                        claim.execution.id, index, exc)  # fmt: skip
+            return None, f"the step's event was refused: {exc}"
 
     def _finish(
         self, claim: Claim, index: int, status: StepStatus, then: Advance | None = None, **kw: Any

@@ -9,6 +9,10 @@ Failures are sorted by what a retry can do:
 - `OutcomeUnknown`: the request left and no answer came back (timeout). It may have been
   delivered, so it is never resent blindly: the execution stops as `unknown`.
 
+Whatever else goes wrong in a step (a host name IDNA refuses, a header value that is not
+ASCII, a database error, a bug) happened before its request could leave, or `_post` says
+otherwise: `run_step` raises it as `StepFailed(retry=True)`, an attempt like any other.
+
 Sending steps with ``track_links`` replace the URLs of their text with tracked short links
 before the send, through the context's `links` (`sinal.links.StepLinks`): keyed by
 (execution, step, URL), so a step run again after a failed send sends the same ones.
@@ -17,6 +21,7 @@ before the send, through the context's `links` (`sinal.links.StepLinks`): keyed 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -44,11 +49,13 @@ from sinal.automations.model import (
     Webhook,
 )
 from sinal.automations.templates import render_text, render_value
-from sinal.errors import ConfigurationError, InvalidLink, SinalError, StoreError
+from sinal.errors import ConfigurationError, InvalidLink, RetryLater, SinalError, StoreError
 from sinal.events import EmitEvent, build_unique_event_id, decimal_text
 from sinal.integrations.links import rewrite_urls
 from sinal.integrations.whatsapp import sent_callback_data
 from sinal.store.automations import Claim, Execution, Integration
+
+log = logging.getLogger("sinal.steps")
 
 DEFAULT_WHATSAPP_API = "https://graph.facebook.com/v21.0"
 
@@ -154,9 +161,16 @@ class StepContext:
 
 
 def run_step(step: Step, ctx: StepContext) -> StepOutcome:
-    """Run one step."""
+    """Run one step; raises `StepFailed`, `OutcomeUnknown` or `RetryLater`, whatever failed."""
     runner = _RUNNERS[step.type]
-    return runner(step, ctx)
+    try:
+        return runner(step, ctx)
+    except (StepFailed, OutcomeUnknown, RetryLater):
+        raise
+    except Exception as exc:  # before any request left: `_post` sorts what happens after
+        log.warning("step %d of execution %s failed unexpectedly", ctx.index,
+                    ctx.claim.execution.id, exc_info=True)  # fmt: skip
+        raise StepFailed(f"the step failed: {_describe(exc)}", retry=True) from exc
 
 
 def _send_message(step: Any, ctx: StepContext) -> StepOutcome:
@@ -215,7 +229,8 @@ def _ai_respond(step: Any, ctx: StepContext) -> StepOutcome:
     base = str(ai.settings.get("base_url", "")).rstrip("/")
     answer = _post_json(ctx, f"{base}/chat/completions", body, ai.secrets.get("api_key"))
     try:
-        reply = str(answer["choices"][0]["message"]["content"]).strip()
+        # a NUL shows nothing to the contact, and no event may hold one
+        reply = str(answer["choices"][0]["message"]["content"]).replace("\x00", "").strip()
     except (KeyError, IndexError, TypeError) as exc:
         raise StepFailed("the AI endpoint answered without choices[0].message", retry=True) from exc
     if not reply:
@@ -397,6 +412,11 @@ def _post(ctx: StepContext, url: str, content: bytes, headers: dict[str, str]) -
         raise OutcomeUnknown(f"{_host(url)} did not answer in time ({exc})") from exc
     except httpx.HTTPError as exc:
         raise OutcomeUnknown(f"the request to {_host(url)} broke off: {exc}") from exc
+    except Exception as exc:  # not httpx's own: a host IDNA refuses, a header not ASCII, ...
+        host, what = _host(url), _describe(exc)
+        if gate.may_have_left:
+            raise OutcomeUnknown(f"the request to {host} broke off: {what}") from exc
+        raise StepFailed(f"could not send to {host}: {what}", retry=True) from exc
     finally:
         gate.release()
     if response.status_code == 429 or response.status_code >= 500:
@@ -428,10 +448,14 @@ class _NewConnectionGate:
         self._key = f"{parts.scheme}://{parts.netloc}"
         self._timeout = -1 if timeout is None else timeout
         self._held: threading.Lock | None = None
+        self.may_have_left = False  # the request began to be written
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        """httpcore's trace hook: take the turn at connect, give it back at the answer."""
-        if event == "connection.connect_tcp.started":
+        """httpcore's trace hook: take the turn at connect, give it back at the answer;
+        note when the request begins to go out."""
+        if event.endswith(".send_request_headers.started"):  # http11. or http2.
+            self.may_have_left = True
+        elif event == "connection.connect_tcp.started":
             with self._turns_lock:
                 turn = self._turns.setdefault(self._key, threading.Lock())
             # past the connect timeout, go anyway: the gate is politeness, not a guarantee
@@ -452,6 +476,8 @@ def refuse_private_target(url: str) -> None:
     host = urlsplit(url).hostname or ""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except UnicodeError as exc:  # a label empty or over 63 characters: never resolves
+        raise StepFailed(f"cannot resolve {host}: {exc}", retry=False) from exc
     except OSError as exc:
         raise StepFailed(f"cannot resolve {host}: {exc}", retry=True) from exc
     for info in infos:
@@ -466,6 +492,11 @@ def refuse_private_target(url: str) -> None:
 
 def _host(url: str) -> str:
     return urlsplit(url).netloc or url
+
+
+def _describe(exc: Exception) -> str:
+    """An unforeseen exception as a step's error: its kind and its message."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _event_text(ctx: StepContext) -> str:
