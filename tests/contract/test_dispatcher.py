@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 import sinal
 from sinal import Ledger
 from sinal.automations.backoff import RetryPolicy
-from sinal.automations.dispatcher import Dispatcher, DispatchSettings, spec_of
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings, choose, spec_of
 from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
 from sinal.errors import InvalidIntegration, StoreError
@@ -926,3 +926,42 @@ def test_a_step_whose_worker_dies_every_time_ends_dead(world: World) -> None:
 
     assert execution.status == "dead"
     assert "interrupted" in (execution.last_error or "")
+
+
+def test_a_stored_definition_failing_todays_checks_stops_nothing_else(world: World) -> None:
+    """A definition stored before a check it fails was added (here: it has no steps) no
+    longer runs, and stops nothing else: the other automations run, an execution of it made
+    before ends dead saying why, the trace says why, and a PATCH still repairs it."""
+    world.automations.create(world.account.id, THANKS)
+    old = world.automations.create(world.account.id, {
+        "name": "antiga", "trigger_type": "order_paid",
+        "steps": [{"type": "add_tag", "tag": "antiga"}],
+    })  # fmt: skip
+    world.order_paid(source_id="1001")
+    store = world.automations.store
+    store.fan_out(choose, 10)  # its execution is made while its definition passes
+    assert store.update_automation(replace(old, spec={**old.spec, "steps": []}))
+    dispatcher = world.dispatcher()
+
+    world.drain(dispatcher)
+    second = world.order_paid(source_id="1002")
+    world.drain(dispatcher)
+
+    by_automation = sorted((x.automation_id == old.id, x.status) for x in world.executions())
+    assert by_automation == [(False, "completed"), (False, "completed"), (True, "dead")]
+    [dead] = [x for x in world.executions() if x.automation_id == old.id]
+    assert "steps" in (dead.last_error or "")
+    assert len(world.whatsapp.bodies()) == 2
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+    assert second.event_id is not None
+    stored = world.ledger.get_event(world.account.id, second.event_id)
+    assert stored is not None
+    [traced] = [t for t in world.automations.trace(stored) if t["automation_id"] == str(old.id)]
+    assert (traced["triggered"], traced["outcome"]) == (False, "invalid_definition")
+    assert "steps" in traced["message"]
+
+    repaired = world.automations.update(world.account.id, old.id, {
+        "steps": [{"type": "add_tag", "tag": "antiga"}],
+    })  # fmt: skip
+    assert repaired is not None
+    assert repaired.spec["steps"] == [{"type": "add_tag", "tag": "antiga"}]

@@ -38,7 +38,7 @@ import orjson
 from sinal.automations.backoff import RetryPolicy, is_exhausted, next_delay
 from sinal.automations.matching import explain_match
 from sinal.automations.metrics import WorkerMetrics
-from sinal.automations.model import AutomationSpec, parse_automation
+from sinal.automations.model import AutomationSpec, InvalidAutomation, parse_automation
 from sinal.automations.steps import (
     EXTERNAL_SENDS,
     OutcomeUnknown,
@@ -47,7 +47,7 @@ from sinal.automations.steps import (
     StepOutcome,
     run_step,
 )
-from sinal.errors import InvalidEvent, RetryLater, StoreError, StoreUnavailable
+from sinal.errors import FieldError, InvalidEvent, RetryLater, StoreError, StoreUnavailable
 from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.failpoints import failpoint
 from sinal.housekeeping import Task, run_tasks
@@ -123,20 +123,36 @@ class DispatchSettings:
 @lru_cache(maxsize=1024)
 def _spec(
     account_id: UUID, automation_id: UUID, updated_at: datetime, raw: bytes
-) -> AutomationSpec:
-    return parse_automation(orjson.loads(raw))
+) -> AutomationSpec | tuple[FieldError, ...]:
+    try:
+        return parse_automation(orjson.loads(raw))
+    except InvalidAutomation as exc:  # said once per version: the result is cached
+        log.warning("automation %s does not run: its definition fails today's checks: %s",
+                    automation_id, exc)  # fmt: skip
+        return exc.errors
 
 
 def spec_of(row: AutomationRow) -> AutomationSpec:
-    """The parsed definition of a stored automation (cached per version)."""
-    return _spec(row.account_id, row.id, row.updated_at, orjson.dumps(row.spec))
+    """The parsed definition of a stored automation (cached per version); raises
+    `InvalidAutomation` for one that fails a check added since it was stored."""
+    spec = _spec(row.account_id, row.id, row.updated_at, orjson.dumps(row.spec))
+    if not isinstance(spec, AutomationSpec):
+        raise InvalidAutomation(spec)
+    return spec
 
 
 def choose(event: StoredEvent, candidates: Sequence[AutomationRow]) -> list[UUID]:
-    """The automations that run for `event` (same rules as the event trace)."""
-    return [
-        row.id for row in candidates if explain_match(spec_of(row), event, row.created_at).triggered
-    ]
+    """The automations that run for `event` (same rules as the event trace): never one
+    whose definition fails today's checks (the trace says so)."""
+    return [row.id for row in candidates if _runs_for(row, event)]
+
+
+def _runs_for(row: AutomationRow, event: StoredEvent) -> bool:
+    try:
+        spec = spec_of(row)
+    except InvalidAutomation:  # logged once, as it was parsed
+        return False
+    return explain_match(spec, event, row.created_at).triggered
 
 
 class Dispatcher:
@@ -426,7 +442,12 @@ class Dispatcher:
             self.metrics.running.dec()
 
     def _run_claim(self, claim: Claim) -> None:
-        spec = spec_of(claim.automation)
+        try:
+            spec = spec_of(claim.automation)
+        except InvalidAutomation as exc:  # made before the definition was found to fail
+            message = f"the automation's definition fails today's checks: {exc}"
+            self._advance(claim, Advance("dead", claim.execution.next_step, last_error=message))
+            return
         done = {s.step_index: s for s in claim.execution.steps}
         index = claim.execution.next_step
         while index < len(spec.steps):

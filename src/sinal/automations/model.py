@@ -392,11 +392,12 @@ def parse_automation(data: object) -> AutomationSpec:
     )
 
 
-def apply_patch(spec: AutomationSpec, patch: object) -> AutomationSpec:
-    """Apply a PATCH body (top-level merge; `null` removes) and check the result."""
+def apply_patch(spec: AutomationSpec | Mapping[str, Any], patch: object) -> AutomationSpec:
+    """Apply a PATCH body (top-level merge; `null` removes) to a definition (checked, or as
+    stored) and check the result."""
     if not isinstance(patch, Mapping):
         raise InvalidAutomation([FieldError("$", "invalid_type", "the patch must be an object")])
-    data = spec.to_dict()
+    data = spec.to_dict() if isinstance(spec, AutomationSpec) else dict(spec)
     # Switching trigger kinds: naming one trigger replaces the other unless both are named.
     for given, other in (("trigger_metric", "trigger_type"), ("trigger_type", "trigger_metric")):
         if patch.get(given) is not None and other not in patch:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from uuid import UUID
 
 from sinal.automations.matching import explain_match
-from sinal.automations.model import apply_patch, parse_automation
+from sinal.automations.model import InvalidAutomation, apply_patch, parse_automation
 from sinal.automations.steps import DEFAULT_WHATSAPP_API
 from sinal.errors import FieldError, InvalidIntegration
 from sinal.ids import new_id
@@ -91,7 +91,7 @@ class Automations:
         row = self.store.get_automation(account_id, automation_id)
         if row is None:
             return None
-        spec = apply_patch(parse_automation(row.spec), patch)
+        spec = apply_patch(row.spec, patch)  # as stored: a patch may repair what fails
         updated = replace(row, name=spec.name, status=spec.status,
                           trigger_metric=spec.metric_name, spec=spec.to_dict(),
                           updated_at=self.ledger.clock())  # fmt: skip
@@ -106,14 +106,15 @@ class Automations:
         }
         answer = []
         for row in self.store.list_automations(event.account_id):
-            decision = explain_match(parse_automation(row.spec), event, row.created_at)
+            entry: dict[str, Any] = {"automation_id": str(row.id), "automation_name": row.name}
+            try:
+                decision = explain_match(parse_automation(row.spec), event, row.created_at)
+            except InvalidAutomation as exc:  # stored before a check it fails: never runs
+                message = f"the automation's definition fails today's checks: {exc}"
+                entry |= {"triggered": False, "outcome": "invalid_definition", "message": message}
+            else:
+                entry |= {"triggered": decision.triggered, **decision.as_dict()}
             execution = executions.get(row.id)
-            entry: dict[str, Any] = {
-                "automation_id": str(row.id),
-                "automation_name": row.name,
-                "triggered": decision.triggered,
-                **decision.as_dict(),
-            }
             if execution is not None:
                 entry["execution"] = execution_summary(execution)
             answer.append(entry)
