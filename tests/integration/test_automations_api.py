@@ -110,6 +110,11 @@ async def test_patch_pauses_and_delete_removes(api: Api) -> None:
           "steps": [{"type": "send_message", "text": "Oi {{ contact.nome"}]}, {"steps[0].text"}),
         ({"name": "x", "trigger_metric": "Order Paid",
           "steps": [{"type": "webhook", "url": "ftp://example.com"}]}, {"steps[0].url"}),
+        ({"name": "x", "trigger_metric": "Order Paid",
+          "steps": [{"type": "webhook", "url": "https://a..b/h"}]}, {"steps[0].url"}),
+        ({"name": "x", "trigger_metric": "Order Paid",
+          "steps": [{"type": "webhook", "url": "https://hooks.example.com/h",
+                     "headers": {"X-Token": "senha-ção"}}]}, {"steps[0].headers.X-Token"}),
     ],
 )  # fmt: skip
 async def test_invalid_automation_is_422_naming_the_field(
@@ -174,6 +179,34 @@ async def test_invalid_integration_is_422_naming_the_field(api: Api) -> None:
     response = await api.post("/v1/integrations", {"kind": "ai", "base_url": "not a url"})
     assert response.status_code == 422
     assert {e["field"] for e in response.json()["errors"]} == {"base_url", "model"}
+
+
+async def test_webhook_host_no_client_can_connect_to_is_422_saying_why(api: Api) -> None:
+    response = await api.post("/v1/automations", {
+        "name": "crm", "trigger_metric": "Order Paid",
+        "steps": [{"type": "webhook", "url": f"https://{'a' * 64}.example.com/hook"}],
+    })  # fmt: skip
+    assert response.status_code == 422
+    [error] = response.json()["errors"]
+    assert (error["field"], error["code"]) == ("steps[0].url", "invalid_url")
+    assert "longer than 63 characters" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"kind": "ai", "base_url": "https://a..b/v1", "model": "m"}, "base_url"),
+        ({"kind": "whatsapp", "secret": "s", "phone_number_id": "1",
+          "access_token": "EAAG-ção", "api_base_url": "https://graph.example.com"},
+         "access_token"),
+    ],
+)  # fmt: skip
+async def test_connection_no_request_could_be_sent_with_is_422(
+    api: Api, body: dict[str, Any], field: str
+) -> None:
+    response = await api.post("/v1/integrations", body)
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == [field]
 
 
 async def test_configuration_needs_the_admin_scope(api: Api) -> None:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -390,6 +391,11 @@ def components(*items: object) -> dict[str, object]:
         ({**HOOK, "url": "https://example.com:99999/"}, ".url", "invalid_url"),
         ({**HOOK, "url": "https://user:pw@example.com/"}, ".url", "invalid_url"),
         ({**HOOK, "url": "https://example.com/" + "a" * 2048}, ".url", "too_long"),
+        ({**HOOK, "url": "https://a..b/h"}, ".url", "invalid_url"),  # an empty label
+        ({**HOOK, "url": f"https://{'a' * 64}.com/h"}, ".url", "invalid_url"),  # over 63
+        ({**HOOK, "url": "https://☃.net/h"}, ".url", "invalid_url"),  # not in IDNA 2008
+        ({**HOOK, "url": "https://999.1.1.1/h"}, ".url", "invalid_url"),
+        (headers(X_Token="senha-ção"), ".headers.X-Token", "invalid_header"),
         ({**HOOK, "headers": ["X-A: b"]}, ".headers", "invalid_type"),
         ({**HOOK, "headers": {"X A": "b"}}, ".headers.X A", "invalid_header"),
         (headers(X_A="b\r\nX-B: c"), ".headers.X-A", "invalid_header"),
@@ -424,6 +430,28 @@ def components(*items: object) -> dict[str, object]:
 def test_parse_automation_rejects_step_fields(step: object, field: str, code: str) -> None:
     step = {k: v for k, v in step.items() if v is not None} if isinstance(step, dict) else step
     assert rejections(definition(steps=[SEND, step])) == [(f"steps[1]{field}", code)]
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "hooks.example.com", "ação.com.br", "xn--ao-siap.com.br", "a_b.example.com",
+        "example.com.", "-a.example.com", "127.0.0.1", "[::1]", "a..b", ".a.com",
+        f"{'a' * 64}.com", f"{'é' * 64}.com", "☃.net", "ß.de", "999.1.1.1",
+    ],
+)  # fmt: skip
+def test_webhook_hosts_accepted_are_those_http_clients_can_connect_to(host: str) -> None:
+    """What httpx makes of the host, and then the resolver (`socket.getaddrinfo` encodes a
+    name with Python's IDNA codec): a host either refuses raises a step's error at run
+    time, so the definition is refused when it is saved."""
+    url = f"https://{host}/hook"
+    data = definition(steps=[{**HOOK, "url": url}])
+    try:
+        httpx.URL(url).raw_host.decode("ascii").encode("idna")
+    except (httpx.InvalidURL, UnicodeError):
+        assert rejections(data) == [("steps[0].url", "invalid_url")]
+    else:
+        assert parse_automation(data).steps[0] == Webhook(url)
 
 
 @pytest.mark.parametrize(
@@ -673,7 +701,12 @@ _steps = st.one_of(
     ),
     st.builds(
         lambda hs: {**HOOK, "headers": hs},
-        st.dictionaries(st.sampled_from(["X-Token", "X-Loja", "Authorization"]), _texts),
+        st.dictionaries(
+            st.sampled_from(["X-Token", "X-Loja", "Authorization"]),
+            st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1).filter(
+                lambda s: s.strip() != ""
+            ),  # header values are ASCII
+        ),
     ),
 )
 _definitions = st.fixed_dictionaries(

@@ -44,6 +44,7 @@ Every bad field is reported at once, as a `FieldError` whose `field` is a JSON p
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import unicodedata
 from collections.abc import Callable, Collection, Mapping
@@ -52,6 +53,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
 from urllib.parse import urlsplit
+
+import idna
 
 from sinal.automations.templates import (
     Path,
@@ -90,6 +93,7 @@ __all__ = [
     "Wait",
     "Webhook",
     "apply_patch",
+    "host_problem",
     "parse_automation",
     "parse_condition_field",
     "to_moment",
@@ -130,6 +134,7 @@ _TEMPLATE_NAME: Final = re.compile(r"[a-z0-9_]+")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
 _FORBIDDEN_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 _ISO_DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
+_IPV4_STYLE: Final = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+")  # httpx checks these
 _EVENT_FIELDS: Final = ("value", "currency", "source")
 _CONTACT_TEXT: Final = ("name", "email", "phone")
 
@@ -880,8 +885,31 @@ def _url(c: _Checker, at: str, raw: object) -> str | None:
         c.fail(at, "invalid_url", "url must be absolute, like https://example.com/hook")
     elif parts.username is not None or parts.password is not None:
         c.fail(at, "invalid_url", "put credentials in headers, not in the url")
+    elif (problem := host_problem(parts.hostname)) is not None:
+        c.fail(at, "invalid_url", f"url's host {parts.hostname!r} {problem}")
     else:
         return url
+    return None
+
+
+def host_problem(host: str) -> str | None:
+    """Why an HTTP client cannot connect to `host` (a URL's host name, as `urlsplit` gives
+    it), or None. Checked as httpx and then the resolver encode it: an internationalized
+    name by IDNA 2008, an IPv4-looking one as an address, and every label of the result
+    must have 1 to 63 characters (Python's IDNA codec, what `socket.getaddrinfo` applies)."""
+    if _IPV4_STYLE.fullmatch(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return "is not an IPv4 address"
+        return None
+    try:
+        ascii_host = host if host.isascii() else idna.encode(host).decode("ascii")
+        ascii_host.encode("idna")
+    except idna.IDNAError as exc:
+        return f"is not a valid internationalized domain name ({exc})"
+    except UnicodeError:
+        return "has an empty label or one longer than 63 characters"
     return None
 
 
@@ -906,6 +934,9 @@ def _headers(c: _Checker, at: str, raw: object) -> tuple[tuple[str, str], ...]:
             c.fail(where, "invalid_header", "header values are text (at most 4096 characters)")
         elif _has_control(value, allow_newlines=False):
             c.fail(where, "invalid_header", "header values may not contain control characters")
+        elif not value.isascii():  # httpx sends header values as ASCII, and only so
+            c.fail(where, "invalid_header",
+                   "header values must be ASCII; percent-encode other characters")  # fmt: skip
         else:
             seen.add(name.lower())
             found.append((name, value))

@@ -13,7 +13,12 @@ from urllib.parse import urlsplit
 from uuid import UUID
 
 from sinal.automations.matching import explain_match
-from sinal.automations.model import InvalidAutomation, apply_patch, parse_automation
+from sinal.automations.model import (
+    InvalidAutomation,
+    apply_patch,
+    host_problem,
+    parse_automation,
+)
 from sinal.automations.steps import DEFAULT_WHATSAPP_API
 from sinal.errors import FieldError, InvalidIntegration
 from sinal.ids import new_id
@@ -52,6 +57,8 @@ _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
     ),
     "yampi": ((), {"alias": None, "name": None}, ("secret",)),
 }
+# The secrets sent as `Authorization: Bearer …` (header values are ASCII).
+_BEARER_SECRETS = frozenset({"access_token", "api_key"})
 _REQUIRED_SECRETS = {"whatsapp": ("secret", "access_token"), "shopify": ("secret",),
                      "yampi": ("secret",)}  # fmt: skip
 
@@ -211,11 +218,12 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
     for name, value in secrets.items():
         if not isinstance(value, str) or len(value) > 4096:
             errors.append(FieldError(name, "invalid_type", f"{name} must be a string"))
+        elif name in _BEARER_SECRETS and not value.isascii():  # sent as a header: ASCII
+            errors.append(FieldError(name, "invalid_value", f"{name} must be ASCII text"))
     for name in ("api_base_url", "base_url"):
         url = settings.get(name)
-        if url is not None and (not isinstance(url, str) or urlsplit(url).scheme not in
-                                ("http", "https") or not urlsplit(url).netloc):  # fmt: skip
-            errors.append(FieldError(name, "invalid_url", f"{name} must be an http(s) URL"))
+        if url is not None and (problem := _url_problem(name, url)) is not None:
+            errors.append(FieldError(name, "invalid_url", problem))
     minutes = settings.get("abandon_after_minutes")
     if minutes is not None and not _is_int_within(minutes, 5, 10_080):
         errors.append(
@@ -232,6 +240,18 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
     if errors:
         raise InvalidIntegration(errors)
     return cast(IntegrationKind, kind), settings, secrets
+
+
+def _url_problem(name: str, url: object) -> str | None:
+    """Why `url` cannot be the base URL `name` of a connection, or None."""
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+    except ValueError:  # a bad port or IPv6 address
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{name} must be an http(s) URL"
+    problem = host_problem(parts.hostname)
+    return None if problem is None else f"{name}'s host {parts.hostname!r} {problem}"
 
 
 def _is_int_within(value: object, low: int, high: int) -> bool:
