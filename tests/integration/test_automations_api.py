@@ -224,3 +224,27 @@ async def test_other_accounts_automations_look_like_missing_ones(api: Api) -> No
         response = await api.client.get(path, headers=api.auth(key))
         assert response.status_code == 404, path
     assert (await api.client.get("/v1/automations/not-a-uuid")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("step", "field"),
+    [
+        ({"type": "wait", "until": "0001-01-01T00:00:00+01:00"}, "steps[0].until"),
+        ({"type": "wait", "until": "9999-12-31T23:59:59-01:00"}, "steps[0].until"),
+        ({"type": "send_template", "name": "pedido", "language": "pt_BR", "components": [
+            {"type": "body", "parameters": [{"type": "currency", "amount_1000": 2**64}]}]},
+         "steps[0].components[0].parameters[0].amount_1000"),
+    ],
+)  # fmt: skip
+async def test_values_out_of_range_are_422_on_create_and_patch(
+    api: Api, step: dict[str, Any], field: str
+) -> None:
+    body = {"name": "x", "trigger_metric": "Order Paid", "steps": [step]}
+    created = await api.post("/v1/automations", body)
+    assert created.status_code == 422, created.text
+    assert [(e["field"], e["code"]) for e in created.json()["errors"]] == [(field, "out_of_range")]
+    automation = (await api.post("/v1/automations", AUTOMATION)).json()
+    patched = await api.client.patch(f"/v1/automations/{automation['id']}",
+                                     json={"steps": [step]})  # fmt: skip
+    assert patched.status_code == 422, patched.text
+    assert [e["field"] for e in patched.json()["errors"]] == [field]

@@ -353,6 +353,8 @@ def components(*items: object) -> dict[str, object]:
             "unknown_variable",
         ),
         (components({"type": "body", "n": float("nan")}), ".components[0].n", "invalid_type"),
+        (components({"type": "body", "n": 2**64}), ".components[0].n", "out_of_range"),
+        (components({"type": "body", "n": [-(10**15)]}), ".components[0].n[0]", "out_of_range"),
         (TAG, ".tag", "required"),
         ({**MSG, "text": "oi", "track_links": "yes"}, ".track_links", "invalid_type"),
         ({**MSG, "text": "oi", "track_links": 1}, ".track_links", "invalid_type"),
@@ -413,6 +415,8 @@ def components(*items: object) -> dict[str, object]:
         ({**WAIT, "until": "amanhã"}, ".until", "invalid_value"),
         ({**WAIT, "until": "2026-12-01"}, ".until", "invalid_value"),
         ({**WAIT, "until": "2026-12-01T10:00:00"}, ".until", "naive_datetime"),
+        ({**WAIT, "until": "0001-01-01T00:00:00+01:00"}, ".until", "out_of_range"),
+        ({**WAIT, "until": "9999-12-31T23:59:59-01:00"}, ".until", "out_of_range"),
         ({"type": "filter"}, ".conditions", "required"),
         ({"type": "filter", "conditions": []}, ".conditions", "empty"),
         (

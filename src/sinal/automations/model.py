@@ -712,7 +712,7 @@ def _number(c: _Checker, at: str, raw: int | float | Decimal | str) -> Scalar | 
     number = to_decimal(raw)
     assert number is not None
     if abs(number) >= MAX_NUMBER:
-        c.fail(at, "out_of_range", "numbers in filters must be below 10^15 in absolute value")
+        c.fail(at, "out_of_range", "numbers must be below 10^15 in absolute value")
         return None
     if not isinstance(raw, Decimal):
         return raw
@@ -832,8 +832,10 @@ def _json_copy(c: _Checker, at: str, value: Any, depth: int) -> Any:
         return {str(k): _json_copy(c, f"{at}.{k}", v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_copy(c, f"{at}[{i}]", v, depth + 1) for i, v in enumerate(value)]
-    if value is None or isinstance(value, bool | int) or _is_number(value):
+    if value is None or isinstance(value, bool):
         return value
+    if _is_number(value):  # as in filters: what JSON readers keep exactly
+        return _number(c, at, value)
     c.fail(at, "invalid_type", "components hold JSON values only")
     return None
 
@@ -959,7 +961,10 @@ def _wait(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
         elif until.utcoffset() is None:
             c.fail(f"{at}.until", "naive_datetime", "until must carry a timezone, e.g. -03:00")
         else:
-            return Wait(until=until.astimezone(UTC))
+            try:
+                return Wait(until=until.astimezone(UTC))
+            except OverflowError:  # 0001-01-01T00:00:00+01:00 is in year 0 in UTC
+                c.fail(f"{at}.until", "out_of_range", "until must fall in years 1 to 9999 in UTC")
     return None
 
 
