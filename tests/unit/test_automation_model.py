@@ -436,6 +436,16 @@ def test_parse_automation_rejects_step_fields(step: object, field: str, code: st
     assert rejections(definition(steps=[SEND, step])) == [(f"steps[1]{field}", code)]
 
 
+def test_contact_attributes_are_refused_until_contacts_have_them() -> None:
+    """Contacts hold no custom attributes yet: a filter on one could never hold."""
+    step = {"type": "filter", "conditions": [when("contact.attributes.plan", "eq", "gold")]}
+    with pytest.raises(InvalidAutomation) as caught:
+        parse_automation(definition(steps=[step]))
+    [error] = caught.value.errors
+    assert (error.field, error.code) == ("steps[0].conditions[0].field", "invalid_field")
+    assert "contacts have no custom attributes" in error.message
+
+
 @pytest.mark.parametrize(
     "host",
     [

@@ -19,8 +19,9 @@
   to `active`; `filters` to none. 1 to 50 steps.
 - Filter fields: `value`, `currency`, `source`, `properties.<path>` (`properties.total`,
   `properties.items[0].sku`; see `templates` for the path syntax). Filter steps may also
-  use `contact.name`, `contact.email`, `contact.phone`, `contact.tags` and
-  `contact.attributes.<path>`. Operators and the values they take:
+  use `contact.name`, `contact.email`, `contact.phone` and `contact.tags` (not
+  `contact.attributes.<path>` until contacts hold custom attributes: such a filter could
+  never hold). Operators and the values they take:
 
   | op | value | fields |
   |---|---|---|
@@ -434,10 +435,10 @@ def parse_condition_field(text: str, *, allow_contact: bool) -> tuple[Path, Fiel
     if root == "contact" and path[1:] == ("tags",):
         return path, "list"
     if root == "contact" and len(path) > 2 and path[1] == "attributes":
-        return path, "any"
+        return path, "any"  # matched as soon as contacts hold them; refused until then
     known = "value, currency, source, properties.<path>"
     if allow_contact:
-        known += ", contact.name|email|phone|tags, contact.attributes.<path>"
+        known += ", contact.name|email|phone|tags"
     raise ValueError(f"unknown field {text!r}; use {known}")
 
 
@@ -618,9 +619,14 @@ def _condition(c: _Checker, at: str, raw: object, allow_contact: bool) -> Condit
         c.fail(f"{at}.field", code, "field must be a string such as 'properties.total'")
     else:
         try:
-            kind = parse_condition_field(field_raw, allow_contact=allow_contact)[1]
+            path, kind = parse_condition_field(field_raw, allow_contact=allow_contact)
         except ValueError as exc:
             c.fail(f"{at}.field", "invalid_field", str(exc))
+        else:
+            if path[:2] == ("contact", "attributes"):  # `Contact` has none: never true
+                c.fail(f"{at}.field", "invalid_field",
+                       "contacts have no custom attributes yet, so a filter on one would "
+                       "never hold; use contact.tags or the event's properties")  # fmt: skip
     if op_raw is None:
         c.fail(f"{at}.op", "required", "op is required")
         return None
