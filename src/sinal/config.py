@@ -104,6 +104,12 @@ class Settings:
         "seconds between polls when no NOTIFY arrives (PostgreSQL) or always (SQLite)",
         within=(0.01, 3_600),
     )
+    worker_hold_interval: float = _setting(
+        60.0,
+        "seconds an execution of a paused automation waits before a worker looks at it again "
+        "(setting the automation active moves its held executions up at once)",
+        within=(1, 86_400),
+    )
     housekeeping_interval: float = _setting(
         20.0,
         "seconds between a worker's housekeeping passes (abandoned checkouts); 0: none",

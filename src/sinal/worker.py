@@ -32,6 +32,7 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
         lease=settings.worker_lease,
         concurrency=settings.worker_concurrency,
         poll_interval=settings.worker_poll_interval,
+        hold_interval=settings.worker_hold_interval,
         retry=RetryPolicy(max_attempts=settings.max_attempts, base=settings.retry_base),
         http_timeout=settings.http_timeout,
         allow_private_webhooks=settings.allow_private_webhooks,

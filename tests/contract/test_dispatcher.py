@@ -260,7 +260,7 @@ def test_step_interrupted_mid_send_is_unknown_after_the_lease_expires(world: Wor
     claim = world.claim_thanks("doomed-worker", 0.2)
     dispatcher = world.dispatcher(lease=0.2)
     store = world.automations.store
-    assert store.start_step(claim, 0, "send_message") is not None  # ...and the worker dies
+    assert isinstance(store.start_step(claim, 0, "send_message"), tuple)  # ...and it dies
     time.sleep(0.3)
 
     world.drain(dispatcher)
@@ -362,7 +362,7 @@ def test_steps_find_their_executions_by_key_once_the_table_has_grown(pg_url: str
             [held] = store.finish_steps(
                 [StepFinish(claim, 0, "completed", then=Advance("completed", 1))]
             )
-            return start is not None and start[1], renewed == {claim.execution.id}, held
+            return isinstance(start, tuple) and start[1], renewed == {claim.execution.id}, held
 
         small = [one_execution(n) for n in range(16)]  # prepared, planned on a small table
         [(automation,)] = sql(pg_url, "SELECT id FROM automations")
@@ -617,7 +617,7 @@ def _unknown_send(world: World) -> Claim:
     """THANKS's execution, its send started and settled `unknown` (the worker timed out)."""
     claim = world.claim_thanks("worker-a", 30.0)
     store = world.automations.store
-    assert store.start_step(claim, 0, "send_message") is not None
+    assert isinstance(store.start_step(claim, 0, "send_message"), tuple)
     assert store.finish_step(claim, 0, "unknown", error="timed out",
                              then=Advance("unknown", 0, last_error="timed out"))  # fmt: skip
     return claim
@@ -713,8 +713,8 @@ def test_a_step_record_that_cannot_be_stored_as_given_fails_no_other(world: Worl
     store = world.automations.store
     store.fan_out(lambda e, c: [a.id for a in c], 10)
     claims = store.claim_executions("worker-a", 10, 30.0)
-    assert all(s is not None for s in store.start_steps([StepStart(c, 0, "send_message")
-                                                          for c in claims]))  # fmt: skip
+    starts = store.start_steps([StepStart(c, 0, "send_message") for c in claims])
+    assert all(isinstance(s, tuple) for s in starts)
     bad, good = claims
     refused = "x\x00y\ud800z"
     held = store.finish_steps([
@@ -917,7 +917,7 @@ def test_a_step_whose_worker_dies_every_time_ends_dead(world: World) -> None:
             claims: list[Claim] = []
             while not claims:  # once its retry is due
                 claims = store.claim_executions("doomed", 1, 0.2)
-            assert store.start_step(claims[0], 0, "webhook") is not None  # ...and it dies
+            assert isinstance(store.start_step(claims[0], 0, "webhook"), tuple)  # ...and it dies
             time.sleep(0.3)
             dispatcher.run_once()  # takes the execution over
             [execution] = world.executions()
@@ -965,3 +965,223 @@ def test_a_stored_definition_failing_todays_checks_stops_nothing_else(world: Wor
     })  # fmt: skip
     assert repaired is not None
     assert repaired.spec["steps"] == [{"type": "add_tag", "tag": "antiga"}]
+
+
+# -- pausing and deleting an automation with executions in flight --------------------------
+
+HELD = "the automation is paused: held until it is active again"
+DELETED = "the automation was deleted"
+
+REMINDER = {
+    "name": "lembrete", "trigger_type": "order_paid",
+    "steps": [{"type": "send_message", "text": "primeira"}, {"type": "wait", "seconds": 1},
+              {"type": "send_message", "text": "segunda"}, {"type": "add_tag", "tag": "lembrado"}],
+}  # fmt: skip
+
+
+def _detail(world: World) -> Any:
+    [execution] = world.executions()
+    return world.automations.store.get_execution(world.account.id, execution.id)
+
+
+def _texts(world: World) -> list[str]:
+    return [b["text"]["body"] for b in world.whatsapp.bodies("/1234567890/messages")]
+
+
+def _hook_then_message(world: World, hook_url: str) -> Any:
+    """An automation posting a webhook, then sending a message."""
+    return world.automations.create(world.account.id, {
+        "name": "crm", "trigger_type": "order_paid",
+        "steps": [{"type": "webhook", "url": f"{hook_url}/hook"},
+                  {"type": "send_message", "text": "Oi!"}],
+    })  # fmt: skip
+
+
+def test_a_waiting_execution_of_a_paused_automation_is_held_then_runs_once_resumed(
+    world: World,
+) -> None:
+    """A paused automation's execution in a `wait` step sends nothing when the wait is
+    over: it is held (its completed steps stay completed), and resuming the automation
+    lets it go on at once, each step having run exactly once."""
+    row = world.automations.create(world.account.id, REMINDER)
+    world.order_paid()
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)
+    assert (_detail(world).status, _texts(world)) == ("waiting", ["primeira"])
+
+    world.automations.update(world.account.id, row.id, {"status": "paused"})
+    time.sleep(1.1)  # the wait is over
+    world.drain(dispatcher)
+    world.drain(dispatcher)
+
+    held = _detail(world)
+    assert _texts(world) == ["primeira"]
+    assert (held.status, held.next_step, held.last_error) == ("waiting", 2, HELD)
+    assert [(s.status, s.attempts) for s in held.steps] == [("completed", 1), ("completed", 1)]
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == []
+
+    world.automations.update(world.account.id, row.id, {"status": "active"})
+    resumed = _detail(world)
+    assert resumed.last_error is None
+    world.drain(dispatcher)  # at once: resuming moved it up
+
+    done = _detail(world)
+    assert _texts(world) == ["primeira", "segunda"]
+    assert (done.status, done.last_error) == ("completed", None)
+    assert [(s.status, s.attempts) for s in done.steps] == [("completed", 1)] * 4
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["lembrado"]
+
+
+def test_a_pending_execution_of_a_paused_automation_is_held_then_runs_once_resumed(
+    world: World,
+) -> None:
+    row = world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    world.automations.store.fan_out(choose, 10)  # its execution is pending, then it is paused
+    world.automations.update(world.account.id, row.id, {"status": "paused"})
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)
+
+    held = _detail(world)
+    assert world.whatsapp.requests == []
+    assert (held.status, held.next_step, held.last_error, held.steps) == ("waiting", 0, HELD, ())
+
+    world.automations.update(world.account.id, row.id, {"status": "active"})
+    world.drain(dispatcher)
+
+    done = _detail(world)
+    assert done.status == "completed"
+    assert len(world.whatsapp.bodies()) == 1
+    assert [(s.status, s.attempts) for s in done.steps] == [("completed", 1)] * 2
+
+
+def test_a_held_execution_runs_after_the_hold_even_if_its_resume_was_missed(
+    world: World,
+) -> None:
+    """Resuming moves held executions up; one it missed (a worker held it on a view of the
+    automation from before the resume) runs within `hold_interval` all the same."""
+    row = world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    world.automations.update(world.account.id, row.id, {"status": "paused"})
+    world.automations.store.fan_out(lambda e, c: [row.id], 10)  # made before the pause
+    dispatcher = world.dispatcher(hold_interval=0.5)
+    world.drain(dispatcher)
+    assert _detail(world).last_error == HELD
+    sql(world.url, "UPDATE automations SET status = 'active' WHERE id = ?", str(row.id))
+
+    time.sleep(0.6)
+    world.drain(dispatcher)
+
+    assert _detail(world).status == "completed"
+    assert len(world.whatsapp.bodies()) == 1
+
+
+def test_a_step_running_when_its_automation_is_paused_finishes_and_the_next_waits(
+    world: World,
+) -> None:
+    """The pause commits while step 0 (a webhook) is in flight: that step finishes and is
+    recorded, the next one does not start until the automation is resumed."""
+    with webhook_receiver() as (hook_url, hook):
+        row = _hook_then_message(world, hook_url)
+        pause = {"status": "paused"}
+        hook.behaviour.before_answer = lambda body, n: world.automations.update(
+            world.account.id, row.id, pause
+        )
+        world.order_paid()
+        dispatcher = world.dispatcher()
+        world.drain(dispatcher)
+
+        held = _detail(world)
+        assert world.whatsapp.requests == []
+        assert (held.status, held.next_step, held.last_error) == ("waiting", 1, HELD)
+        assert [(s.step_type, s.status) for s in held.steps] == [("webhook", "completed")]
+
+        hook.behaviour.before_answer = None
+        world.automations.update(world.account.id, row.id, {"status": "active"})
+        world.drain(dispatcher)
+
+    assert _detail(world).status == "completed"
+    assert len(hook.requests) == 1
+    assert _texts(world) == ["Oi!"]
+
+
+@pytest.mark.parametrize(("change", "status", "reason"),
+                         [("pause", "waiting", HELD), ("delete", "stopped", DELETED)])  # fmt: skip
+def test_a_claim_racing_a_pause_or_delete_runs_no_step(
+    world: World, change: str, status: str, reason: str
+) -> None:
+    """A worker claimed the execution, then the pause or delete committed: its first step
+    does not start; the execution is held, or stopped."""
+    claim = world.claim_thanks("worker-a", 30.0)
+    automation = claim.automation.id
+    if change == "pause":
+        world.automations.update(world.account.id, automation, {"status": "paused"})
+    else:
+        assert world.automations.store.delete_automation(world.account.id, automation)
+    world.dispatcher(worker_id="worker-a").run_claim(claim)
+
+    after = _detail(world)
+    assert world.whatsapp.requests == []
+    assert (after.status, after.last_error, after.steps) == (status, reason, ())
+
+
+def test_deleting_an_automation_stops_its_unfinished_executions_with_the_reason(
+    world: World,
+) -> None:
+    """Deleted: its waiting and pending executions are stopped at once, saying why, and
+    send nothing when they would have been due; its finished ones stay as they were."""
+    row = world.automations.create(world.account.id, REMINDER)
+    world.order_paid(source_id="1001")
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)  # 1001: first message sent, waiting
+    world.order_paid(source_id="1002")
+    world.automations.store.fan_out(choose, 10)  # 1002: pending
+
+    assert world.automations.store.delete_automation(world.account.id, row.id)
+
+    stopped = world.executions()
+    assert [(x.status, x.last_error) for x in stopped] == [("stopped", DELETED)] * 2
+    time.sleep(1.1)  # the wait is over
+    world.drain(dispatcher)
+    assert [(x.status, x.last_error) for x in world.executions()] == [("stopped", DELETED)] * 2
+    assert _texts(world) == ["primeira"]
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == []
+
+
+def test_a_step_running_when_its_automation_is_deleted_finishes_and_no_other_runs(
+    world: World,
+) -> None:
+    with webhook_receiver() as (hook_url, hook):
+        row = _hook_then_message(world, hook_url)
+        hook.behaviour.before_answer = lambda body, n: world.automations.store.delete_automation(
+            world.account.id, row.id
+        )
+        world.order_paid()
+        world.drain(world.dispatcher())
+
+    stopped = _detail(world)
+    assert world.whatsapp.requests == []
+    assert (stopped.status, stopped.last_error) == ("stopped", DELETED)
+    [webhook] = stopped.steps  # recorded as it finished, with its result
+    assert (webhook.status, webhook.result) == ("completed", {"status": 200})
+
+
+def test_an_execution_the_delete_did_not_reach_ends_stopped_without_running(
+    world: World,
+) -> None:
+    """An execution the delete's own transaction did not stop (made by a fan-out that read
+    the automation before the delete, or locked by a worker at that instant) is stopped by
+    the worker, whether it finds the automation deleted as it claims it or as the step
+    starts."""
+    claim = world.claim_thanks("worker-a", 30.0)
+    world.order_paid(source_id="1002")
+    world.automations.store.fan_out(choose, 10)
+    sql(world.url, "UPDATE automations SET deleted_at = created_at WHERE id = ?",
+        str(claim.automation.id))  # fmt: skip
+    dispatcher = world.dispatcher(worker_id="worker-a")
+
+    dispatcher.run_claim(claim)  # claimed before: finds it as step 0 starts
+    world.drain(dispatcher)  # claims the other
+
+    assert world.whatsapp.requests == []
+    assert [(x.status, x.last_error) for x in world.executions()] == [("stopped", DELETED)] * 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 from sinal.automations.backoff import RetryPolicy
@@ -93,6 +94,102 @@ async def test_patch_pauses_and_delete_removes(api: Api) -> None:
     gone = await api.client.delete(f"/v1/automations/{automation['id']}")
     assert gone.status_code == 204
     assert (await api.client.get(f"/v1/automations/{automation['id']}")).status_code == 404
+
+
+REMINDER = {
+    "name": "Lembrete", "trigger_type": "order_paid",
+    "steps": [{"type": "send_message", "text": "Oi!"}, {"type": "wait", "seconds": 1},
+              {"type": "send_message", "text": "Seu carinho espera"}],  # sic: a typo
+}  # fmt: skip
+
+
+async def _reminder_waiting(api: Api, wa_url: str) -> tuple[str, str]:
+    """REMINDER's execution for an order, its first message sent and its wait begun: the
+    automation's id and the execution's."""
+    await api.post("/v1/integrations", {
+        "kind": "whatsapp", "secret": "app-secret", "verify_token": "v",
+        "phone_number_id": "1234", "access_token": "EAAG", "api_base_url": wa_url,
+    })  # fmt: skip
+    automation = (await api.post("/v1/automations", REMINDER)).json()
+    await _order(api, "297.90", "1001")
+    _drain(api)
+    runs = await api.client.get(f"/v1/automations/{automation['id']}/executions")
+    [run] = runs.json()["data"]
+    assert run["status"] == "waiting"
+    return automation["id"], run["id"]
+
+
+async def test_a_paused_automations_executions_are_held_and_go_on_once_resumed(
+    api: Api,
+) -> None:
+    """The typo is seen after the first message went out: pause, correct, resume. The
+    execution waiting meanwhile sends the corrected text, once."""
+    with whatsapp_server() as (wa_url, wa):
+        automation, execution = await _reminder_waiting(api, wa_url)
+        await api.client.patch(f"/v1/automations/{automation}", json={"status": "paused"})
+        await anyio.sleep(1.1)  # the wait is over
+        _drain(api)
+
+        held = (await api.client.get(f"/v1/executions/{execution}")).json()
+        assert (held["status"], held["next_step"]) == ("waiting", 2)
+        assert held["last_error"] == "the automation is paused: held until it is active again"
+        assert [s["status"] for s in held["steps"]] == ["completed", "completed"]
+        assert len(wa.bodies("/1234/messages")) == 1
+
+        fixed = [*REMINDER["steps"][:2], {"type": "send_message", "text": "Seu carrinho espera"}]
+        await api.client.patch(f"/v1/automations/{automation}", json={"steps": fixed})
+        _drain(api)
+        assert len(wa.bodies("/1234/messages")) == 1  # corrected, still paused
+        await api.client.patch(f"/v1/automations/{automation}", json={"status": "active"})
+        resumed = (await api.client.get(f"/v1/executions/{execution}")).json()
+        assert (resumed["status"], resumed["last_error"]) == ("waiting", None)
+        _drain(api)
+
+        [first, second] = wa.bodies("/1234/messages")
+    assert (first["text"]["body"], second["text"]["body"]) == ("Oi!", "Seu carrinho espera")
+    done = (await api.client.get(f"/v1/executions/{execution}")).json()
+    assert done["status"] == "completed"
+    assert [(s["status"], s["attempts"]) for s in done["steps"]] == [("completed", 1)] * 3
+
+
+async def test_a_deleted_automations_executions_end_stopped_saying_why(api: Api) -> None:
+    with whatsapp_server() as (wa_url, wa):
+        automation, execution = await _reminder_waiting(api, wa_url)
+        gone = await api.client.delete(f"/v1/automations/{automation}")
+        assert gone.status_code == 204
+
+        stopped = (await api.client.get(f"/v1/executions/{execution}")).json()
+        assert (stopped["status"], stopped["last_error"]) == (
+            "stopped",
+            "the automation was deleted",
+        )
+        await anyio.sleep(1.1)  # the wait is over
+        _drain(api)
+
+        assert len(wa.bodies("/1234/messages")) == 1
+    after = (await api.client.get(f"/v1/executions/{execution}")).json()
+    assert (after["status"], after["last_error"]) == ("stopped", "the automation was deleted")
+    assert [s["status"] for s in after["steps"]] == ["completed", "completed"]
+    assert [e["metric"] for e in after["emitted_events"]] == ["Message Sent"]
+
+
+async def test_the_trace_of_an_event_whose_execution_is_held_says_paused(api: Api) -> None:
+    with whatsapp_server() as (wa_url, _):
+        automation, execution = await _reminder_waiting(api, wa_url)
+        await api.client.patch(f"/v1/automations/{automation}", json={"status": "paused"})
+        await anyio.sleep(1.1)
+        _drain(api)
+    runs = await api.client.get(f"/v1/automations/{automation}/executions")
+    event = runs.json()["data"][0]["event_id"]
+
+    [traced] = (await api.client.get(f"/v1/events/{event}/trace")).json()["automations"]
+
+    assert (traced["triggered"], traced["outcome"]) == (False, "paused")
+    assert traced["execution"]["id"] == execution
+    assert traced["execution"]["status"] == "waiting"
+    assert traced["execution"]["last_error"] == (
+        "the automation is paused: held until it is active again"
+    )
 
 
 @pytest.mark.parametrize(

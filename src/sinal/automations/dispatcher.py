@@ -8,6 +8,14 @@ A claim is a lease: the worker renews the leases of the executions in hand every
 one, so a slow step keeps its execution, while a dead worker's claims expire after one
 lease and another worker resumes them.
 
+An execution runs only while its automation is active and not deleted. Deleting it stops
+its unfinished executions in the delete's transaction; pausing it changes no execution:
+a worker that claims one of a paused automation runs no step and puts it back to wait
+(`hold_interval`, saying why in `last_error`), and setting the automation active again
+moves the held ones up. Both are checked again as each step starts, in the transaction
+that records the start (`AutomationStore.start_steps`): a step already running when the
+pause or delete commits finishes and is recorded, and the next one does not start.
+
 Beside dispatch, a worker runs the periodic tasks of `sinal.housekeeping` (abandoned
 checkouts, …) on a thread of their own, every `housekeeping_interval` seconds: a slow task
 never delays dispatch, and a failing one is logged and runs again next time.
@@ -54,11 +62,14 @@ from sinal.housekeeping import Task, run_tasks
 from sinal.ledger import Ledger
 from sinal.links import StepLinks
 from sinal.store.automations import (
+    HELD_WHILE_PAUSED,
+    STOPPED_BY_DELETE,
     Advance,
     AutomationRow,
     AutomationStore,
     Claim,
     FanOut,
+    Halt,
     Integration,
     Notices,
     StepFinish,
@@ -107,6 +118,10 @@ class DispatchSettings:
     http_timeout: float = 30.0
     allow_private_webhooks: bool = False
     public_url: str = ""  # where tracked links point (`/l/{token}`); "" refuses track_links
+    # Seconds an execution of a paused automation waits before a worker looks at it again.
+    # Resuming the automation moves its held executions up at once; this bounds the wait
+    # of one the resume missed, and how often a paused automation's backlog is claimed.
+    hold_interval: float = 60.0
     housekeeping_interval: float = 20.0  # seconds between housekeeping passes; 0: none
     housekeeping: tuple[str | Task, ...] | None = None  # None: sinal.housekeeping.TASKS
 
@@ -442,6 +457,10 @@ class Dispatcher:
             self.metrics.running.dec()
 
     def _run_claim(self, claim: Claim) -> None:
+        halt = claim.automation.halt  # as the claim found it
+        if halt is not None:
+            self._halt(claim, claim.execution.next_step, halt)
+            return
         try:
             spec = spec_of(claim.automation)
         except InvalidAutomation as exc:  # made before the definition was found to fail
@@ -475,6 +494,9 @@ class Dispatcher:
         started = self._starts.call(StepStart(claim, index, step.type))
         if started is None:
             self._lost(claim)
+            return None
+        if isinstance(started, str):  # paused or deleted since the claim: no step starts
+            self._halt(claim, index, started)
             return None
         record, fresh = started
         if record.status == "completed":
@@ -543,6 +565,17 @@ class Dispatcher:
         )
         run_at = self.ledger.clock() + timedelta(seconds=delay)
         return Advance("pending", index, run_at=run_at, attempts=attempts, last_error=str(exc))
+
+    def _halt(self, claim: Claim, index: int, halt: Halt) -> None:
+        """Leave an execution whose automation is paused or deleted, `index` its next step:
+        held for `hold_interval`, or stopped. One the delete stopped already (while this
+        worker held it) stays as the delete left it; this releases its claim."""
+        if halt == "paused":
+            run_at = self.ledger.clock() + timedelta(seconds=self.settings.hold_interval)
+            self._advance(claim, Advance("waiting", index, run_at=run_at,
+                                         last_error=HELD_WHILE_PAUSED))  # fmt: skip
+        else:
+            self._advance(claim, Advance("stopped", index, last_error=STOPPED_BY_DELETE))
 
     def _advance(self, claim: Claim, advance: Advance) -> None:
         if not self.store.advance(claim, advance):

@@ -26,12 +26,23 @@ STEP_COLUMNS = (
     "step_index, step_type, status, attempts, result, error, event_id, started_at, finished_at"
 )
 AUTOMATION_COLUMNS = "account_id, id, name, status, trigger_metric, spec, created_at, updated_at"
+# What a claim reads of its automation: the current row, deleted or not.
+CLAIMED_AUTOMATION_COLUMNS = f"{AUTOMATION_COLUMNS}, deleted_at"
 INTEGRATION_COLUMNS = "account_id, id, kind, name, settings, secrets, created_at"
 
 
 IntegrationKind = Literal["whatsapp", "ai", "shopify", "yampi"]
 ExecutionStatus = Literal["pending", "waiting", "completed", "stopped", "unknown", "dead"]
 StepStatus = Literal["started", "completed", "failed", "unknown"]
+# Why a held execution's next step does not start (see `AutomationStore.start_steps`).
+Halt = Literal["paused", "deleted", "stopped"]
+
+# The `last_error` of an execution held because its automation is paused: a worker that
+# claims one runs no step and puts it back to wait; resuming the automation (a PATCH to
+# `active`) finds its held executions by this text and moves them up.
+HELD_WHILE_PAUSED = "the automation is paused: held until it is active again"
+# The `last_error` of an execution stopped because its automation was deleted.
+STOPPED_BY_DELETE = "the automation was deleted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,14 @@ class AutomationRow:
     spec: dict[str, Any]
     created_at: datetime
     updated_at: datetime
+    deleted_at: datetime | None = None  # read by claims only: other reads skip deleted rows
+
+    @property
+    def halt(self) -> Halt | None:
+        """Why its executions run no step now: "deleted", "paused", or None."""
+        if self.deleted_at is not None:
+            return "deleted"
+        return "paused" if self.status == "paused" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +183,9 @@ class FanOut:
     skipped: list[tuple[UUID, str]] = field(default_factory=list)
 
 
+# What `AutomationStore.start_steps` answers for one step (see `start_step`).
+StepStarted = tuple[StepRecord, bool] | Halt | None
+
 # Given a conversation's id, the event of its closing (`close_open_conversation`).
 BuildCloseEvent = Callable[[UUID], PreparedEvent]
 
@@ -205,11 +227,16 @@ class AutomationStore(Protocol):
         ...
 
     def update_automation(self, row: AutomationRow) -> bool:
-        """Replace name, status, trigger and spec; False when there was none."""
+        """Replace name, status, trigger and spec; False when there was none. Setting a
+        paused automation active moves its held executions (`HELD_WHILE_PAUSED`) up to
+        now, in the same transaction."""
         ...
 
     def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
-        """Soft-delete (executions keep pointing at it); False when there was none."""
+        """Soft-delete (executions keep pointing at it) and stop its pending and waiting
+        executions (`STOPPED_BY_DELETE`) in the same transaction, leaving the claim of one
+        a worker holds, so that worker still records the step it is running; False when
+        there was none."""
         ...
 
     def fan_out(self, choose: Chooser, limit: int) -> FanOut:
@@ -223,17 +250,18 @@ class AutomationStore(Protocol):
         claim) for `lease` seconds, loading what they need in a few set-based queries."""
         ...
 
-    def start_step(
-        self, claim: Claim, step_index: int, step_type: str
-    ) -> tuple[StepRecord, bool] | None:
+    def start_step(self, claim: Claim, step_index: int, step_type: str) -> StepStarted:
         """Record that a step starts (committed before any side effect) and extend the lease.
 
         Returns (record, True) when this call started it (fresh, or again after a definite
         failure); (the earlier record, False) when it had been started or done before; None
-        when the claim was lost."""
+        when the claim was lost; and, starting nothing, a `Halt` when the automation is
+        "paused" or "deleted" or the execution was "stopped" (by the automation's delete)
+        — read in the transaction that would record the start, so no step starts after a
+        pause or delete that committed first."""
         ...
 
-    def start_steps(self, starts: Sequence[StepStart]) -> list[tuple[StepRecord, bool] | None]:
+    def start_steps(self, starts: Sequence[StepStart]) -> list[StepStarted]:
         """`start_step` for steps of many executions at once: one transaction (concurrent
         workers' threads share it; each one's record is still committed before its step
         runs). One answer per start, in order."""
@@ -261,7 +289,9 @@ class AutomationStore(Protocol):
         ...
 
     def advance(self, claim: Claim, advance: Advance) -> bool:
-        """Move the execution on and release the claim; False when the claim was lost."""
+        """Move the execution on and release the claim; False when the claim was lost. An
+        execution stopped while held (its automation deleted) stays stopped, with its
+        reason: so does `finish_steps`'s advance."""
         ...
 
     def renew_claims(self, claims: Sequence[Claim]) -> set[UUID]:
@@ -368,9 +398,11 @@ __all__ = [
     "Claim",
     "Execution",
     "FanOut",
+    "Halt",
     "Integration",
     "Notices",
     "StepFinish",
     "StepRecord",
     "StepStart",
+    "StepStarted",
 ]

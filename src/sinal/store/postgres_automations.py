@@ -27,9 +27,12 @@ from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.store.automations import (
     AUTOMATION_COLUMNS,
+    CLAIMED_AUTOMATION_COLUMNS,
     EXECUTION_COLUMNS,
+    HELD_WHILE_PAUSED,
     INTEGRATION_COLUMNS,
     STEP_COLUMNS,
+    STOPPED_BY_DELETE,
     Advance,
     AutomationRow,
     Backlog,
@@ -43,6 +46,7 @@ from sinal.store.automations import (
     StepFinish,
     StepRecord,
     StepStart,
+    StepStarted,
     StepStatus,
     storable_json,
     storable_text,
@@ -61,9 +65,13 @@ def _qualified(columns: str, alias: str) -> str:
 _HELD = (
     "account_id = %(account)s AND id = %(id)s AND claimed_by = %(worker)s AND claimed_until > now()"
 )
+# A held execution found stopped was stopped by its automation's delete (which leaves the
+# claim, so the step running then is still recorded): it stays stopped, with that reason.
 _ADVANCE_SET = (
-    "status = %(status_to)s, next_step = %(next_step)s, run_at = coalesce(%(run_at)s, run_at), "
-    "attempts = coalesce(%(attempts)s, attempts), last_error = %(last_error)s, "
+    "status = CASE status WHEN 'stopped' THEN status ELSE %(status_to)s END, "
+    "next_step = %(next_step)s, run_at = coalesce(%(run_at)s, run_at), "
+    "attempts = coalesce(%(attempts)s, attempts), "
+    "last_error = CASE status WHEN 'stopped' THEN last_error ELSE %(last_error)s END, "
     "claimed_by = NULL, claimed_until = NULL, updated_at = now()"
 )
 
@@ -72,9 +80,19 @@ _ADVANCE_SET = (
 #
 # Many executions' steps start in one statement (one round trip, one commit): each is
 # fenced, its lease extended and its 'started' record written. Per request (by `ord`):
-# (true, record) when this started the step (fresh, or again after a definite failure),
-# (false, earlier record) when it had been started or done before, no row when the claim
-# was lost. The second branch reads the statement's snapshot: the record as it was.
+# (true, NULL, record) when this started the step (fresh, or again after a definite
+# failure), (false, NULL, earlier record) when it had been started or done before, (NULL,
+# halt) when it does not start, no row when the claim was lost. The second branch reads
+# the statement's snapshot: the record as it was.
+#
+# A step starts only while its automation is active and live and its execution unfinished
+# (`checked`: one lookup by key per request, no lock). A pause or delete committed before
+# this statement's snapshot is seen, and nothing starts. One committed after it is ordered
+# after this start (the statement read none of its writes): the step runs, as if the pause
+# had come a moment later, and the next step's start sees it. A delete also writes the
+# execution's row (`_STOP_DELETED_SQL`): if it committed after the snapshot but before
+# `held` reached the row, the fence is checked again on the row as the delete left it,
+# whose `status` says 'stopped'; if `held` locked the row first, the delete skips it.
 _START_STEPS_SQL = f"""
 WITH req AS (
     SELECT * FROM json_to_recordset(%(req)s::json) AS r(ord int, account_id uuid, id uuid,
@@ -84,25 +102,64 @@ WITH req AS (
     FROM req r
     WHERE e.account_id = r.account_id AND e.id = r.id AND e.claimed_by = r.worker
       AND e.claimed_until > now()
-    RETURNING r.ord, r.account_id, r.id, r.step_index, r.step_type
+    RETURNING r.ord, r.account_id, r.id, r.step_index, r.step_type, e.status, e.automation_id
+), checked AS (
+    SELECT h.ord, h.account_id, h.id, h.step_index, h.step_type,
+        CASE WHEN h.status NOT IN ('pending', 'waiting') THEN 'stopped'
+             WHEN a.deleted_at IS NOT NULL THEN 'deleted'
+             WHEN a.status <> 'active' THEN 'paused' END AS halt
+    FROM held h CROSS JOIN LATERAL (SELECT status, deleted_at FROM automations
+        WHERE account_id = h.account_id AND id = h.automation_id LIMIT 1) a
 ), started AS (
     INSERT INTO execution_steps (account_id, execution_id, step_index, step_type, status)
-    SELECT account_id, id, step_index, step_type, 'started' FROM held ORDER BY account_id, id
+    SELECT account_id, id, step_index, step_type, 'started' FROM checked WHERE halt IS NULL
+    ORDER BY account_id, id
     ON CONFLICT (account_id, execution_id, step_index) DO UPDATE SET
         status = 'started', attempts = execution_steps.attempts + 1, error = NULL,
         started_at = now(), finished_at = NULL
     WHERE execution_steps.status = 'failed'
     RETURNING account_id, execution_id, {STEP_COLUMNS}
 )
-SELECT h.ord, true, {_qualified(STEP_COLUMNS, "s")} FROM held h
+SELECT h.ord, true, NULL, {_qualified(STEP_COLUMNS, "s")} FROM checked h
 JOIN started s ON s.account_id = h.account_id AND s.execution_id = h.id
     AND s.step_index = h.step_index
 UNION ALL
-SELECT h.ord, false, {_qualified(STEP_COLUMNS, "x")} FROM held h
+SELECT h.ord, false, NULL, {_qualified(STEP_COLUMNS, "x")} FROM checked h
 JOIN execution_steps x ON x.account_id = h.account_id AND x.execution_id = h.id
     AND x.step_index = h.step_index
-WHERE NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
+WHERE h.halt IS NULL AND NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
                   AND s.execution_id = h.id AND s.step_index = h.step_index)
+UNION ALL
+SELECT ord, NULL, halt, {", ".join(["NULL"] * len(STEP_COLUMNS.split(",")))} FROM checked
+WHERE halt IS NOT NULL
+"""
+
+# A deleted automation's pending and waiting executions end stopped, in the delete's
+# transaction. The claim of one a worker holds is left: that worker still records the
+# step it is running (`_ADVANCE_SET` keeps the execution stopped) and starts no other.
+# SKIP LOCKED: a row locked now is a step being recorded, in a statement that may lock
+# other rows of this automation in another order (a batch of step records), so waiting
+# could deadlock; the worker stops that execution itself as its next step would start,
+# and a claim stops one the worker left settled ('pending', 'waiting') before it runs.
+_STOP_DELETED_SQL = """
+UPDATE executions e SET status = 'stopped', last_error = %(reason)s, updated_at = now()
+FROM (SELECT account_id, id FROM executions
+      WHERE account_id = %(account)s AND automation_id = %(automation)s
+        AND status IN ('pending', 'waiting')
+      FOR UPDATE SKIP LOCKED) d
+WHERE e.account_id = d.account_id AND e.id = d.id
+"""
+
+# A paused automation set active again: its held executions go on now, and the workers
+# are told. One it skips (locked by a worker holding it again, on a view of the
+# automation from before this) runs after its hold, `DispatchSettings.hold_interval`.
+_RESUME_HELD_SQL = """
+UPDATE executions e SET run_at = now(), last_error = NULL, updated_at = now()
+FROM (SELECT account_id, id FROM executions
+      WHERE account_id = %(account)s AND automation_id = %(automation)s
+        AND status = 'waiting' AND last_error = %(reason)s
+      FOR UPDATE SKIP LOCKED) d
+WHERE e.account_id = d.account_id AND e.id = d.id
 """
 
 # The three statements above and below (and the claim) find each request's execution
@@ -153,8 +210,9 @@ FROM (SELECT count(*) AS n, min(created_at) AS oldest FROM outbox) o,
 """
 
 # Many steps' outcomes, fenced: an execution that moves on is updated and released by the
-# fencing statement itself; one that stays is locked, so no successor claims it between
-# the check and the write. Returns the `ord` of every request whose claim held.
+# fencing statement itself (one stopped by its automation's delete meanwhile stays stopped,
+# as in `_ADVANCE_SET`); one that stays is locked, so no successor claims it between the
+# check and the write. Returns the `ord` of every request whose claim held.
 _FINISH_STEPS_SQL = """
 WITH req AS (
     SELECT * FROM json_to_recordset(%(req)s::json) AS r(ord int, account_id uuid, id uuid,
@@ -162,9 +220,12 @@ WITH req AS (
         advance bool, status_to text, next_step int, run_at timestamptz, attempts int,
         last_error text)
 ), moved AS (
-    UPDATE executions e SET status = r.status_to, next_step = r.next_step,
+    UPDATE executions e SET
+        status = CASE e.status WHEN 'stopped' THEN e.status ELSE r.status_to END,
+        next_step = r.next_step,
         run_at = coalesce(r.run_at, e.run_at), attempts = coalesce(r.attempts, e.attempts),
-        last_error = r.last_error, claimed_by = NULL, claimed_until = NULL, updated_at = now()
+        last_error = CASE e.status WHEN 'stopped' THEN e.last_error ELSE r.last_error END,
+        claimed_by = NULL, claimed_until = NULL, updated_at = now()
     FROM req r
     WHERE r.advance AND e.account_id = r.account_id AND e.id = r.id
       AND e.claimed_by = r.worker AND e.claimed_until > now()
@@ -289,25 +350,43 @@ class PostgresAutomations:
         return [AutomationRow(*r) for r in rows]
 
     def update_automation(self, row: AutomationRow) -> bool:
-        """Replace name, status, trigger and spec."""
-        with self._conn() as conn:
-            cur = conn.execute(
+        """Replace name, status, trigger and spec; a paused automation set active has its
+        held executions moved up to now (one transaction)."""
+        keys = {"account": row.account_id, "automation": row.id}
+        with self._tx() as conn:
+            was = conn.execute(
+                "SELECT status FROM automations WHERE account_id = %(account)s "
+                "AND id = %(automation)s AND deleted_at IS NULL FOR UPDATE",
+                keys,
+            ).fetchone()
+            if was is None:
+                return False
+            conn.execute(
                 "UPDATE automations SET name = %s, status = %s, trigger_metric = %s, spec = %s, "
-                "updated_at = %s WHERE account_id = %s AND id = %s AND deleted_at IS NULL",
+                "updated_at = %s WHERE account_id = %s AND id = %s",
                 (row.name, row.status, row.trigger_metric, Jsonb(row.spec), row.updated_at,
                  row.account_id, row.id),
             )  # fmt: skip
-            return cur.rowcount == 1
+            if was[0] == "paused" and row.status == "active":
+                resumed = conn.execute(_RESUME_HELD_SQL, {**keys, "reason": HELD_WHILE_PAUSED})
+                if resumed.rowcount:
+                    conn.execute("SELECT pg_notify('sinal_executions', '')")
+            return True
 
     def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
-        """Soft-delete an automation."""
-        with self._conn() as conn:
+        """Soft-delete an automation and stop its unfinished executions, in one
+        transaction (see `_STOP_DELETED_SQL`)."""
+        keys = {"account": account_id, "automation": automation_id}
+        with self._tx() as conn:
             cur = conn.execute(
                 "UPDATE automations SET deleted_at = now() "
-                "WHERE account_id = %s AND id = %s AND deleted_at IS NULL",
-                (account_id, automation_id),
+                "WHERE account_id = %(account)s AND id = %(automation)s AND deleted_at IS NULL",
+                keys,
             )
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            conn.execute(_STOP_DELETED_SQL, {**keys, "reason": STOPPED_BY_DELETE})
+            return True
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -377,7 +456,7 @@ class PostgresAutomations:
             steps = _steps_of(conn, [(r[0], r[1]) for r in rows])
         return [_claim(r, steps.get(r[1], ()), worker, lease) for r in rows]
 
-    def start_steps(self, starts: Sequence[StepStart]) -> list[tuple[StepRecord, bool] | None]:
+    def start_steps(self, starts: Sequence[StepStart]) -> list[StepStarted]:
         """Record that steps start, extending their leases: one statement (see above)."""
         if not starts:
             return []
@@ -389,15 +468,14 @@ class PostgresAutomations:
         ])}  # fmt: skip
         with self._conn() as conn:
             rows = _by_key(conn, _START_STEPS_SQL, params).fetchall()
-        found: list[tuple[StepRecord, bool] | None] = [None] * len(starts)
+        found: list[StepStarted] = [None] * len(starts)
         for row in rows:
-            found[row[0]] = (StepRecord(*row[2:]), row[1])
+            found[row[0]] = row[2] if row[2] is not None else (StepRecord(*row[3:]), row[1])
         return found
 
-    def start_step(
-        self, claim: Claim, step_index: int, step_type: str
-    ) -> tuple[StepRecord, bool] | None:
-        """Record that a step starts; extend the lease. (record, started_now) or None."""
+    def start_step(self, claim: Claim, step_index: int, step_type: str) -> StepStarted:
+        """Record that a step starts; extend the lease. (record, started_now), a halt or
+        None."""
         return self.start_steps([StepStart(claim, step_index, step_type)])[0]
 
     def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
@@ -709,7 +787,7 @@ def _claim_layout() -> tuple[str, tuple[int, int, int, int]]:
     # LIMIT 1 keeps the planner from flattening them into joins): on statistics that lag
     # behind a growing table, the joins were planned as a scan of the account's events
     # per claimed execution, a claim costing more with every event stored.
-    parts = (EXECUTION_COLUMNS, AUTOMATION_COLUMNS, _EVENT_COLUMNS, _CONTACT_COLUMNS)
+    parts = (EXECUTION_COLUMNS, CLAIMED_AUTOMATION_COLUMNS, _EVENT_COLUMNS, _CONTACT_COLUMNS)
     a, b, c, d = itertools.accumulate(len(p.split(",")) for p in parts)
     statement = f"""
 WITH claimed AS (
@@ -722,7 +800,7 @@ WITH claimed AS (
     WHERE e.account_id = d.account_id AND e.id = d.id
     RETURNING {_qualified(EXECUTION_COLUMNS, "e")}
 )
-SELECT {_qualified(EXECUTION_COLUMNS, "x")}, {_qualified(AUTOMATION_COLUMNS, "a")},
+SELECT {_qualified(EXECUTION_COLUMNS, "x")}, {_qualified(CLAIMED_AUTOMATION_COLUMNS, "a")},
        {_qualified(_EVENT_COLUMNS, "ev")}, {_qualified(_CONTACT_COLUMNS, "c")},
        array(SELECT t.tag FROM contact_tags t
              WHERE t.account_id = x.account_id AND t.contact_id = x.contact_id ORDER BY t.tag)

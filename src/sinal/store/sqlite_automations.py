@@ -16,9 +16,12 @@ from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.store.automations import (
     AUTOMATION_COLUMNS,
+    CLAIMED_AUTOMATION_COLUMNS,
     EXECUTION_COLUMNS,
+    HELD_WHILE_PAUSED,
     INTEGRATION_COLUMNS,
     STEP_COLUMNS,
+    STOPPED_BY_DELETE,
     Advance,
     AutomationRow,
     Backlog,
@@ -32,6 +35,7 @@ from sinal.store.automations import (
     StepFinish,
     StepRecord,
     StepStart,
+    StepStarted,
     StepStatus,
     storable_json,
     storable_text,
@@ -151,25 +155,53 @@ class SQLiteAutomations:
         return [_automation(r) for r in rows]
 
     def update_automation(self, row: AutomationRow) -> bool:
-        """Replace name, status, trigger and spec."""
+        """Replace name, status, trigger and spec; a paused automation set active has its
+        held executions moved up to now (one transaction)."""
+        account, ident = str(row.account_id), str(row.id)
         with self._write() as conn:
-            cur = conn.execute(
+            was = conn.execute(
+                "SELECT status FROM automations "
+                "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
+                (account, ident),
+            ).fetchone()
+            if was is None:
+                return False
+            conn.execute(
                 "UPDATE automations SET name = ?, status = ?, trigger_metric = ?, spec = ?, "
-                "updated_at = ? WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
+                "updated_at = ? WHERE account_id = ? AND id = ?",
                 (row.name, row.status, row.trigger_metric, dumps_json(row.spec),
-                 _ts(row.updated_at), str(row.account_id), str(row.id)),
+                 _ts(row.updated_at), account, ident),
             )  # fmt: skip
-            return cur.rowcount == 1
+            if was[0] == "paused" and row.status == "active":
+                now = _ts(_now())
+                conn.execute(
+                    "UPDATE executions SET run_at = ?, last_error = NULL, updated_at = ? "
+                    "WHERE account_id = ? AND automation_id = ? AND status = 'waiting' "
+                    "AND last_error = ?",
+                    (now, now, account, ident, HELD_WHILE_PAUSED),
+                )
+            return True
 
     def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
-        """Soft-delete an automation."""
+        """Soft-delete an automation and stop its unfinished executions (one transaction;
+        the single worker's step records wait for it, so none starts after it)."""
+        now = _ts(_now())
+        account, ident = str(account_id), str(automation_id)
         with self._write() as conn:
             cur = conn.execute(
                 "UPDATE automations SET deleted_at = ? "
                 "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
-                (_ts(_now()), str(account_id), str(automation_id)),
+                (now, account, ident),
             )
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            # the claims stay: a step running now is still recorded by its worker
+            conn.execute(
+                "UPDATE executions SET status = 'stopped', last_error = ?, updated_at = ? "
+                "WHERE account_id = ? AND automation_id = ? AND status IN ('pending', 'waiting')",
+                (STOPPED_BY_DELETE, now, account, ident),
+            )
+            return True
 
     # -- dispatch ------------------------------------------------------------------------
 
@@ -242,17 +274,16 @@ class SQLiteAutomations:
                 claims.append(_claim(conn, _execution(row), worker, lease))
             return claims
 
-    def start_steps(self, starts: Sequence[StepStart]) -> list[tuple[StepRecord, bool] | None]:
+    def start_steps(self, starts: Sequence[StepStart]) -> list[StepStarted]:
         """Record that steps start; extend their leases (one transaction)."""
         if not starts:
             return []
         with self._write() as conn:
             return [_start(conn, start, _now()) for start in starts]
 
-    def start_step(
-        self, claim: Claim, step_index: int, step_type: str
-    ) -> tuple[StepRecord, bool] | None:
-        """Record that a step starts; extend the lease. (record, started_now) or None."""
+    def start_step(self, claim: Claim, step_index: int, step_type: str) -> StepStarted:
+        """Record that a step starts; extend the lease. (record, started_now), a halt or
+        None."""
         return self.start_steps([StepStart(claim, step_index, step_type)])[0]
 
     def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
@@ -403,12 +434,24 @@ def _extend_lease(conn: sqlite3.Connection, claim: Claim, now: datetime) -> bool
     return cur.rowcount == 1
 
 
-def _start(
-    conn: sqlite3.Connection, start: StepStart, now: datetime
-) -> tuple[StepRecord, bool] | None:
+def _start(conn: sqlite3.Connection, start: StepStart, now: datetime) -> StepStarted:
     e = start.claim.execution
     if not _extend_lease(conn, start.claim, now):
         return None
+    # read in the transaction that records the start: a pause or delete committed before
+    # it is seen, and one after it finds the step started (it may finish)
+    state = conn.execute(
+        "SELECT x.status, a.status, a.deleted_at FROM executions x JOIN automations a "
+        "ON a.account_id = x.account_id AND a.id = x.automation_id "
+        "WHERE x.account_id = ? AND x.id = ?",
+        (str(e.account_id), str(e.id)),
+    ).fetchone()
+    if state[0] not in ("pending", "waiting"):
+        return "stopped"
+    if state[2] is not None:
+        return "deleted"
+    if state[1] != "active":
+        return "paused"
     key = (str(e.account_id), str(e.id), start.step_index)
     row = conn.execute(
         "INSERT INTO execution_steps (account_id, execution_id, step_index, step_type, "
@@ -452,9 +495,11 @@ def _finish(conn: sqlite3.Connection, f: StepFinish, now: str) -> bool:
 
 def _advance(conn: sqlite3.Connection, claim: Claim, advance: Advance, now: str) -> bool:
     e = claim.execution
+    # a held execution found stopped was stopped by its automation's delete: it stays so
     cur = conn.execute(
-        "UPDATE executions SET status = ?, next_step = ?, run_at = coalesce(?, run_at), "
-        "attempts = coalesce(?, attempts), last_error = ?, claimed_by = NULL, "
+        "UPDATE executions SET status = CASE status WHEN 'stopped' THEN status ELSE ? END, "
+        "next_step = ?, run_at = coalesce(?, run_at), attempts = coalesce(?, attempts), "
+        "last_error = CASE status WHEN 'stopped' THEN last_error ELSE ? END, claimed_by = NULL, "
         f"claimed_until = NULL, updated_at = ? WHERE {_HELD}",
         (advance.status, advance.next_step,
          None if advance.run_at is None else _ts(advance.run_at), advance.attempts,
@@ -471,7 +516,8 @@ def _integration(r: Sequence[Any]) -> Integration:
 
 def _automation(r: Sequence[Any]) -> AutomationRow:
     return AutomationRow(UUID(r[0]), UUID(r[1]), r[2], r[3], r[4], orjson.loads(r[5]),
-                         _parse(r[6]) or _now(), _parse(r[7]) or _now())  # fmt: skip
+                         _parse(r[6]) or _now(), _parse(r[7]) or _now(),
+                         _parse(r[8]) if len(r) > 8 else None)  # fmt: skip
 
 
 def _execution(r: Sequence[Any]) -> Execution:
@@ -499,7 +545,7 @@ def _claim(conn: sqlite3.Connection, e: Execution, worker: str, lease: float) ->
 
     account = str(e.account_id)
     automation = conn.execute(
-        f"SELECT {AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? AND id = ?",
+        f"SELECT {CLAIMED_AUTOMATION_COLUMNS} FROM automations WHERE account_id = ? AND id = ?",
         (account, str(e.automation_id)),
     ).fetchone()
     event = conn.execute(

@@ -204,7 +204,8 @@ async def get_automation(request: Request, automation_id: str) -> Response:
     responses=problem_responses(400, 401, 403, 404, 413, 415, 422, 503),
 )
 async def patch_automation(request: Request, automation_id: str) -> Response:
-    """The result is validated whole."""
+    """The result is validated whole. Paused, its executions are held (not run, not lost);
+    set active again, the held ones go on at once."""
     svc = service(request)
     key = await svc.authorize(request, "admin")
     found = await _find(request, key.account_id, automation_id)
@@ -222,7 +223,8 @@ async def patch_automation(request: Request, automation_id: str) -> Response:
     responses=problem_responses(401, 403, 404, 503),
 )
 async def delete_automation(request: Request, automation_id: str) -> Response:
-    """It stops triggering at once."""
+    """It stops triggering at once, and its pending and waiting executions end stopped
+    (`last_error` says why); a step already running finishes, the next does not start."""
     svc = service(request)
     key = await svc.authorize(request, "admin")
     ident = parse_path_id(automation_id)
