@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import socket
 import threading
 import time
 import uuid
@@ -583,6 +585,54 @@ def test_webhook_to_a_private_address_is_refused_by_default(world: World) -> Non
     [execution] = world.executions()
     assert execution.status == "dead"
     assert "private or local address" in (execution.last_error or "")
+
+
+PUBLIC = "8.8.8.8"  # global, as `ipaddress` sees it; nothing of this test listens there
+
+
+def rebinding_resolver(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
+    """A DNS server rebinding `name` (TTL 0): its first lookup answers a public address, the
+    next ones 127.0.0.1. The addresses connected to (by the real `socket.create_connection`)."""
+    lookups = itertools.chain([PUBLIC], itertools.repeat("127.0.0.1"))
+    real_getaddrinfo, real_connect = socket.getaddrinfo, socket.create_connection
+    connected: list[Any] = []
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != name:
+            return real_getaddrinfo(host, port, *args, **kwargs)
+        address = next(lookups)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port or 0))]
+
+    def create_connection(address: Any, *args: Any, **kwargs: Any) -> Any:
+        connected.append(address)
+        return real_connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    return connected
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_webhook_to_a_name_rebinding_to_a_private_address_connects_to_the_address_checked(
+    world: World, monkeypatch: pytest.MonkeyPatch, scheme: str
+) -> None:
+    """The host is resolved once and checked, and the connection goes to that address: a
+    second lookup answering 127.0.0.1 never reaches the receiver listening there."""
+    with webhook_receiver() as (hook_url, hook):
+        port = int(hook_url.rsplit(":", 1)[1])
+        connected = rebinding_resolver(monkeypatch, "hooks.example.com")
+        world.automations.create(world.account.id, {
+            "name": "crm", "trigger_type": "order_paid",
+            "steps": [{"type": "webhook", "url": f"{scheme}://hooks.example.com:{port}/hook"}],
+        })  # fmt: skip
+        world.order_paid()
+        once = RetryPolicy(max_attempts=1)
+        world.drain(world.dispatcher(allow_private_webhooks=False, retry=once))
+    assert hook.requests == []
+    assert connected == [(PUBLIC, port)]  # the one attempt, to the address checked
+    [execution] = world.executions()
+    assert execution.status == "dead"
+    assert f"could not connect to hooks.example.com:{port}" in (execution.last_error or "")
 
 
 def test_close_conversation_closes_the_open_one_and_records_it(world: World) -> None:

@@ -24,7 +24,7 @@ import ipaddress
 import logging
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal, Protocol
@@ -276,8 +276,9 @@ def _close_conversation(step: Any, ctx: StepContext) -> StepOutcome:
 
 def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
     assert isinstance(step, Webhook)
-    if not ctx.allow_private_webhooks:
-        refuse_private_target(step.url)
+    # Checked once, and the connection goes to an address checked: a second lookup by httpx
+    # could answer otherwise (DNS rebinding) and reach an internal service.
+    addresses = None if ctx.allow_private_webhooks else refuse_private_target(step.url)
     e = ctx.claim.execution
     event = ctx.claim.event
     body = {
@@ -292,7 +293,7 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
     }  # fmt: skip
     # The receiver dedupes on the key, which is what makes resending after a crash safe.
     headers = {**dict(step.headers), "Idempotency-Key": f"{e.id}:{ctx.index}"}
-    status = _post(ctx, step.url, orjson.dumps(body), headers).status_code
+    status = _post(ctx, step.url, orjson.dumps(body), headers, addresses).status_code
     return StepOutcome(result={"status": status})
 
 
@@ -396,9 +397,16 @@ def _post_json(ctx: StepContext, url: str, body: dict[str, Any], token: Any) -> 
         raise OutcomeUnknown(f"{url} answered {response.status_code} with no JSON") from exc
 
 
-def _post(ctx: StepContext, url: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
-    """POST, sorting every failure by whether the request may have been delivered."""
-    gate = _NewConnectionGate(url, ctx.http.timeout.connect)
+def _post(
+    ctx: StepContext,
+    url: str,
+    content: bytes,
+    headers: dict[str, str],
+    addresses: Sequence[str] | None = None,
+) -> httpx.Response:
+    """POST, sorting every failure by whether the request may have been delivered; with
+    `addresses`, a new connection goes to the first of them (see `_NewConnectionGate`)."""
+    gate = _NewConnectionGate(url, ctx.http.timeout.connect, addresses)
     try:
         response = ctx.http.post(
             url,
@@ -406,6 +414,8 @@ def _post(ctx: StepContext, url: str, content: bytes, headers: dict[str, str]) -
             headers={"Content-Type": "application/json", **headers},
             extensions={"trace": gate.trace},
         )
+    except StepFailed:  # the gate refused the address connected to, before anything was sent
+        raise
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         raise StepFailed(f"could not connect to {_host(url)}: {exc}", retry=True) from exc
     except httpx.TimeoutException as exc:
@@ -438,31 +448,63 @@ class _NewConnectionGate:
     small servers with a listen backlog of 5) is then never flooded with parallel connects:
     past its backlog those stall a second on SYN retries and, now and then, come back as
     resets after the request left — which a send has to count as "may have been sent".
+
+    Given `addresses` (a webhook's, checked by `refuse_private_target`), the gate also pins
+    a new connection to the first of them: httpcore passes its `connect_tcp` arguments to
+    the trace hook and then connects with them, so the hook swaps the host name for the
+    address. The URL, its pool key, the Host header and TLS (SNI and the certificate) keep
+    the name, so a kept-alive connection only serves the name it was verified for. Should
+    httpcore ever stop honouring the swap, the peer is checked once the connection is made,
+    before a byte is sent, and anything unchecked is refused. A connection to a proxy
+    (HTTPS_PROXY) is left alone: the proxy resolves the name, and has to refuse for itself.
     """
 
     _turns: ClassVar[dict[str, threading.Lock]] = {}
     _turns_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, url: str, timeout: float | None) -> None:
+    def __init__(
+        self, url: str, timeout: float | None, addresses: Sequence[str] | None = None
+    ) -> None:
         parts = urlsplit(url)
         self._key = f"{parts.scheme}://{parts.netloc}"
+        self._host = parts.hostname or ""
+        self._addresses = addresses
+        # the host as httpcore connects to it (IDNA-encoded): a connection elsewhere is to a
+        # proxy, which resolves the name itself and is left alone
+        self._raw_host = "" if addresses is None else httpx.URL(url).raw_host.decode("ascii")
+        self._pinned = False
         self._timeout = -1 if timeout is None else timeout
         self._held: threading.Lock | None = None
         self.may_have_left = False  # the request began to be written
 
-    def trace(self, event: str, info: Mapping[str, Any]) -> None:
-        """httpcore's trace hook: take the turn at connect, give it back at the answer;
-        note when the request begins to go out."""
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: take the turn at connect (pinning it to the addresses
+        checked, when given), give it back at the answer; note when the request goes out."""
         if event.endswith(".send_request_headers.started"):  # http11. or http2.
             self.may_have_left = True
         elif event == "connection.connect_tcp.started":
+            self._pinned = self._addresses is not None and info.get("host") == self._raw_host
+            if self._pinned and self._addresses:
+                info["host"] = self._addresses[0]  # the very dict httpcore connects with
             with self._turns_lock:
                 turn = self._turns.setdefault(self._key, threading.Lock())
             # past the connect timeout, go anyway: the gate is politeness, not a guarantee
             if turn.acquire(timeout=self._timeout):
                 self._held = turn
+        elif event == "connection.connect_tcp.complete" and self._pinned:
+            self._refuse_unchecked_peer(info["return_value"])
         elif event.startswith("http11.receive_response_headers."):
             self.release()
+
+    def _refuse_unchecked_peer(self, stream: Any) -> None:
+        assert self._addresses is not None
+        peer = ipaddress.ip_address(stream.get_extra_info("server_addr")[0])
+        if peer not in {ipaddress.ip_address(a) for a in self._addresses}:
+            stream.close()
+            raise StepFailed(
+                f"{self._host} connected to {peer}, not to an address checked; refused",
+                retry=True,
+            )
 
     def release(self) -> None:
         """Give the turn back (idempotent)."""
@@ -471,8 +513,9 @@ class _NewConnectionGate:
             held.release()
 
 
-def refuse_private_target(url: str) -> None:
-    """Refuse URLs whose host resolves to a private, loopback, link-local or reserved address."""
+def refuse_private_target(url: str) -> list[str]:
+    """Refuse URLs whose host resolves to a private, loopback, link-local or reserved address;
+    the addresses it resolves to, every one checked."""
     host = urlsplit(url).hostname or ""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
@@ -488,6 +531,7 @@ def refuse_private_target(url: str) -> None:
                 "refused (SINAL_ALLOW_PRIVATE_WEBHOOKS=true allows them)",
                 retry=False,
             )
+    return [str(info[4][0]) for info in infos]
 
 
 def _host(url: str) -> str:
