@@ -12,9 +12,12 @@
   the send event (the automation step's Message Sent / Template Sent whose entity_id is
   the wamid), else from the callback data the step sent with the message (Meta echoes it
   in the statuses, so a status that outruns the step's commit still names them). The
-  message's status row only moves forward and the status event (once per wamid and
-  status, with its own time) commit together. ``sent`` moves the row but records no
-  event: the sending step recorded Message Sent.
+  status event names the automation and execution that sent the message
+  (``sent_by_automation_id``, ``sent_by_automation_execution_id``, from the send event):
+  that automation never runs for it (no loop: "Message Delivered → send a message"),
+  other automations may. The message's status row only moves forward and the status event
+  (once per wamid and status, with its own time) commit together. ``sent`` moves the row
+  but records no event: the sending step recorded Message Sent.
 - a status of a message sinal knows nothing of (sent by another system, or by a step whose
   record has not committed yet): the delivery is deferred (`DeliveryDeferred`) for the
   integration's grace (`status_grace`, 60 s unless ``status_grace_seconds`` says otherwise)
@@ -30,6 +33,7 @@ events. Parts that cannot be mapped do not stop the rest; the delivery is then k
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Final, cast
@@ -211,7 +215,8 @@ class _Inbox:
         if sent is None:
             self.waiting.append(update.wamid)
             return
-        mapped = status_event(update, is_template=sent.is_template)
+        sent_by = None if sent.automation_id is None else (sent.automation_id, sent.execution_id)
+        mapped = status_event(update, is_template=sent.is_template, sent_by=sent_by)
         event = None
         if mapped is not None:
             event = self.prepare(
@@ -229,16 +234,26 @@ class _Inbox:
         self.store.record_message_status(row, event)
 
     def sent_message(self, update: StatusUpdate) -> SentMessage | None:
-        """To whom the message went and whether as a template: its send record, else the
-        callback data sinal sent with it; else None while waiting for the send record may
-        still help, and after that the recipient (not sent by sinal, as far as it knows)."""
+        """To whom the message went, whether as a template and which automation sent it:
+        its send record, else the callback data sinal sent with it; else None while waiting
+        for the send record may still help, and after that the recipient (not sent by
+        sinal, as far as it knows)."""
         sent = self.store.find_sent_message(self.account_id, update.wamid)
-        if sent is not None:
-            return sent
         echoed = read_callback_data(update.callback_data)
         # another account's contact id (or a deleted one) is one that does not exist
-        if echoed is not None and self.ledger.get_contact(self.account_id, echoed[0]) is not None:
-            return SentMessage(echoed[0], is_template=echoed[1])
+        if (
+            sent is None
+            and echoed is not None
+            and self.ledger.get_contact(self.account_id, echoed.contact_id) is not None
+        ):
+            sent = SentMessage(echoed.contact_id, echoed.is_template)
+        if sent is not None:
+            # the send event names the automation that sent it; until it commits (only an
+            # earlier status's row, or nothing, is known) the callback data does
+            if sent.automation_id is None and echoed is not None and echoed.sent_by:
+                automation_id, execution_id = echoed.sent_by
+                sent = replace(sent, automation_id=automation_id, execution_id=execution_id)
+            return sent
         if self.may_wait:
             return None
         return SentMessage(self.contact_for(update.recipient), is_template=False)

@@ -15,6 +15,7 @@ import pytest
 from sinal import webhooks
 from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.automations.service import Automations
 from sinal.config import Settings
 from sinal.integrations.signatures import sign_whatsapp
 from sinal.integrations.whatsapp import whatsapp_delivery
@@ -465,6 +466,52 @@ async def test_whatsapp_statuses_of_a_template_an_automation_sent_reach_its_cont
     assert (row.status, row.is_template) == ("read", True)
 
 
+async def _automation(api: Api, name: str, step: dict[str, Any]) -> UUID:
+    answer = await api.post("/v1/automations", {
+        "name": name, "trigger_metric": "Message Delivered", "steps": [step]})  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    return UUID(answer.json()["id"])
+
+
+async def _send_on_delivery(api: Api) -> UUID:
+    """Automation A (Message Delivered → send a message) and a Message Delivered of a message
+    a person sent, which A runs for; A's id."""
+    again = await _automation(api, "Entregue: mande outra", {"type": "send_message",
+                                                              "text": "Chegou?"})  # fmt: skip
+    human = await api.post("/v1/events", {
+        "metric": "Message Delivered", "source": "api", "source_id": "m-1",
+        "entity_type": "message", "contact": {"phone": "+55 11 98765-4321"},
+    })  # fmt: skip
+    assert human.status_code == 201, human.text
+    return again
+
+
+async def test_whatsapp_delivery_of_its_own_message_never_re_triggers_the_automation(
+    api: Api,
+) -> None:
+    with whatsapp_server() as (wa_url, server):
+        wa = connect_whatsapp(api, api_base_url=wa_url)
+        other = await _automation(api, "Entregue: marque", {"type": "add_tag", "tag": "entregue"})
+        again = await _send_on_delivery(api)
+        _dispatch(api)
+        [request] = server.bodies("/messages")  # the human-sent message's delivery: one send
+        [sent] = events(api, "Message Sent")
+        assert sent.entity_id == "wamid.LOCAL00000000"
+        body = statuses((sent.entity_id, "delivered", 1715362203), recipient=request["to"])
+        assert (await deliver(api, wa, meta_bytes(body))).json()["status"] == "processed"
+        _dispatch(api)
+        assert len(server.bodies("/messages")) == 1  # no second message, no loop
+    [own] = [e for e in events(api, "Message Delivered") if e.source == "whatsapp"]
+    assert own.properties["sent_by_automation_id"] == str(again)
+    execution_id = own.properties["sent_by_automation_execution_id"]
+    assert execution_id == str(sent.automation_execution_id)
+    trace = (await api.client.get(f"/v1/events/{own.id}/trace")).json()["automations"]
+    outcomes = {UUID(t["automation_id"]): t["outcome"] for t in trace}
+    assert outcomes == {again: "own_message", other: "triggered"}
+    executions = Automations(api.ledger).store.list_executions(api.account.id, event_id=own.id)
+    assert [x.automation_id for x in executions] == [other]  # another automation still runs
+
+
 def _meta_reports_before_answering(
     api: Api, integration: Integration, *, echoes_callback: bool
 ) -> tuple[list[webhooks.Received], Callable[[Any, int], None]]:
@@ -487,17 +534,29 @@ def _meta_reports_before_answering(
     return outcomes, report
 
 
+def _dispatch_with_statuses_first(
+    api: Api, integration: Integration, server: Any
+) -> list[webhooks.Received]:
+    """Dispatch, Meta reporting each message's statuses (with its callback data) before
+    answering its send; what sinal made of each report."""
+    outcomes, report = _meta_reports_before_answering(api, integration, echoes_callback=True)
+    server.behaviour.before_answer = report
+    _dispatch(api)
+    return outcomes
+
+
 async def test_whatsapp_status_outrunning_the_send_is_a_template_status_by_its_callback_data(
     api: Api,
 ) -> None:
     with whatsapp_server() as (wa_url, server):
         wa = connect_whatsapp(api, api_base_url=wa_url)
         contact_id = await _template_automation(api)
-        outcomes, report = _meta_reports_before_answering(api, wa, echoes_callback=True)
-        server.behaviour.before_answer = report
-        _dispatch(api)
+        outcomes = _dispatch_with_statuses_first(api, wa, server)
         [request] = server.bodies("/messages")
-    assert request["biz_opaque_callback_data"] == f"sinal:template:{contact_id}"
+    [execution] = Automations(api.ledger).store.list_executions(api.account.id)
+    assert request["biz_opaque_callback_data"] == (
+        f"sinal:template:{contact_id}:{execution.automation_id}:{execution.id}"
+    )
     # recorded at once, before the step's Template Sent existed: no waiting needed
     assert [o.status for o in outcomes] == ["processed"]
     [delivered] = events(api, "Template Delivered")
@@ -510,6 +569,22 @@ async def test_whatsapp_status_outrunning_the_send_is_a_template_status_by_its_c
     row = messaging_store(api.ledger).get_message_status(api.account.id, sent.entity_id)
     assert row is not None
     assert (row.status, row.is_template, row.contact_id) == ("delivered", True, contact_id)
+
+
+async def test_whatsapp_own_message_status_outrunning_the_send_never_re_triggers_it(
+    api: Api,
+) -> None:
+    with whatsapp_server() as (wa_url, server):
+        wa = connect_whatsapp(api, api_base_url=wa_url)
+        again = await _send_on_delivery(api)
+        outcomes = _dispatch_with_statuses_first(api, wa, server)
+        assert len(server.bodies("/messages")) == 1
+    assert [o.status for o in outcomes] == ["processed"]  # by its callback data, at once
+    [own] = [e for e in events(api, "Message Delivered") if e.source == "whatsapp"]
+    [sent] = events(api, "Message Sent")
+    assert own.received_at < sent.received_at  # the status really was recorded first
+    assert own.properties["sent_by_automation_id"] == str(again)
+    assert own.properties["sent_by_automation_execution_id"] == str(sent.automation_execution_id)
 
 
 async def test_whatsapp_status_outrunning_the_send_waits_for_its_template_sent_event(

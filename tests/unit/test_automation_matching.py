@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 from hypothesis import given, settings
@@ -295,6 +295,29 @@ def test_explain_match_outcomes(
     assert decision.outcome == outcome
     assert decision.triggered is (outcome == "triggered")
     assert len(decision.message.split()) >= 3
+
+
+def test_explain_match_own_message_only_for_the_automation_that_sent_it() -> None:
+    sender, other = uuid4(), uuid4()
+    status = event(properties={"sent_by_automation_id": str(sender)})
+    decision = explain_match(automation(), status, T0, sender)
+    assert decision.outcome == "own_message"
+    assert "this automation sent" in decision.message
+    assert explain_match(automation(), status, T0, other).triggered
+    assert explain_match(automation(), status, T0).triggered  # no id given: not known as own
+    assert explain_match(automation(), event(), T0, sender).triggered  # a status of no step
+
+
+def test_explain_match_own_message_comes_after_from_automation_before_paused() -> None:
+    sender = uuid4()
+    status = {"properties": {"sent_by_automation_id": str(sender)}}
+    from_step = explain_match(automation(), event(automation_execution_id=EXECUTION, **status),
+                              T0, sender)  # fmt: skip
+    assert from_step.outcome == "from_automation"
+    paused = explain_match(automation(status="paused"), event(**status), T0, sender)
+    assert paused.outcome == "own_message"
+    late = explain_match(automation(), event(**status), T0 + timedelta(days=1), sender)
+    assert late.outcome == "own_message"
 
 
 def test_explain_match_names_the_false_filter() -> None:

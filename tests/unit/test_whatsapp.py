@@ -7,7 +7,7 @@ import functools
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 
@@ -570,13 +570,33 @@ def test_callback_data_sinal_sends_names_the_contact_and_kind(is_template: bool)
     contact = UUID(CONTACT)
     sent = sent_callback_data(contact, is_template=is_template)
     assert len(sent) <= 512  # Meta's limit for biz_opaque_callback_data
-    assert read_callback_data(sent) == (contact, is_template)
+    assert read_callback_data(sent) == (contact, is_template, None)
+
+
+def test_callback_data_a_step_sends_names_its_automation_and_execution() -> None:
+    contact, automation, execution = UUID(CONTACT), uuid4(), uuid4()
+    sent = sent_callback_data(contact, is_template=False, sent_by=(automation, execution))
+    assert len(sent) <= 512
+    assert read_callback_data(sent) == (contact, False, (automation, execution))
+
+
+def test_status_event_of_a_message_an_automation_sent_names_it() -> None:
+    [update] = batch("status_delivered").statuses
+    automation, execution = uuid4(), uuid4()
+    event = status_event(update, is_template=False, sent_by=(automation, execution))
+    assert event is not None
+    assert event.properties["sent_by_automation_id"] == str(automation)
+    assert event.properties["sent_by_automation_execution_id"] == str(execution)
+    plain = status_event(update, is_template=False)
+    assert plain is not None
+    assert "sent_by_automation_id" not in plain.properties
 
 
 @pytest.mark.parametrize(
     "echoed",
     [None, "", "pedido-1042", "sinal", "sinal:template", "sinal:template:not-a-uuid",
-     f"sinal:campaign:{CONTACT}", f"other:template:{CONTACT}", f"SINAL:template:{CONTACT}"],
+     f"sinal:campaign:{CONTACT}", f"other:template:{CONTACT}", f"SINAL:template:{CONTACT}",
+     f"sinal:template:{CONTACT}:{CONTACT}", f"sinal:message:{CONTACT}:{CONTACT}:x"],
 )  # fmt: skip
 def test_callback_data_of_other_senders_names_nothing(echoed: str | None) -> None:
     assert read_callback_data(echoed) is None
@@ -588,4 +608,4 @@ def test_status_keeps_the_callback_data_meta_echoes() -> None:
         f"sinal:template:{CONTACT}"
     )
     [update] = map_whatsapp(payload).statuses
-    assert read_callback_data(update.callback_data) == (UUID(CONTACT), True)
+    assert read_callback_data(update.callback_data) == (UUID(CONTACT), True, None)

@@ -167,7 +167,7 @@ def _runs_for(row: AutomationRow, event: StoredEvent) -> bool:
         spec = spec_of(row)
     except InvalidAutomation:  # logged once, as it was parsed
         return False
-    return explain_match(spec, event, row.created_at).triggered
+    return explain_match(spec, event, row.created_at, row.id).triggered
 
 
 class Dispatcher:

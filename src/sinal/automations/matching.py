@@ -8,6 +8,7 @@ Its reasons, checked in this order (the first that applies is reported):
 |---|---|
 | `other_metric` | the automation listens to another metric |
 | `from_automation` | an automation step emitted the event; such events never trigger (no loops) |
+| `own_message` | a status (Delivered, Read, Failed) of a message this automation sent (no loops) |
 | `paused` | the automation is paused |
 | `created_after_event` | the automation was created after sinal received the event |
 | `filter_false` | filter number `filter_index` (on `filter_field`) does not hold |
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 from uuid import UUID
 
 from sinal.automations.model import (
@@ -48,6 +49,7 @@ from sinal.automations.model import (
 from sinal.automations.templates import MISSING, Path, lookup, to_decimal
 
 __all__ = [
+    "SENT_BY_AUTOMATION",
     "ContactData",
     "ContactView",
     "EventData",
@@ -63,8 +65,18 @@ __all__ = [
 ]
 
 MatchOutcome = Literal[
-    "triggered", "other_metric", "from_automation", "paused", "created_after_event", "filter_false"
+    "triggered",
+    "other_metric",
+    "from_automation",
+    "own_message",
+    "paused",
+    "created_after_event",
+    "filter_false",
 ]
+
+# Set by sinal on the status events of a message an automation step sent (see
+# `sinal.messaging`): the automation that sent it.
+SENT_BY_AUTOMATION: Final = "sent_by_automation_id"
 
 
 class EventView(Protocol):
@@ -213,9 +225,13 @@ def resolve_trigger_metric(spec: AutomationSpec) -> str:
 
 
 def explain_match(
-    automation: AutomationSpec, event: EventView, created_at: datetime
+    automation: AutomationSpec,
+    event: EventView,
+    created_at: datetime,
+    automation_id: UUID | None = None,
 ) -> MatchDecision:
-    """Decide whether `automation` (created at `created_at`) runs for `event`, and why."""
+    """Decide whether `automation` (created at `created_at`, stored as `automation_id`) runs
+    for `event`, and why."""
     metric = resolve_trigger_metric(automation)
     if event.metric_name != metric:
         return MatchDecision("other_metric", f"listens to {metric!r}, not {event.metric_name!r}")
@@ -224,6 +240,12 @@ def explain_match(
             "from_automation",
             f"the event was emitted by execution {event.automation_execution_id}; "
             "events from automations never trigger automations",
+        )
+    if automation_id is not None and event.properties.get(SENT_BY_AUTOMATION) == str(automation_id):
+        return MatchDecision(
+            "own_message",
+            "the event is a status of a message this automation sent; "
+            "it never re-triggers the automation that sent it",
         )
     if not automation.is_active:
         return MatchDecision("paused", "the automation is paused")

@@ -115,7 +115,7 @@ class Automations:
         for row in self.store.list_automations(event.account_id):
             entry: dict[str, Any] = {"automation_id": str(row.id), "automation_name": row.name}
             try:
-                decision = explain_match(parse_automation(row.spec), event, row.created_at)
+                decision = explain_match(parse_automation(row.spec), event, row.created_at, row.id)
             except InvalidAutomation as exc:  # stored before a check it fails: never runs
                 message = f"the automation's definition fails today's checks: {exc}"
                 entry |= {"triggered": False, "outcome": "invalid_definition", "message": message}

@@ -364,8 +364,9 @@ def _whatsapp_send(
 ) -> tuple[str, str]:
     """POST {api_base_url}/{phone_number_id}/messages; the returned wamid and the phone.
 
-    The message carries callback data naming the contact and its kind: Meta echoes it in
-    the message's statuses, which may arrive before this step's send event is recorded."""
+    The message carries callback data naming the contact, its kind, the automation and the
+    execution: Meta echoes it in the message's statuses, which may arrive before this
+    step's send event is recorded."""
     wa = ctx.integrations("whatsapp")
     if wa is None:
         raise StepFailed("the account has no WhatsApp connection (POST /v1/integrations)",
@@ -375,7 +376,9 @@ def _whatsapp_send(
         raise StepFailed("the contact has no phone number", retry=False)
     base = str(wa.settings.get("api_base_url") or DEFAULT_WHATSAPP_API).rstrip("/")
     url = f"{base}/{wa.settings.get('phone_number_id')}/messages"
-    callback = sent_callback_data(ctx.claim.execution.contact_id, is_template=is_template)
+    e = ctx.claim.execution
+    callback = sent_callback_data(e.contact_id, is_template=is_template,
+                                  sent_by=(e.automation_id, e.id))  # fmt: skip
     body = {"messaging_product": "whatsapp", "recipient_type": "individual",
             "to": phone.lstrip("+"), **message, "biz_opaque_callback_data": callback}  # fmt: skip
     answer = _post_json(ctx, url, body, wa.secrets.get("access_token"))

@@ -10,8 +10,9 @@ A body holds ``entry[].changes[]``; each ``messages`` change carries ``value.con
   Each status is recorded once per wamid (``whatsapp:message_{status}:{wamid}``); the
   message's current status only moves forward, see `advance_status`.
 - Messages sinal sends carry `sent_callback_data` (Meta's ``biz_opaque_callback_data``),
-  which Meta echoes in their statuses: `read_callback_data` tells the contact and whether
-  it was a template even when the status outruns the record of the send.
+  which Meta echoes in their statuses: `read_callback_data` tells the contact, whether it
+  was a template and which automation sent it even when the status outruns the record of
+  the send.
 
 One malformed message or status does not sink its batch: it lands in `WhatsAppBatch.skipped`
 with a reason. A malformed envelope raises `UnmappablePayload`.
@@ -23,7 +24,7 @@ import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from uuid import UUID
 
 from sinal.catalog import (
@@ -39,6 +40,7 @@ from sinal.integrations.base import ContactRef, Delivery, Mapped, UnmappablePayl
 
 __all__ = [
     "STATUS_RANK",
+    "SentCallback",
     "Skipped",
     "StatusError",
     "StatusUpdate",
@@ -105,6 +107,15 @@ class StatusUpdate:
     def error(self) -> StatusError | None:
         """The first error Meta gave, if any."""
         return self.errors[0] if self.errors else None
+
+
+class SentCallback(NamedTuple):
+    """What the callback data of a message sinal sent names: the contact, whether it was a
+    template, and the (automation id, execution id) of the step that sent it, if any."""
+
+    contact_id: UUID
+    is_template: bool
+    sent_by: tuple[UUID, UUID] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,34 +205,46 @@ def status_metric(status: str, is_template: bool) -> str | None:
     return None
 
 
-def sent_callback_data(contact_id: UUID, *, is_template: bool) -> str:
+def sent_callback_data(
+    contact_id: UUID, *, is_template: bool, sent_by: tuple[UUID, UUID] | None = None
+) -> str:
     """The ``biz_opaque_callback_data`` sinal sends with a message: Meta returns it in the
-    message's statuses, so they name the contact and the kind before the send is recorded."""
+    message's statuses, so they name the contact, the kind and (`sent_by`) the automation
+    and execution that sent it before the send is recorded."""
     kind = "template" if is_template else "message"
-    return f"{_CALLBACK_PREFIX}:{kind}:{contact_id}"
+    text = f"{_CALLBACK_PREFIX}:{kind}:{contact_id}"
+    return text if sent_by is None else f"{text}:{sent_by[0]}:{sent_by[1]}"
 
 
-def read_callback_data(text: str | None) -> tuple[UUID, bool] | None:
-    """(contact id, is_template) from a status's callback data that sinal sent; None for
-    anything else (no data, another sender's, malformed)."""
-    prefix, _, rest = (text or "").partition(":")
-    kind, _, contact = rest.partition(":")
-    if prefix != _CALLBACK_PREFIX or kind not in _CALLBACK_KINDS:
+def read_callback_data(text: str | None) -> SentCallback | None:
+    """What a status's callback data that sinal sent names; None for anything else (no
+    data, another sender's, malformed)."""
+    parts = (text or "").split(":")
+    if len(parts) not in (3, 5) or parts[0] != _CALLBACK_PREFIX or parts[1] not in _CALLBACK_KINDS:
         return None
     try:
-        return UUID(contact), _CALLBACK_KINDS[kind]
+        ids = [UUID(part) for part in parts[2:]]
     except ValueError:
         return None
+    sent_by = (ids[1], ids[2]) if len(ids) == 3 else None
+    return SentCallback(ids[0], _CALLBACK_KINDS[parts[1]], sent_by)
 
 
 def status_event(
-    update: StatusUpdate, *, is_template: bool, contact: ContactRef | None = None
+    update: StatusUpdate,
+    *,
+    is_template: bool,
+    contact: ContactRef | None = None,
+    sent_by: tuple[UUID, UUID | None] | None = None,
 ) -> Mapped | None:
-    """The event for one status, once per (wamid, status); None when it records nothing."""
+    """The event for one status, once per (wamid, status); None when it records nothing.
+    `sent_by` is (automation id, execution id) when an automation step sent the message:
+    the event names them, so that automation never runs for its own message's statuses."""
     metric = status_metric(update.status, is_template)
     if metric is None:
         return None
     error = update.error
+    automation_id, execution_id = sent_by or (None, None)
     properties = {
         "wa_message_id": update.wamid,
         "status": update.status,
@@ -235,6 +258,8 @@ def status_event(
         "error_details": None if error is None else error.details,
         "conversation_category": update.conversation_category,
         "pricing_category": update.pricing_category,
+        "sent_by_automation_id": None if automation_id is None else str(automation_id),
+        "sent_by_automation_execution_id": None if execution_id is None else str(execution_id),
     }
     return Mapped(
         metric_name=metric,

@@ -74,10 +74,25 @@ class MessageStatus:
 
 @dataclass(frozen=True, slots=True)
 class SentMessage:
-    """A message sinal sent, as its send event tells: to whom, and whether a template."""
+    """A message sinal sent, as its send event tells: to whom, whether a template, and (when
+    an automation step sent it) which automation and execution."""
 
     contact_id: UUID
     is_template: bool
+    automation_id: UUID | None = None
+    execution_id: UUID | None = None
+
+    @classmethod
+    def of_row(
+        cls, contact_id: UUID, is_template: bool, automation: str | None, execution: UUID | None
+    ) -> SentMessage:
+        """From a send event's row: the automation only when a step emitted it (it carries
+        an execution) and its ``automation_id`` property reads as an id."""
+        try:
+            automation_id = UUID(automation) if automation and execution else None
+        except ValueError:
+            automation_id = None
+        return cls(contact_id, is_template, automation_id, execution if automation_id else None)
 
 
 @dataclass(frozen=True, slots=True)

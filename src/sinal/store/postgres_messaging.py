@@ -109,18 +109,21 @@ class PostgresMessaging:
         """The send event with this wamid (a template's first), else the status row."""
         with self._conn() as conn:
             row = conn.execute(
-                "SELECT contact_id, metric_name = ANY(%s) FROM events "
+                "SELECT contact_id, metric_name = ANY(%s), properties->>'automation_id', "
+                "automation_execution_id FROM events "
                 "WHERE account_id = %s AND entity_type = 'message' AND entity_id = %s "
                 "AND metric_name = ANY(%s) ORDER BY 2 DESC, occurred_at LIMIT 1",
                 (list(TEMPLATE_METRICS), account_id, wamid, list(SENT_METRICS)),
             ).fetchone()
             if row is None:
                 row = conn.execute(
-                    "SELECT contact_id, is_template FROM message_statuses "
+                    "SELECT contact_id, is_template, NULL, NULL FROM message_statuses "
                     "WHERE account_id = %s AND wamid = %s",
                     (account_id, wamid),
                 ).fetchone()
-        return None if row is None else SentMessage(row[0], bool(row[1]))
+        if row is None:
+            return None
+        return SentMessage.of_row(row[0], bool(row[1]), row[2], row[3])
 
     def record_message_status(
         self, status: MessageStatus, event: PreparedEvent | None

@@ -111,7 +111,8 @@ class SQLiteMessaging:
         """The send event with this wamid (a template's first), else the status row."""
         with self._read() as conn:
             row = conn.execute(
-                f"SELECT contact_id, metric_name IN ({_marks(TEMPLATE_METRICS)}) FROM events "
+                f"SELECT contact_id, metric_name IN ({_marks(TEMPLATE_METRICS)}), "
+                "json_extract(properties, '$.automation_id'), automation_execution_id FROM events "
                 "WHERE account_id = ? AND entity_type = 'message' AND entity_id = ? "
                 f"AND metric_name IN ({_marks(SENT_METRICS)}) ORDER BY 2 DESC, occurred_at "
                 "LIMIT 1",
@@ -119,11 +120,13 @@ class SQLiteMessaging:
             ).fetchone()
             if row is None:
                 row = conn.execute(
-                    "SELECT contact_id, is_template FROM message_statuses "
+                    "SELECT contact_id, is_template, NULL, NULL FROM message_statuses "
                     "WHERE account_id = ? AND wamid = ?",
                     (str(account_id), wamid),
                 ).fetchone()
-        return None if row is None else SentMessage(UUID(row[0]), bool(row[1]))
+        if row is None:
+            return None
+        return SentMessage.of_row(UUID(row[0]), bool(row[1]), row[2], _opt_uuid(row[3]))
 
     def record_message_status(
         self, status: MessageStatus, event: PreparedEvent | None
