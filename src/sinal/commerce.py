@@ -46,7 +46,7 @@ from typing import Any, Final, cast
 from uuid import UUID
 
 from sinal.errors import InvalidContact, InvalidEvent
-from sinal.events import PreparedEvent, prepare
+from sinal.events import PreparedEvent, fits_value, prepare
 from sinal.integrations import _read as r
 from sinal.integrations.base import (
     CheckoutRef,
@@ -60,7 +60,6 @@ from sinal.integrations.base import (
 from sinal.integrations.checkouts import (
     DEFAULT_ABANDON_DELAY,
     abandoned_checkout,
-    is_storable,
     recovered_checkout,
 )
 from sinal.integrations.shopify import normalize_shopify
@@ -137,7 +136,7 @@ def _check_totals(normalized: Normalized) -> None:
     row would fail on every pass, the checkout due forever)."""
     for what, ref in (("order", normalized.order), ("checkout", normalized.checkout)):
         total = ref.total if ref is not None else None
-        if total is not None and not is_storable(total):
+        if total is not None and not fits_value(total):
             raise UnmappablePayload(
                 "invalid_amount",
                 f"the {what} total {total} is not below 10^14 with at most 4 decimal places",

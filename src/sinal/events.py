@@ -639,6 +639,12 @@ def _to_decimal(raw: object) -> Decimal | None:
     return None
 
 
+def fits_value(number: Decimal) -> bool:
+    """Whether NUMERIC(18,4) keeps `number` exactly, as an event's value must be: finite,
+    below 10^14, at most 4 decimal places (order and checkout totals are held to it too)."""
+    return number.is_finite() and abs(number) < MAX_ABS_VALUE and _places(number) <= VALUE_PLACES
+
+
 def _places(number: Decimal) -> int:
     exponent = number.as_tuple().exponent
     assert isinstance(exponent, int)

@@ -64,7 +64,7 @@ from sinal.store.messaging import (
     SentMessage,
 )
 from sinal.store.webhooks import StoredDelivery
-from sinal.webhooks import deferral_grace, may_defer_until
+from sinal.webhooks import MAX_REASON, deferral_grace, may_defer_until
 
 __all__ = [
     "assign_conversation",
@@ -81,7 +81,6 @@ SOURCE: Final = "whatsapp"
 # Skipped parts that are not losses: changes sinal does not map (template reviews, ...)
 # and WhatsApp's system notices.
 _IGNORED_SKIPS: Final = frozenset({"unsupported_field", "system_message"})
-_MAX_REASON = 2000
 
 
 def messaging_store(ledger: Ledger) -> MessagingStore:
@@ -120,10 +119,10 @@ def process_whatsapp(ledger: Ledger, integration: Integration, delivery: StoredD
                   + ", ".join(waiting[:5]) + (", ..." if len(waiting) > 5 else ""))  # fmt: skip
         if problems:
             detail += f"; {len(problems)} other part(s) not recorded: " + "; ".join(problems)
-        raise DeliveryDeferred(until, detail[:_MAX_REASON])
+        raise DeliveryDeferred(until, detail[:MAX_REASON])
     if problems:
         detail = f"{len(problems)} part(s) not recorded: " + "; ".join(problems)
-        raise UnmappablePayload("partly_unmappable", detail[:_MAX_REASON])
+        raise UnmappablePayload("partly_unmappable", detail[:MAX_REASON])
 
 
 class _Skip(Exception):

@@ -51,7 +51,7 @@ _DROPPED_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 # Characters kept of a delivery's topic (read from a header or the body: any length) and of
 # the reason it ended so (which may quote the body).
 _MAX_TOPIC = 255
-_MAX_REASON = 2000
+MAX_REASON: Final = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +120,7 @@ def process(
         status, reason = "failed", f"{type(exc).__name__}: {exc}"
     else:
         status, reason = "processed", None
-    reason = _storable(reason, _MAX_REASON)
+    reason = _storable(reason, MAX_REASON)
     store_of(ledger).finish_delivery(delivery.account_id, delivery.id, status, reason, due_at)
     return status, reason
 

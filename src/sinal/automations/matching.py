@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from sinal.automations.model import (
@@ -47,6 +47,7 @@ from sinal.automations.model import (
     to_moment,
 )
 from sinal.automations.templates import MISSING, Path, lookup, to_decimal
+from sinal.integrations.whatsapp import SENT_BY_AUTOMATION
 
 __all__ = [
     "SENT_BY_AUTOMATION",
@@ -73,10 +74,6 @@ MatchOutcome = Literal[
     "created_after_event",
     "filter_false",
 ]
-
-# Set by sinal on the status events of a message an automation step sent (see
-# `sinal.messaging`): the automation that sent it.
-SENT_BY_AUTOMATION: Final = "sent_by_automation_id"
 
 
 class EventView(Protocol):

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Final
 
 from sinal.catalog import METRIC_CHECKOUT_ABANDONED, METRIC_CHECKOUT_RECOVERED
-from sinal.events import MAX_ABS_VALUE, VALUE_PLACES, decimal_text
+from sinal.events import decimal_text, fits_value
 from sinal.integrations import _read as r
 from sinal.integrations.base import CheckoutRef, Mapped, UnmappablePayload
 
@@ -24,7 +24,6 @@ __all__ = [
     "abandoned_checkout",
     "abandonment_due",
     "checkout_event",
-    "is_storable",
     "recovered_checkout",
 ]
 
@@ -78,18 +77,11 @@ def checkout_event(
     )
 
 
-def is_storable(amount: Decimal) -> bool:
-    """Whether order and checkout rows keep `amount` exactly on both backends (numeric(18,4),
-    an event value's bounds): below 10^14, at most 4 decimal places."""
-    exponent = amount.as_tuple().exponent
-    return isinstance(exponent, int) and exponent >= -VALUE_PLACES and abs(amount) < MAX_ABS_VALUE
-
-
 def _total_text(total: Decimal | None) -> str | None:
     """A checkout's total in properties: one text whether it comes from the payload or from
     the stored row (PostgreSQL gives back 297.9000, SQLite 297.90); a total no row can keep
     stays as sent (the event's value is refused with it)."""
-    if total is None or not is_storable(total):
+    if total is None or not fits_value(total):
         return r.money_text(total)
     return decimal_text(total)
 

@@ -39,6 +39,7 @@ from sinal.integrations import _read as r
 from sinal.integrations.base import ContactRef, Delivery, Mapped, UnmappablePayload
 
 __all__ = [
+    "SENT_BY_AUTOMATION",
     "STATUS_RANK",
     "SentCallback",
     "Skipped",
@@ -63,13 +64,17 @@ OBJECT: Final = "whatsapp_business_account"
 # stays (its error with it): a late "delivered" must not hide that the message failed.
 STATUS_RANK: Final[Mapping[str, int]] = {"sent": 1, "delivered": 2, "read": 3, "failed": 4}
 
-# biz_opaque_callback_data of the messages sinal sends: "sinal:{template|message}:{contact}".
+# biz_opaque_callback_data of the messages sinal sends: "sinal:{template|message}:{contact}",
+# and ":{automation}:{execution}" after it when an automation step sent the message.
 _CALLBACK_PREFIX: Final = "sinal"
 _CALLBACK_KINDS: Final[Mapping[str, bool]] = {"template": True, "message": False}
 
 _MEDIA_TYPES: Final = frozenset({"image", "video", "audio", "document", "sticker"})
 # Meta's error codes are small (131026); message_statuses.error_code is a 32-bit integer.
 _MAX_ERROR_CODE: Final = 2**31 - 1
+# The status events' property naming the automation that sent the message: that automation
+# never runs for them (`sinal.automations.matching`, outcome ``own_message``).
+SENT_BY_AUTOMATION: Final = "sent_by_automation_id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +263,7 @@ def status_event(
         "error_details": None if error is None else error.details,
         "conversation_category": update.conversation_category,
         "pricing_category": update.pricing_category,
-        "sent_by_automation_id": None if automation_id is None else str(automation_id),
+        SENT_BY_AUTOMATION: None if automation_id is None else str(automation_id),
         "sent_by_automation_execution_id": None if execution_id is None else str(execution_id),
     }
     return Mapped(

@@ -75,9 +75,15 @@ class AutomationRow:
     @property
     def halt(self) -> Halt | None:
         """Why its executions run no step now: "deleted", "paused", or None."""
-        if self.deleted_at is not None:
-            return "deleted"
-        return "paused" if self.status == "paused" else None
+        return automation_halt(self.status, self.deleted_at)
+
+
+def automation_halt(status: str, deleted_at: object) -> Halt | None:
+    """Why an automation's executions run no step now, from its `status` and `deleted_at`
+    columns: "deleted", "paused", or None (`_START_STEPS_SQL` decides alike in SQL)."""
+    if deleted_at is not None:
+        return "deleted"
+    return None if status == "active" else "paused"
 
 
 @dataclass(frozen=True, slots=True)

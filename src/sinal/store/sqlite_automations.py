@@ -37,6 +37,7 @@ from sinal.store.automations import (
     StepStart,
     StepStarted,
     StepStatus,
+    automation_halt,
     storable_json,
     storable_text,
 )
@@ -448,10 +449,8 @@ def _start(conn: sqlite3.Connection, start: StepStart, now: datetime) -> StepSta
     ).fetchone()
     if state[0] not in ("pending", "waiting"):
         return "stopped"
-    if state[2] is not None:
-        return "deleted"
-    if state[1] != "active":
-        return "paused"
+    if (halt := automation_halt(state[1], state[2])) is not None:
+        return halt
     key = (str(e.account_id), str(e.id), start.step_index)
     row = conn.execute(
         "INSERT INTO execution_steps (account_id, execution_id, step_index, step_type, "
