@@ -2,6 +2,8 @@
 
 A contact is matched by what a person or a provider tells us about it, in whatever shape
 it arrives ("(11) 98765-4321", a WhatsApp ``wa_id`` such as ``551187654321``, "Ana@X.com").
+A typed phone is read as Brazilian first (`normalize_phone`); a WhatsApp id is always
+international digits (`normalize_wa_id`), so a Peruvian ``51987654321`` stays Peruvian.
 Every function here turns one such value into the single canonical string stored and
 compared, or raises an error naming the field and a machine-readable code:
 
@@ -31,6 +33,7 @@ __all__ = [
     "normalize_external_id",
     "normalize_name",
     "normalize_phone",
+    "normalize_wa_id",
     "phone_variants",
 ]
 
@@ -97,6 +100,21 @@ def normalize_phone(raw: str, default_region: str = "BR") -> str:
     return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
 
 
+def normalize_wa_id(raw: str) -> str:
+    """Return a WhatsApp id (international digits, no "+") as canonical E.164.
+
+    Meta's ``wa_id``, ``from`` and ``recipient_id`` always carry the country code, so they
+    are never read as a Brazilian national number: "51987654321" is Peru's +51 987 654 321,
+    not Porto Alegre's (51) 98765-4321. Brazilian mobiles still gain the ninth digit.
+    """
+    text = _clean_phone_input(raw)
+    digits = "".join(char for char in text if char in _ASCII_DIGITS)
+    number = _parse_valid("+" + digits, "BR")  # the region is unused: the number has "+"
+    if number is None:
+        raise _invalid_phone("is not a valid WhatsApp id (international digits)")
+    return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
+
+
 def phone_variants(e164: str) -> tuple[str, ...]:
     """Return the canonical number and, for a Brazilian mobile, its form without the 9."""
     canonical = normalize_phone(e164)
@@ -134,15 +152,15 @@ def _parse_phone(text: str, default_region: str) -> phonenumbers.PhoneNumber | N
         return _parse_valid(text, default_region)
     digits = "".join(char for char in text if char in _ASCII_DIGITS)
     if len(digits) in (12, 13) and digits.startswith("55"):
-        # A WhatsApp wa_id: Brazilian national numbers have at most 11 digits (12 with the
-        # trunk 0), so 12-13 digits starting with 55 can only carry the country code.
+        # Typed with the country code but no "+": Brazilian national numbers have at most 11
+        # digits (12 with the trunk 0), so 12-13 digits starting with 55 carry it.
         return _parse_valid("+" + digits, default_region)
     # The national reading wins: "4733221100" is a Joinville landline (DDD 47) for a
     # Brazilian account even though "+47 33221100" would also be a valid Norwegian number.
     national = _parse_valid(text, default_region)
     if national is not None:
         return national
-    # Otherwise digits carrying their own country code (wa_id of a foreign contact).
+    # Otherwise digits carrying their own country code ("16502530000" typed without "+").
     return _parse_valid("+" + digits, default_region)
 
 

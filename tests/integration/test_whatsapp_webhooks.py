@@ -229,6 +229,30 @@ async def test_whatsapp_numbers_with_and_without_the_ninth_digit_are_one_person(
     assert len(events(api, "Conversation Opened")) == 1
 
 
+async def test_whatsapp_foreign_senders_keep_their_own_international_numbers(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    peru = text_message("wamid.PERU", "51987654321", "Hola", name="Lucía Quispe")
+    singapore = text_message("wamid.SG", "6591234567", "Hello", name="Wei Ling")
+    for body in (peru, singapore):
+        assert (await deliver(api, wa, meta_bytes(body))).json()["status"] == "processed"
+    received = {e.properties["wa_message_id"]: e for e in events(api, "Message Received")}
+    phones = {}
+    for wamid, event in received.items():
+        contact = api.ledger.get_contact(api.account.id, event.contact_id)
+        assert contact is not None
+        phones[wamid] = (contact.phone, event.properties["phone"])
+    assert phones == {
+        "wamid.PERU": ("+51987654321", "+51987654321"),
+        "wamid.SG": ("+6591234567", "+6591234567"),
+    }
+    # A Porto Alegre mobile with the same digits is someone else.
+    porto_alegre = await api.post("/v1/contacts", {"phone": "+55 51 98765-4321"})
+    assert porto_alegre.status_code == 201, porto_alegre.text
+    assert porto_alegre.json()["phone"] == "+5551987654321"
+    assert porto_alegre.json()["id"] != str(received["wamid.PERU"].contact_id)
+    assert len(events(api, "Contact Created")) == 3
+
+
 async def test_whatsapp_user_hiding_their_number_is_kept_by_the_business_scoped_id(
     api: Api,
 ) -> None:

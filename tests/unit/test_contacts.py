@@ -16,6 +16,7 @@ from sinal.contacts import (
     normalize_external_id,
     normalize_name,
     normalize_phone,
+    normalize_wa_id,
     phone_variants,
 )
 
@@ -90,6 +91,36 @@ def test_normalize_phone_keeps_foreign_numbers_out_of_the_brazilian_rule(
 ) -> None:
     assert normalize_phone(raw) == expected
     assert phone_variants(expected) == (expected,)
+
+
+@pytest.mark.parametrize(
+    ("wa_id", "expected"),
+    [
+        ("51987654321", "+51987654321"),  # Peru, not Porto Alegre's (51) 98765-4321
+        ("6591234567", "+6591234567"),  # Singapore, not Cuiabá's (65) 9123-4567
+        ("34912345678", "+34912345678"),  # Spain, not Uberlândia's (34) 91234-5678
+        ("16502530000", "+16502530000"),
+        ("447911123456", "+447911123456"),
+        ("5511987654321", "+5511987654321"),
+        ("551187654321", "+5511987654321"),  # Meta's 12-digit form: the ninth digit added
+        ("554733221100", "+554733221100"),  # a landline gains no 9
+    ],
+)
+def test_normalize_wa_id_reads_whatsapp_ids_as_international(wa_id: str, expected: str) -> None:
+    assert normalize_wa_id(wa_id) == expected
+
+
+def test_normalize_phone_still_reads_typed_digits_as_brazilian_first() -> None:
+    # The same digits typed by a person of a Brazilian account are a Porto Alegre mobile.
+    assert normalize_phone("51987654321") == "+5551987654321"
+    assert normalize_wa_id("5551987654321") == normalize_phone("(51) 98765-4321")
+
+
+@pytest.mark.parametrize("wa_id", ["", "abc", "11987654321", "0123456789", "+999 1234 5678"])
+def test_normalize_wa_id_rejects_what_is_not_an_international_number(wa_id: str) -> None:
+    with pytest.raises(InvalidIdentity) as excinfo:
+        normalize_wa_id(wa_id)
+    assert (excinfo.value.field, excinfo.value.code) == ("phone", "invalid_phone")
 
 
 def test_normalize_phone_reads_national_numbers_in_the_given_region() -> None:

@@ -144,6 +144,22 @@ def test_wa_id_without_the_ninth_digit_is_the_same_person() -> None:
     assert event.contact.phone == "+5511987654329"
 
 
+@pytest.mark.parametrize(
+    ("wa_id", "phone"),
+    [("51987654321", "+51987654321"), ("6591234567", "+6591234567")],  # Peru, Singapore
+)
+def test_foreign_wa_ids_stay_international_in_messages_and_statuses(wa_id: str, phone: str) -> None:
+    payload = load("text_message")
+    value(payload)["contacts"][0]["wa_id"] = wa_id
+    value(payload)["messages"][0]["from"] = wa_id
+    assert map_whatsapp(payload).messages[0].contact.phone == phone
+    del value(payload)["contacts"][0]  # the sender read from "from" alone
+    assert map_whatsapp(payload).messages[0].contact.phone == phone
+    status = load("status_delivered")
+    value(status)["statuses"][0]["recipient_id"] = wa_id
+    assert map_whatsapp(status).statuses[0].recipient.phone == phone
+
+
 def test_a_user_hiding_their_number_is_identified_by_the_business_scoped_id() -> None:
     event = message("user_id_only")
     assert event.contact.phone is None

@@ -16,7 +16,13 @@ from decimal import Decimal
 from typing import Any, Final, Literal
 from uuid import UUID
 
-from sinal.contacts import InvalidIdentity, normalize_email, normalize_name, normalize_phone
+from sinal.contacts import (
+    InvalidIdentity,
+    normalize_email,
+    normalize_name,
+    normalize_phone,
+    normalize_wa_id,
+)
 from sinal.errors import WebhookError
 from sinal.events import EmitEvent, build_unique_event_id
 
@@ -102,9 +108,10 @@ class ContactRef:
         wa_id: str | None = None,
         user_id: str | None = None,
     ) -> ContactRef:
-        """Normalize what a provider sent; an invalid phone, email or name becomes None."""
+        """Normalize what a provider sent; an invalid phone, email or name becomes None.
+        A typed `phone` may be national (Brazilian first); a `wa_id` is always international."""
         return cls(
-            phone=_try(normalize_phone, phone) or _try(normalize_phone, wa_id),
+            phone=_try(normalize_phone, phone) or _try(normalize_wa_id, wa_id),
             email=_try(normalize_email, email),
             external_id=external_id,
             name=_try(normalize_name, name),
