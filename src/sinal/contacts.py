@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import phonenumbers
@@ -29,6 +29,7 @@ __all__ = [
     "Identities",
     "InvalidIdentities",
     "InvalidIdentity",
+    "normalize_contact_fields",
     "normalize_email",
     "normalize_external_id",
     "normalize_name",
@@ -307,6 +308,38 @@ def _invalid_external_id(reason: str) -> InvalidIdentity:
     return InvalidIdentity(
         field="external_id", code="invalid_external_id", message=f"external id {reason}"
     )
+
+
+# --- a contact's fields together --------------------------------------------------------
+
+
+_FIELD_NORMALIZERS: dict[str, Callable[[str], str | None]] = {
+    "phone": normalize_phone,
+    "email": normalize_email,
+    "external_id": normalize_external_id,
+    "name": normalize_name,
+}
+
+
+def normalize_contact_fields(values: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Normalize each of a contact's fields given (phone, email, external_id, name; None
+    stays None); raise `InvalidIdentities` naming every bad or unknown field at once."""
+    errors: list[InvalidIdentity] = []
+    clean: dict[str, str | None] = {}
+    # In one fixed order, so the answer does not depend on how the caller built `values`.
+    known = [name for name in _FIELD_NORMALIZERS if name in values]
+    for name in known + sorted(set(values) - set(_FIELD_NORMALIZERS)):
+        normalize, raw = _FIELD_NORMALIZERS.get(name), values[name]
+        if normalize is None:
+            errors.append(InvalidIdentity(name, "unknown_field", f"{name} is not a contact field"))
+            continue
+        try:
+            clean[name] = None if raw is None else normalize(raw)
+        except InvalidIdentity as error:
+            errors.append(error)
+    if errors:
+        raise InvalidIdentities(tuple(errors))
+    return clean
 
 
 # --- identities --------------------------------------------------------------------------

@@ -24,7 +24,13 @@ from sinal.catalog import (
     METRIC_TAG_ADDED,
     METRIC_TAG_REMOVED,
 )
-from sinal.contacts import Identities, InvalidIdentities, InvalidIdentity, normalize_name
+from sinal.contacts import (
+    Identities,
+    InvalidIdentities,
+    InvalidIdentity,
+    normalize_contact_fields,
+    normalize_name,
+)
 from sinal.errors import (
     AccountNotFound,
     FieldError,
@@ -145,13 +151,7 @@ class Ledger:
         name: str | None = None,
     ) -> tuple[Contact, bool]:
         """Like `create_contact`, also telling whether the contact is new."""
-        try:
-            ids = Identities.parse(phone=phone, email=email, external_id=external_id)
-            clean_name = normalize_name(name)
-        except InvalidIdentities as exc:
-            raise InvalidContact([_field_error(e) for e in exc.errors]) from exc
-        except InvalidIdentity as exc:
-            raise InvalidContact([_field_error(exc)]) from exc
+        ids, clean_name = _parse_contact(phone, email, external_id, name)
         account = _uuid(account_id)
         if self.store.get_account(account) is None:
             raise AccountNotFound(f"account {account} does not exist")
@@ -388,13 +388,7 @@ class Ledger:
     ) -> tuple[Contact, bool]:
         """Find the account's contact by its identities, or create it together with its
         Contact Created event (one transaction). At least one identity is required."""
-        try:
-            ids = Identities.parse(phone=phone, email=email, external_id=external_id)
-            clean_name = normalize_name(name)
-        except InvalidIdentities as exc:
-            raise InvalidContact([_field_error(e) for e in exc.errors]) from exc
-        except InvalidIdentity as exc:
-            raise InvalidContact([_field_error(exc)]) from exc
+        ids, clean_name = _parse_contact(phone, email, external_id, name)
         if ids.is_empty:
             raise InvalidContact(
                 [FieldError("contact", "identity_required", "give a phone, email or external_id")]
@@ -416,16 +410,13 @@ class Ledger:
         self, account_id: UUID | str, contact_id: UUID | str, changes: Mapping[str, str | None]
     ) -> Contact | None:
         """Set (or, with None, remove) name, phone, email or external_id; a real change
-        records Contact Updated in the same transaction. None if there is no such contact."""
-        clean: dict[ContactField, str | None] = {}
-        errors: list[FieldError] = []
-        for field_name, raw in changes.items():
-            try:
-                clean[_contact_field(field_name)] = _normalize_contact_field(field_name, raw)
-            except InvalidIdentity as exc:
-                errors.append(_field_error(exc))
-        if errors:
-            raise InvalidContact(errors)
+        records Contact Updated in the same transaction. None if there is no such contact.
+        Raises `InvalidContact` naming every bad field."""
+        try:
+            normalized = normalize_contact_fields(changes)
+        except InvalidIdentities as exc:
+            raise InvalidContact([_field_error(e) for e in exc.errors]) from exc
+        clean = {_CONTACT_FIELDS[name]: value for name, value in normalized.items()}
 
         def changed(before: Contact, after: Contact) -> PreparedEvent:
             fields = [f for f in clean if getattr(before, f) != getattr(after, f)]
@@ -605,20 +596,17 @@ _EMIT_FIELDS = frozenset(EmitEvent.__dataclass_fields__)
 MAX_TAG = 64
 
 
-def _contact_field(name: str) -> ContactField:
-    if name not in _CONTACT_FIELDS:
-        raise InvalidIdentity(name, "unknown_field", f"{name} is not a contact field")
-    return _CONTACT_FIELDS[name]
-
-
-def _normalize_contact_field(name: str, raw: str | None) -> str | None:
-    if raw is None:
-        return None
-    if name == "name":
-        return normalize_name(raw)
-    ids = Identities.parse(**{name: raw})
-    value: str | None = getattr(ids, name)
-    return value
+def _parse_contact(
+    phone: str | None, email: str | None, external_id: str | None, name: str | None
+) -> tuple[Identities, str | None]:
+    """A new contact's identities and name, or `InvalidContact` naming every bad field."""
+    raw = {"phone": phone, "email": email, "external_id": external_id, "name": name}
+    try:
+        clean = normalize_contact_fields(raw)
+    except InvalidIdentities as exc:
+        raise InvalidContact([_field_error(e) for e in exc.errors]) from exc
+    ids = Identities(phone=clean["phone"], email=clean["email"], external_id=clean["external_id"])
+    return ids, clean["name"]
 
 
 def normalize_tag(raw: object, field: str = "tag") -> str:

@@ -463,6 +463,39 @@ def test_invalid_contact_identities_are_reported_per_field(
     }
 
 
+_BAD_FIELDS = {"phone": "abc", "email": "not-an-email", "name": "x" * 201}
+_BAD_FIELD_ERRORS = [
+    ("phone", "invalid_phone"),
+    ("email", "invalid_email"),
+    ("name", "too_long"),
+]
+
+
+def test_contact_create_reports_every_bad_field_name_included(
+    ledger: Ledger, account: sinal.Account
+) -> None:
+    with pytest.raises(sinal.InvalidContact) as caught:
+        ledger.create_contact(account.id, **_BAD_FIELDS)
+    assert [(e.field, e.code) for e in caught.value.errors] == _BAD_FIELD_ERRORS
+
+
+def test_contact_update_reports_every_bad_field_and_changes_nothing(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    # Whatever order the fields come in, one InvalidContact names them all in one order.
+    for changes in (_BAD_FIELDS, dict(reversed(_BAD_FIELDS.items()))):
+        with pytest.raises(sinal.InvalidContact) as caught:
+            ledger.update_contact(account.id, contact.id, changes)
+        assert [(e.field, e.code) for e in caught.value.errors] == _BAD_FIELD_ERRORS
+    with pytest.raises(sinal.InvalidContact) as caught:
+        ledger.update_contact(account.id, contact.id, {"nickname": "Ana", "phone": "abc"})
+    assert [(e.field, e.code) for e in caught.value.errors] == [
+        ("phone", "invalid_phone"),
+        ("nickname", "unknown_field"),
+    ]
+    assert ledger.get_contact(account.id, contact.id) == contact
+
+
 def test_contact_in_unknown_account_is_refused(ledger: Ledger) -> None:
     with pytest.raises(sinal.AccountNotFound):
         ledger.create_contact(uuid.uuid4(), email="ana@example.com")

@@ -78,6 +78,26 @@ async def test_patch_changes_fields_and_records_contact_updated_once(api: Api) -
     assert props["phone"] == "+5521998765432"
 
 
+async def test_patch_and_post_with_several_bad_fields_are_one_422_naming_each(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    bad = {"phone": "abc", "email": "not-an-email", "name": "x" * 201}
+
+    patched = await api.client.patch(f"/v1/contacts/{contact['id']}", json=bad)
+    posted = await api.post("/v1/contacts", bad)
+
+    for response in (patched, posted):
+        assert response.status_code == 422, response.text
+        assert response.json()["type"] == "/problems/invalid-contact"
+        assert [(e["field"], e["code"]) for e in response.json()["errors"]] == [
+            ("phone", "invalid_phone"),
+            ("email", "invalid_email"),
+            ("name", "too_long"),
+        ]
+    unchanged = await api.client.get(f"/v1/contacts/{contact['id']}")
+    assert unchanged.json() == contact
+    assert events_of(api, "Contact Updated") == []
+
+
 async def test_patch_with_another_contacts_identifier_is_409(api: Api) -> None:
     ana = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
     await api.post("/v1/contacts", {"email": "bia@example.com"})

@@ -12,6 +12,7 @@ from sinal.contacts import (
     Identities,
     InvalidIdentities,
     InvalidIdentity,
+    normalize_contact_fields,
     normalize_email,
     normalize_external_id,
     normalize_name,
@@ -377,3 +378,14 @@ def test_identity_errors_survive_pickling_between_processes() -> None:
     assert [(e.field, e.code, e.message) for e in group.errors] == [
         ("phone", "invalid_phone", "phone number is empty")
     ]
+
+
+def test_normalize_contact_fields_reports_every_bad_field_in_one_order() -> None:
+    raw = {"name": "x" * 201, "external_id": "", "email": "a@b", "phone": "abc", "age": "3"}
+    with pytest.raises(InvalidIdentities) as excinfo:
+        normalize_contact_fields(raw)
+    assert [e.field for e in excinfo.value.errors] == [
+        "phone", "email", "external_id", "name", "age"
+    ]  # fmt: skip
+    clean = normalize_contact_fields({"name": " Ana ", "phone": "(11) 98765-4321", "email": None})
+    assert clean == {"phone": "+5511987654321", "email": None, "name": "Ana"}

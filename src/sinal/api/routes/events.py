@@ -31,7 +31,7 @@ from sinal.api.views import (
     locale_of,
     parse_path_id,
 )
-from sinal.contacts import Identities, InvalidIdentities, InvalidIdentity, normalize_name
+from sinal.contacts import InvalidIdentities, normalize_contact_fields
 from sinal.errors import FieldError, InvalidContact, InvalidEvent, InvalidQuery
 from sinal.events import EmitEvent, EmitResult, prepare
 from sinal.ledger import MAX_BATCH
@@ -335,15 +335,14 @@ def _resolve_contacts(svc: Service, account_id: UUID, refs: list[Any]) -> list[U
 
 def _check_identities(ref: ContactIdentities) -> None:
     """InvalidContact with fields under `contact.` (the ledger names them bare)."""
+    raw = {"phone": ref.phone, "email": ref.email, "external_id": ref.external_id,
+           "name": ref.name}  # fmt: skip
     try:
-        Identities.parse(phone=ref.phone, email=ref.email, external_id=ref.external_id)
-        normalize_name(ref.name)
+        normalize_contact_fields(raw)
     except InvalidIdentities as exc:
         raise InvalidContact(
             [FieldError(f"contact.{e.field}", e.code, e.message) for e in exc.errors]
         ) from None
-    except InvalidIdentity as exc:
-        raise InvalidContact([FieldError(f"contact.{exc.field}", exc.code, exc.message)]) from None
 
 
 def _query_uuid(name: str, raw: str | None) -> UUID | None:
