@@ -119,6 +119,19 @@ async def test_conversation_assign_refuses_a_bad_agent(
     assert [e["field"] for e in answer.json()["errors"]] == [field]
 
 
+async def test_conversation_assign_measures_the_agent_after_normalization(api: Api) -> None:
+    conversation = await _opened(api)
+    path = f"/v1/conversations/{conversation['id']}/assign"
+    # U+FB2C is one character that NFC turns into three: 200 of them are 600.
+    answer = await api.post(path, {"agent": "\ufb2c" * 200})
+    assert answer.status_code == 422, answer.text
+    assert [(e["field"], e["code"]) for e in answer.json()["errors"]] == [("agent", "too_long")]
+    assert events(api, "Conversation Assigned") == []
+    fits = await api.post(path, {"agent": "\ufb2c" * 66 + "ab"})  # 200 once normalized
+    assert fits.status_code == 200, fits.text
+    assert len(fits.json()["assigned_to"]) == 200
+
+
 async def test_conversation_of_another_account_is_404(api: Api) -> None:
     conversation = await _opened(api)
     other = api.ledger.create_account("Outra Loja")

@@ -166,6 +166,9 @@ def _agent(raw: str) -> str:
     problem = None
     if not text:
         problem = ("empty", "agent must not be blank")
+    elif len(text) > MAX_AGENT:
+        # The model's max_length saw the text before NFC, which can triple it (U+FB2C).
+        problem = ("too_long", f"agent is at most {MAX_AGENT} characters")
     elif any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text):
         problem = ("control_characters", "agent must not contain control characters")
     if problem is not None:
