@@ -225,14 +225,15 @@ def _check_email_local(local: str) -> None:
     """Reject a local part that is empty, too long, or not a plain dot-atom."""
     if not local:
         raise _invalid_email("has nothing before the '@'")
-    if len(local.encode("utf-8")) > MAX_EMAIL_LOCAL_LENGTH:
-        raise _invalid_email(f"has more than {MAX_EMAIL_LOCAL_LENGTH} bytes before the '@'")
-    # Non-ASCII letters are allowed (RFC 6531); the ASCII rule applies to the rest.
+    # Non-ASCII letters are allowed (RFC 6531); the ASCII rule applies to the rest. Checked
+    # before the length in bytes: a lone surrogate has no UTF-8 encoding to measure.
     ascii_chars = "".join(char for char in local if char.isascii())
     has_bad_ascii = bool(ascii_chars) and not _EMAIL_LOCAL_ASCII.fullmatch(ascii_chars)
     has_bad_unicode = any(not char.isascii() and not char.isalnum() for char in local)
     if has_bad_ascii or has_bad_unicode:
         raise _invalid_email("has characters not allowed before the '@'")
+    if len(local.encode("utf-8")) > MAX_EMAIL_LOCAL_LENGTH:
+        raise _invalid_email(f"has more than {MAX_EMAIL_LOCAL_LENGTH} bytes before the '@'")
     if local.startswith(".") or local.endswith(".") or ".." in local:
         raise _invalid_email("cannot start or end with '.' or repeat '.' before the '@'")
 

@@ -496,6 +496,14 @@ def test_contact_update_reports_every_bad_field_and_changes_nothing(
     assert ledger.get_contact(account.id, contact.id) == contact
 
 
+def test_contact_with_a_lone_surrogate_in_its_email_is_an_invalid_contact(
+    ledger: Ledger, account: sinal.Account
+) -> None:
+    with pytest.raises(sinal.InvalidContact) as caught:
+        ledger.create_contact(account.id, email="ana\ud800@loja.com.br")
+    assert [(e.field, e.code) for e in caught.value.errors] == [("email", "invalid_email")]
+
+
 def test_contact_in_unknown_account_is_refused(ledger: Ledger) -> None:
     with pytest.raises(sinal.AccountNotFound):
         ledger.create_contact(uuid.uuid4(), email="ana@example.com")

@@ -389,3 +389,25 @@ def test_normalize_contact_fields_reports_every_bad_field_in_one_order() -> None
     ]  # fmt: skip
     clean = normalize_contact_fields({"name": " Ana ", "phone": "(11) 98765-4321", "email": None})
     assert clean == {"phone": "+5511987654321", "email": None, "name": "Ana"}
+
+
+@pytest.mark.parametrize(
+    ("field", "code", "values"),
+    [
+        ("email", "invalid_email", ["ana\ud800@loja.com.br", "\udfff@loja.com.br",
+                                    "ana@loja\ud800.com.br", "ana@\udc00.com.br"]),
+        ("phone", "invalid_phone", ["+55 11 98765\ud800-4321", "\ud800"]),
+        ("external_id", "invalid_external_id", ["cliente-\ud800"]),
+        ("name", "invalid_name", ["Ana \udfff"]),
+    ],
+)  # fmt: skip
+def test_lone_surrogates_are_invalid_values_not_encoding_errors(
+    field: str, code: str, values: list[str]
+) -> None:
+    for raw in values:
+        with pytest.raises(InvalidIdentities) as excinfo:
+            normalize_contact_fields({field: raw})
+        assert [(e.field, e.code) for e in excinfo.value.errors] == [(field, code)], raw
+    if field == "phone":
+        with pytest.raises(InvalidIdentity):
+            normalize_wa_id("5511\ud800987654321")
