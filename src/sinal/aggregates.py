@@ -24,6 +24,10 @@ MEASUREMENTS: tuple[Measurement, ...] = get_args(Measurement)
 MAX_SPAN = timedelta(days=366)
 MAX_GROUPS = 100  # with `by`: the largest groups, by their total over the range
 MAX_ROWS = 100_000  # with `by`, fewer groups are kept when buckets x groups would pass it
+# since and until lie in [EARLIEST, LATEST]: a year inside the datetime range at each end,
+# so any zone's offset (< 1 day), a month's first day and the bucket after `until` fit.
+EARLIEST = datetime(2, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +61,17 @@ def parse_zone(name: str, field: str = "timezone") -> ZoneInfo:
 
 
 def check_range(since: datetime, until: datetime) -> None:
-    """`since` before `until`, both timezone-aware, at most a year apart."""
+    """`since` before `until`, both timezone-aware, at most a year apart, and both in
+    [EARLIEST, LATEST], where every bucket of every zone can be computed."""
     errors: list[FieldError] = []
     for name, value in (("since", since), ("until", until)):
         if value.tzinfo is None or value.utcoffset() is None:
             errors.append(
                 FieldError(name, "naive_datetime", f"{name} must carry a timezone offset or Z")
             )
+        elif not EARLIEST <= value <= LATEST:  # compared without converting: no overflow
+            message = f"{name} must be from 0002-01-01T00:00:00Z to 9999-01-01T00:00:00Z"
+            errors.append(FieldError(name, "out_of_range", message))
     if not errors and since >= until:
         errors.append(FieldError("until", "before_since", "until must be after since"))
     elif not errors and until - since > MAX_SPAN:

@@ -508,7 +508,9 @@ class Ledger:
         zone_name = timezone or account.timezone
         zone = parse_zone(zone_name)
         check_range(since, until)
-        if not self.store.list_metrics(account.id, metric_name):
+        if not _could_name_metric(metric_name) or not self.store.list_metrics(
+            account.id, metric_name
+        ):
             return None
         starts = bucket_starts(since, until, interval, zone)
         query = AggregateQuery(
@@ -607,6 +609,12 @@ def _parse_contact(
         raise InvalidContact([_field_error(e) for e in exc.errors]) from exc
     ids = Identities(phone=clean["phone"], email=clean["email"], external_id=clean["external_id"])
     return ids, clean["name"]
+
+
+def _could_name_metric(name: str) -> bool:
+    """Whether some metric may be called `name`: none holds a control character or a
+    surrogate (`events` refuses them), and PostgreSQL refuses a NUL in a query."""
+    return not any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name)
 
 
 def normalize_tag(raw: object, field: str = "tag") -> str:

@@ -180,3 +180,52 @@ async def test_metrics_list_and_another_accounts_metric_is_404(api: Api, ana: st
          "is_system": False, "count": 1},
     ]  # fmt: skip
     assert (theirs.status_code, unknown.status_code) == (404, 404)
+
+
+@pytest.mark.parametrize(
+    ("params", "fields"),
+    [
+        ({"since": "9999-12-31T00:00:00-10:00", "until": "9999-12-31T23:00:00-10:00"},
+         {"since", "until"}),
+        ({"since": "9999-12-01T00:00:00Z", "until": "9999-12-30T00:00:00Z",
+          "interval": "month"}, {"since", "until"}),
+        ({"since": "9998-12-31T00:00:00Z", "until": "9999-01-01T00:00:01Z",
+          "interval": "hour"}, {"until"}),
+        ({"since": "0001-01-01T00:00:00+01:00", "until": "0001-01-02T00:00:00+01:00"},
+         {"since", "until"}),
+        ({"since": "0001-12-31T23:59:59Z", "until": "0002-01-05T00:00:00Z",
+          "interval": "week"}, {"since"}),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("timezone", ["Pacific/Kiritimati", "Pacific/Pago_Pago", "UTC"])
+async def test_aggregates_at_the_edges_of_the_datetime_range_are_422(
+    api: Api, ana: str, params: dict[str, str], fields: set[str], timezone: str
+) -> None:
+    await emit(api, ana, "2026-11-02T01:00:00Z", "1", "1")
+    response = await api.client.get(AGG, params=params | {"timezone": timezone})
+    assert response.status_code == 422, response.text
+    assert {(e["field"], e["code"]) for e in response.json()["errors"]} == {
+        (f, "out_of_range") for f in fields
+    }
+
+
+@pytest.mark.parametrize("interval", ["hour", "day", "week", "month"])
+@pytest.mark.parametrize("timezone", ["Pacific/Kiritimati", "Pacific/Pago_Pago"])
+async def test_aggregates_at_the_ends_of_the_accepted_range_answer(
+    api: Api, ana: str, interval: str, timezone: str
+) -> None:
+    await emit(api, ana, "2026-11-02T01:00:00Z", "1", "1")
+    early = {"since": "0002-01-01T00:00:00Z", "until": "0002-01-02T00:00:00Z"}
+    late = {"since": "9998-12-31T00:00:00Z", "until": "9999-01-01T00:00:00Z"}
+    for params in (early, late):
+        extra = {"interval": interval, "timezone": timezone}
+        response = await api.client.get(AGG, params=params | extra)
+        assert response.status_code == 200, response.text
+        assert {r["value"] for r in response.json()["data"]} == {0}
+
+
+async def test_aggregates_of_a_name_with_a_nul_are_404(api: Api, ana: str) -> None:
+    await emit(api, ana, "2026-11-02T01:00:00Z", "1", "1")
+    params = {"since": "2026-11-01T00:00:00Z", "until": "2026-11-03T00:00:00Z"}
+    response = await api.client.get("/v1/metrics/Order%00Paid/aggregates", params=params)
+    assert response.status_code == 404, response.text
