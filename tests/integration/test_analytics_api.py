@@ -229,3 +229,21 @@ async def test_aggregates_of_a_name_with_a_nul_are_404(api: Api, ana: str) -> No
     params = {"since": "2026-11-01T00:00:00Z", "until": "2026-11-03T00:00:00Z"}
     response = await api.client.get("/v1/metrics/Order%00Paid/aggregates", params=params)
     assert response.status_code == 404, response.text
+
+
+async def test_a_metric_with_a_slash_in_its_name_has_aggregates(api: Api, ana: str) -> None:
+    await api.post("/v1/events", {"metric": "Pedido/Entregue", "contact_id": ana,
+                                  "occurred_at": "2026-11-02T12:00:00Z"})  # fmt: skip
+    params = {"since": "2026-11-02T00:00:00Z", "until": "2026-11-03T00:00:00Z",
+              "timezone": "UTC"}  # fmt: skip
+
+    encoded = await api.client.get("/v1/metrics/Pedido%2FEntregue/aggregates", params=params)
+    plain = await api.client.get("/v1/metrics/Pedido/Entregue/aggregates", params=params)
+    unknown = await api.client.get("/v1/metrics/Pedido%2FNada/aggregates", params=params)
+
+    assert encoded.status_code == 200, encoded.text
+    assert encoded.json()["metric"] == "Pedido/Entregue"
+    assert [r["value"] for r in encoded.json()["data"]] == [1]
+    assert plain.json() == encoded.json()
+    assert unknown.status_code == 404
+    assert unknown.json()["detail"] == "the account has no metric 'Pedido/Nada'"

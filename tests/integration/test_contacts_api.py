@@ -130,6 +130,23 @@ async def test_tags_record_tag_added_and_removed_only_on_change(api: Api) -> Non
     assert bad.json()["errors"][0]["field"] == "tags[0]"
 
 
+async def test_tags_with_a_slash_are_removed_by_their_path(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    path = f"/v1/contacts/{contact['id']}"
+    await api.post(f"{path}/tags", {"tags": ["vip/2026", "a/b/c", "/", "keep"]})
+
+    removed = [
+        (await api.client.delete(f"{path}/tags/{quoted}")).status_code
+        for quoted in ("vip%2F2026", "vip%2F2026", "a/b%2Fc", "%2F")
+    ]
+
+    assert removed == [204, 204, 204, 204]
+    assert (await api.client.get(path)).json()["tags"] == ["keep"]
+    assert len(events_of(api, "Tag Removed")) == 3
+    metrics = (await api.client.get("/metrics")).text
+    assert 'route="/v1/contacts/{contact_id}/tags/{tag}",status="204"' in metrics
+
+
 async def test_timeline_and_metrics_follow_the_locale(api: Api) -> None:
     contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
     for n in ("1", "2"):

@@ -150,5 +150,6 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            # path_format: the template without converters ({tag}, not {tag:path})
+            route = getattr(scope.get("route"), "path_format", None) or "unmatched"
             self.metrics.observe(scope["method"], route, status, time.perf_counter() - start)

@@ -40,7 +40,7 @@ async def list_metrics(
 
 
 @router.get(
-    "/v1/metrics/{name}/aggregates",
+    "/v1/metrics/{name:path}/aggregates",
     summary="A metric per time bucket (and per property value)",
     response_model=AggregateOut,
     responses=problem_responses(401, 403, 404, 422, 503),

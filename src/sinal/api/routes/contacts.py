@@ -122,7 +122,7 @@ async def add_tags(request: Request, contact_id: str) -> Response:
 
 
 @router.delete(
-    "/v1/contacts/{contact_id}/tags/{tag}",
+    "/v1/contacts/{contact_id}/tags/{tag:path}",
     summary="Untag a contact",
     status_code=204,
     responses={204: {"description": "The contact does not have the tag (any more)"},
