@@ -247,3 +247,29 @@ async def test_a_metric_with_a_slash_in_its_name_has_aggregates(api: Api, ana: s
     assert plain.json() == encoded.json()
     assert unknown.status_code == 404
     assert unknown.json()["detail"] == "the account has no metric 'Pedido/Nada'"
+
+
+async def test_by_labels_groups_alike_on_both_backends(api: Api, ana: str) -> None:
+    values = ['1e20', '1.0E+20', '1.5e-7', '1', '1.0', '"1"', '2.50', '-0.0',
+              'true', '"vip"', 'null', '{"bb": [1, 2.50, 1e2], "a": 1, "c": true}',
+              '[1, "x", {"y": "a\\nb"}]', '{}']  # fmt: skip
+    for n, value in enumerate(values):
+        body = (f'{{"metric": "Order Paid", "contact_id": "{ana}", "source": "shopify", '
+                f'"source_id": "{n}", "occurred_at": "2026-11-02T12:00:00Z", '
+                f'"properties": {{"k": {value}}}}}')  # fmt: skip
+        response = await api.raw("/v1/events", body)
+        assert response.status_code == 201, response.text
+    params = {"since": "2026-11-02T00:00:00Z", "until": "2026-11-03T00:00:00Z",
+              "timezone": "UTC", "by": "k"}  # fmt: skip
+
+    counts = (await api.client.get(AGG, params=params)).json()["data"]
+    people = await api.client.get(AGG, params=params | {"measurement": "unique_contacts"})
+
+    # Numbers by their value in plain notation (1 and 1.0 alike), strings unquoted, the
+    # number 1 and the string "1" one group; objects and arrays as PostgreSQL prints jsonb.
+    assert {r["group"]: r["value"] for r in counts} == {
+        "100000000000000000000": 2, "0.00000015": 1, "1": 3, "2.5": 1, "0": 1,
+        "true": 1, "vip": 1, None: 1, '{"a": 1, "c": true, "bb": [1, 2.5, 100.0]}': 1,
+        '[1, "x", {"y": "a\\nb"}]': 1, "{}": 1,
+    }  # fmt: skip
+    assert {r["group"]: r["value"] for r in people.json()["data"]}["1"] == 1

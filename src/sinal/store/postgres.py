@@ -149,6 +149,12 @@ _MEASURES = {
     "sum_value": "coalesce(sum(value), 0)",
     "unique_contacts": "count(DISTINCT contact_id)",
 }
+# An aggregate's group label (SQLite's `_group_text` says it alike): a number by its value
+# in plain notation (trim_scale: 1.0 is 1), a string unquoted, anything else as jsonb text.
+_GROUP = (
+    "CASE WHEN jsonb_typeof(properties -> %(by)s) = 'number' "
+    "THEN trim_scale((properties -> %(by)s)::numeric)::text ELSE properties ->> %(by)s END"
+)
 
 # Rows are sorted before every insert that can wait on another transaction (events by
 # unique id, metrics and summaries by key), so concurrent batches lock in one order.
@@ -1194,7 +1200,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
 
     def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
         """One scan of the metric's index range; `width_bucket` places each event."""
-        group = "NULL::text" if query.by is None else "properties ->> %(by)s"
+        group = "NULL::text" if query.by is None else _GROUP
         statement = (
             f"SELECT width_bucket(occurred_at, %(starts)s::timestamptz[]) - 1, {group}, "
             f"{_MEASURES[query.measurement]} FROM events "

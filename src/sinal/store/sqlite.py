@@ -18,6 +18,7 @@ never as floats.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import queue
 import sqlite3
@@ -894,8 +895,11 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
             ).fetchall()
         starts = [ts(s) for s in query.starts]
         cells: dict[tuple[int, str | None], Any] = {}
+        labels: dict[str | None, str | None] = {}  # a property's few values, labelled once
         for occurred_at, value, contact, raw_group in rows:
-            key = (bisect_right(starts, occurred_at) - 1, _group_text(raw_group))
+            if raw_group not in labels:
+                labels[raw_group] = _group_text(raw_group)
+            key = (bisect_right(starts, occurred_at) - 1, labels[raw_group])
             if query.measurement == "count":
                 cells[key] = cells.get(key, 0) + 1
             elif query.measurement == "sum_value":
@@ -1103,13 +1107,35 @@ def _api_key(r: Sequence[Any]) -> ApiKey:
 
 
 def _group_text(raw: str | None) -> str | None:
-    """A property's JSON text as a group label: strings unquoted, JSON null as None."""
-    if raw is None or raw == "null":
+    """A property's JSON text as its group label, as PostgreSQL's `_GROUP` says it:
+    JSON null as None, strings unquoted, numbers in plain notation without trailing zeros
+    (1.0 is "1", 1e20 is "100000000000000000000"), objects and arrays as jsonb prints them."""
+    if raw is None:
         return None
-    if raw.startswith('"'):
-        text: str = orjson.loads(raw)
-        return text
-    return raw
+    value = json.loads(raw, parse_float=Decimal, parse_int=Decimal)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Decimal):
+        text = _plain(value)
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return _jsonb_text(value)
+
+
+def _plain(number: Decimal) -> str:
+    """A number as PostgreSQL's numeric prints it: no exponent, its scale kept, no -0."""
+    return format(abs(number) if number.is_zero() else number, "f")
+
+
+def _jsonb_text(value: Any) -> str:
+    """A JSON value as PostgreSQL prints a jsonb: keys by length then bytes."""
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+        return "{" + ", ".join(f"{_jsonb_text(k)}: {_jsonb_text(value[k])}" for k in keys) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_jsonb_text(v) for v in value) + "]"
+    if isinstance(value, Decimal):
+        return _plain(value)
+    return json.dumps(value, ensure_ascii=False)  # str, bool, None
 
 
 def _rebuild_contacts(conn: sqlite3.Connection, account: str, contacts: list[str]) -> RebuildReport:
