@@ -12,8 +12,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from functools import cache
 from typing import Literal, get_args
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from sinal.errors import FieldError, InvalidQuery
 from sinal.store.base import AggregateCell, Measurement
@@ -48,10 +49,18 @@ class Aggregate:
     groups_truncated: bool = False
 
 
+@cache
+def _iana_zones() -> frozenset[str]:
+    """The zones `zoneinfo` knows, less files of a zoneinfo directory that are no zone:
+    "localtime" (the host's own, a link to /etc/localtime) and "Factory" ("-00", no
+    time at all). `available_timezones` already leaves out posixrules, posix/ and right/."""
+    return frozenset(available_timezones()) - {"localtime", "Factory", "posixrules"}
+
+
 def parse_zone(name: str, field: str = "timezone") -> ZoneInfo:
     """The IANA zone `name`, or `InvalidQuery` naming `field`."""
     try:
-        if not name or len(name) > 64:
+        if name not in _iana_zones():
             raise ValueError(name)
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):

@@ -14,7 +14,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sinal.aggregates import Aggregate, Interval, bucket_starts, check_range, densify, parse_zone
 from sinal.auth import DEFAULT_SCOPES, generate_key, hash_key, key_account
@@ -113,9 +112,9 @@ class Ledger:
         if not clean:
             errors.append(FieldError("name", "required", "an account needs a name"))
         try:
-            ZoneInfo(timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            errors.append(FieldError("timezone", "invalid_timezone", f"unknown zone {timezone}"))
+            parse_zone(timezone)
+        except InvalidQuery as exc:
+            errors.extend(exc.errors)
         if errors:
             raise InvalidAccount(errors)
         account = Account(new_id(), str(clean), timezone, self.clock())

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sinal.automations.service import Automations
-from sinal.errors import StoreError, StoreUnavailable
+from sinal.errors import InvalidAccount, StoreError, StoreUnavailable
 from sinal.ledger import Ledger
 from tests.helpers import sql
 from tests.integration.conftest import Api, running_api
@@ -228,6 +228,33 @@ async def test_account_patch_checks_the_timezone(api: Api) -> None:
         "code": "invalid_timezone",
         "message": "'Nowhere/City' is not an IANA time zone",
     }
+
+
+@pytest.mark.parametrize(
+    "zone", ["localtime", "posixrules", "Factory", "right/UTC", "posix/UTC", "America"]
+)
+async def test_account_timezone_is_an_iana_zone_not_a_zoneinfo_file(api: Api, zone: str) -> None:
+    patched = await api.client.patch("/v1/account", json={"timezone": zone})
+    query = {"since": "2026-11-01T00:00:00Z", "until": "2026-11-02T00:00:00Z", "timezone": zone}
+    await api.post("/v1/events", {"metric": "Quiz Answered", "contact_id": str(
+        api.ledger.create_contact(api.account.id, email="ana@example.com").id)})  # fmt: skip
+    aggregate = await api.client.get("/v1/metrics/Quiz Answered/aggregates", params=query)
+
+    assert patched.status_code == 422, patched.text
+    assert [(e["field"], e["code"]) for e in patched.json()["errors"]] == [
+        ("timezone", "invalid_timezone")
+    ]
+    assert aggregate.status_code == 422, aggregate.text
+    assert (await api.client.get("/v1/account")).json()["timezone"] == "America/Sao_Paulo"
+    with pytest.raises(InvalidAccount):
+        api.ledger.create_account("Outra", timezone=zone)
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Etc/GMT+3", "America/Sao_Paulo", "US/Eastern"])
+async def test_account_timezone_takes_iana_zones_and_links(api: Api, zone: str) -> None:
+    patched = await api.client.patch("/v1/account", json={"timezone": zone})
+    assert (patched.status_code, patched.json()["timezone"]) == (200, zone)
+    assert api.ledger.create_account("Outra", timezone=zone).timezone == zone
 
 
 async def test_unknown_routes_and_methods_are_problems(api: Api) -> None:
