@@ -9,7 +9,7 @@ from uuid import uuid4
 import psycopg
 import pytest
 
-from sinal.errors import SchemaOutOfDate
+from sinal.errors import ConfigurationError, SchemaOutOfDate
 from sinal.ledger import connect
 from sinal.store.base import latest_schema_version, read_migrations
 from tests.helpers import sql
@@ -202,3 +202,17 @@ def test_check_schema_refuses_a_database_behind_this_code(empty_url: str) -> Non
             ledger.check_schema()
         ledger.migrate()
         ledger.check_schema()  # current: no error
+
+
+def test_connect_refuses_a_sqlite_older_than_3_38(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # aggregate(by=…) reads a property with `->`, which SQLite has since 3.38.0.
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 37, 2))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.37.2")
+    if database_url.startswith("sqlite"):
+        with pytest.raises(ConfigurationError, match=r"SQLite 3\.38\.0 or newer.*3\.37\.2"):
+            connect(database_url)
+        return
+    with connect(database_url) as ledger:  # PostgreSQL does not use the sqlite3 module
+        assert ledger.create_account("Loja").timezone == "America/Sao_Paulo"

@@ -278,12 +278,21 @@ class _Waiters:
             inbox.put(None)
 
 
+MIN_SQLITE = (3, 38, 0)  # `->` (3.38); STRICT tables (3.37); RETURNING (3.35)
+
+
 class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteCommerce):
     """sinal's tables in one SQLite file."""
 
     backend = "sqlite"
 
     def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = DEFAULT_WAIT):
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            raise ConfigurationError(
+                f"sinal needs SQLite {'.'.join(map(str, MIN_SQLITE))} or newer (aggregates by "
+                f"a property use its -> operator); Python's sqlite3 module links "
+                f"{sqlite3.sqlite_version}"
+            )
         if path in ("", ":memory:"):
             raise ConfigurationError(
                 "SQLite needs a file path, e.g. sqlite:///sinal.db (each thread opens its own "
