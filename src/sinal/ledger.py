@@ -108,9 +108,14 @@ class Ledger:
     def create_account(self, name: str, *, timezone: str = DEFAULT_TIMEZONE) -> Account:
         """Create an account (a tenant)."""
         errors: list[FieldError] = []
-        clean = normalize_name(name) if isinstance(name, str) else None
-        if not clean:
-            errors.append(FieldError("name", "required", "an account needs a name"))
+        clean = None
+        try:
+            clean = normalize_name(name) if isinstance(name, str) else None
+        except InvalidIdentity as exc:
+            errors.append(_field_error(exc))
+        else:
+            if not clean:
+                errors.append(FieldError("name", "required", "an account needs a name"))
         try:
             parse_zone(timezone)
         except InvalidQuery as exc:

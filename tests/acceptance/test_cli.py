@@ -209,3 +209,15 @@ def test_cli_on_a_database_behind_this_code_says_to_run_migrate(tmp_path: Path) 
     assert result.stderr == (
         f"error: schema version {previous}, this code needs {latest}: run `sinal migrate`\n"
     )
+
+
+@pytest.mark.parametrize("zone", ["America", "Etc", "a" * 300], ids=["dir", "etc", "long"])
+def test_cli_accounts_create_with_a_zone_that_is_not_iana_is_one_line(
+    database_url: str, zone: str
+) -> None:
+    # a directory of zone files, or a name too long for a file: a traceback (OSError) before
+    result = run(database_url, "accounts", "create", "--name", "Loja", "--timezone", zone)
+
+    assert result.returncode == 1
+    assert result.stderr == f"error: timezone: {zone!r} is not an IANA time zone\n"
+    assert count(database_url, "accounts") == 0

@@ -64,6 +64,33 @@ def test_migrate_is_idempotent_and_reports_version(database_url: str) -> None:
         assert ledger.schema_version() == read_migrations(backend)[-1][0]
 
 
+@pytest.mark.parametrize(
+    "zone", ["America", "Etc", "Nowhere/City", "a" * 300], ids=["dir", "etc", "unknown", "long"]
+)
+def test_create_account_with_a_zone_that_is_not_iana_is_invalid_and_writes_nothing(
+    ledger: Ledger, zone: str
+) -> None:
+    # "America" is a directory of zone files and 300 characters a file name too long:
+    # both escaped as OSError
+    with pytest.raises(sinal.InvalidAccount) as caught:
+        ledger.create_account("Loja", timezone=zone)
+
+    assert [e.as_dict() for e in caught.value.errors] == [
+        {"field": "timezone", "code": "invalid_timezone",
+         "message": f"{zone!r} is not an IANA time zone"}
+    ]  # fmt: skip
+    assert ledger.list_accounts() == []
+
+
+def test_create_account_with_a_name_too_long_is_invalid_account(ledger: Ledger) -> None:
+    with pytest.raises(sinal.InvalidAccount) as caught:  # was InvalidIdentity, unlike PATCH
+        ledger.create_account("a" * 201)
+
+    assert caught.value.field == "name"
+    assert caught.value.reason == "too_long"
+    assert ledger.list_accounts() == []
+
+
 def test_emit_event_stores_event_metric_summary_and_outbox(
     ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
 ) -> None:
