@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sinal.config import Settings
-from sinal.errors import SchemaOutOfDate, SinalError, StoreError
+from sinal.errors import AccountNotFound, SchemaOutOfDate, SinalError, StoreError
 from sinal.ledger import Ledger, connect
 
 app = typer.Typer(
@@ -76,13 +76,16 @@ def rebuild_summaries(
     ] = None,
 ) -> None:
     """Recompute contact_metrics_summary from the events table and report the drift fixed."""
-    with open_ledger(database_url) as ledger, _progress() as progress:
-        task = progress.add_task("rebuilding summaries, contacts", total=None)
+    account_id = None if account is None else _parse_id(account, "--account")
+    with open_ledger(database_url) as ledger:
+        _check_account(ledger, account_id)  # before the progress bar, which ends in a newline
+        with _progress() as progress:
+            task = progress.add_task("rebuilding summaries, contacts", total=None)
 
-        def advance(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            def advance(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
 
-        reports = ledger.rebuild_summaries(account, advance)
+            reports = ledger.rebuild_summaries(account_id, advance)
     drift = sum(r.drift for r in reports)
     for report in reports:
         for line in report.details:
@@ -187,8 +190,10 @@ def keys_list(
     database_url: DatabaseOption = None,
 ) -> None:
     """List an account's keys (ids, scopes, last characters; never the text)."""
+    account_id = _parse_id(account, "--account")
     with open_ledger(database_url) as ledger:
-        keys = ledger.list_api_keys(_parse_id(account, "--account"))
+        _check_account(ledger, account_id)
+        keys = ledger.list_api_keys(account_id)
     rows = [
         {"id": str(k.id), "name": k.name, "scopes": list(k.scopes), "hint": f"…{k.hint}",
          "revoked": k.revoked_at is not None}
@@ -226,6 +231,13 @@ def _parse_id(raw: str, what: str) -> Any:
         return UUID(raw)
     except ValueError:
         raise typer.BadParameter(f"{what} must be a UUID, got {raw!r}") from None
+
+
+def _check_account(ledger: Ledger, account_id: Any) -> None:
+    """`AccountNotFound` for an id no account has: a typo that finds nothing must not
+    read as "nothing to do" (exit 1, as `keys create` and `keys revoke` do)."""
+    if account_id is not None and ledger.get_account(account_id) is None:
+        raise AccountNotFound(f"account {account_id} does not exist")
 
 
 def _settings_epilog() -> str:
@@ -370,12 +382,16 @@ def executions_retry(
     check with the provider first that the message did not go out)."""
     from sinal.store.automations import AutomationStore
 
+    account_id = None if account is None else _parse_id(account, "--account")
+    execution_id = None if execution is None else _parse_id(execution, "EXECUTION")
     with open_ledger(database_url) as ledger:
+        _check_account(ledger, account_id)
         store: AutomationStore = ledger.store  # type: ignore[assignment]
-        revived = store.retry_dead(
-            None if account is None else _parse_id(account, "--account"),
-            None if execution is None else _parse_id(execution, "EXECUTION"),
-        )
+        revived = store.retry_dead(account_id, execution_id)
+    if execution_id is not None and not revived:
+        where = "" if account_id is None else f" in account {account_id}"
+        err_console.print(f"[red]error:[/red] no dead or unknown execution {execution_id}{where}")
+        raise typer.Exit(1)
     console.print(f"revived {revived} execution(s)")
 
 
@@ -407,14 +423,16 @@ def webhooks_replay(
     if unknown or not wanted:
         raise typer.BadParameter(f"--status takes {', '.join(_REPLAYABLE)}; got {status!r}")
     account_id = None if account is None else _parse_id(account, "--account")
-    with open_ledger(database_url) as ledger, _progress() as progress:
-        task = progress.add_task("replaying deliveries", total=None)
+    with open_ledger(database_url) as ledger:
+        _check_account(ledger, account_id)  # before the progress bar, which ends in a newline
+        with _progress() as progress:
+            task = progress.add_task("replaying deliveries", total=None)
 
-        def advance(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            def advance(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
 
-        states = cast("tuple[DeliveryStatus, ...]", wanted)
-        outcome = replay(ledger, states, account_id, advance)
+            states = cast("tuple[DeliveryStatus, ...]", wanted)
+            outcome = replay(ledger, states, account_id, advance)
     if as_json:
         _echo_json({"replayed": sum(outcome.values()), "outcome": outcome})
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -221,3 +222,46 @@ def test_cli_accounts_create_with_a_zone_that_is_not_iana_is_one_line(
     assert result.returncode == 1
     assert result.stderr == f"error: timezone: {zone!r} is not an IANA time zone\n"
     assert count(database_url, "accounts") == 0
+
+
+def test_cli_rebuild_summaries_account_not_a_uuid_is_a_usage_error(database_url: str) -> None:
+    result = run(database_url, "rebuild-summaries", "--account", "garbage")
+
+    assert result.returncode == 2  # a traceback (ValueError) and 1 before
+    assert "Traceback" not in result.stderr
+    assert "--account must be a UUID, got 'garbage'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["rebuild-summaries"], ["executions", "retry"], ["webhooks", "replay"], ["keys", "list"]],
+    ids=" ".join,
+)
+def test_cli_unknown_account_is_an_error_naming_it(database_url: str, command: list[str]) -> None:
+    # "1 account(s), 0 summary rows", "revived 0", "replayed 0", no keys: all exit 0 before
+    result = run(database_url, *command, "--account", ACCOUNT)
+
+    assert result.returncode == 1
+    assert result.stderr == f"error: account {ACCOUNT} does not exist\n"
+    assert result.stdout == ""
+
+
+def test_cli_known_account_is_rebuilt_alone(database_url: str) -> None:
+    created = run(database_url, "accounts", "create", "--name", "Loja", "--json")
+    assert run(database_url, "accounts", "create", "--name", "Outra").returncode == 0
+    account = json.loads(created.stdout)["id"]
+
+    result = run(database_url, "rebuild-summaries", "--account", account)
+
+    assert result.returncode == 0, result.stderr
+    assert "1 account(s), 0 summary rows; fixed 0 drifted row(s)" in result.stdout
+
+
+def test_cli_executions_retry_of_an_unknown_execution_is_an_error_naming_it(
+    database_url: str,
+) -> None:
+    result = run(database_url, "executions", "retry", ACCOUNT)  # "revived 0", exit 0 before
+
+    assert result.returncode == 1
+    assert result.stderr == f"error: no dead or unknown execution {ACCOUNT}\n"
+    assert result.stdout == ""
