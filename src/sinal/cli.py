@@ -13,6 +13,7 @@ from typing import Annotated, Any, cast
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from sinal.config import Settings
 from sinal.errors import AccountNotFound, SchemaOutOfDate, SinalError, StoreError
@@ -25,8 +26,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# No markup, no :emoji: codes: what is printed quotes names, metrics and errors people typed
+# ("Loja [/b]" raised MarkupError, "Loja [promo]" printed as "Loja "); style with style=.
+console = Console(markup=False, emoji=False)
+err_console = Console(stderr=True, markup=False, emoji=False)
 
 DatabaseOption = Annotated[
     str | None,
@@ -109,7 +112,7 @@ def demo(database_url: DatabaseOption = None) -> None:
 
     with open_ledger(database_url, is_migrating=True) as ledger:
         ledger.migrate()
-        run_demo(ledger, console)
+        run_demo(ledger, Console())  # its tables style fixed text with markup
 
 
 accounts_app = typer.Typer(help="Accounts (tenants).", no_args_is_help=True)
@@ -180,7 +183,7 @@ def keys_create(
     else:
         typer.echo(f"key {key.id} ({', '.join(key.scopes)}) for account {key.account_id}:")
         typer.echo(text)
-        err_console.print("[yellow]store it now: it is not shown again[/yellow]")
+        err_console.print("store it now: it is not shown again", style="yellow")
 
 
 @keys_app.command("list")
@@ -216,7 +219,7 @@ def keys_revoke(
     with open_ledger(database_url) as ledger:
         key = ledger.revoke_api_key(_parse_id(key_id, "KEY_ID"))
     if key is None:
-        err_console.print(f"[red]error:[/red] no key {key_id}")
+        _print_error(f"no key {key_id}")
         raise typer.Exit(1)
     if as_json:
         _echo_json({"id": str(key.id), "revoked": True})
@@ -390,7 +393,7 @@ def executions_retry(
         revived = store.retry_dead(account_id, execution_id)
     if execution_id is not None and not revived:
         where = "" if account_id is None else f" in account {account_id}"
-        err_console.print(f"[red]error:[/red] no dead or unknown execution {execution_id}{where}")
+        _print_error(f"no dead or unknown execution {execution_id}{where}")
         raise typer.Exit(1)
     console.print(f"revived {revived} execution(s)")
 
@@ -450,7 +453,7 @@ def version() -> None:
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -464,6 +467,11 @@ def main() -> None:
     try:
         app()
     except SinalError as exc:
-        # soft_wrap: one line however narrow the terminal (or log) is, for grep and for CI
-        err_console.print(f"[red]error:[/red] {exc}", soft_wrap=True)
+        _print_error(str(exc))
         raise SystemExit(1) from exc
+
+
+def _print_error(message: str) -> None:
+    """`error: message` on stderr, the message as it is (never read as markup)."""
+    # soft_wrap: one line however narrow the terminal (or log) is, for grep and for CI
+    err_console.print(Text.assemble(("error:", "red"), " ", message), soft_wrap=True)

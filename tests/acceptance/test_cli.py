@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sinal import connect
 from sinal.store.base import latest_schema_version
 from tests.helpers import count, free_port, sql
 
@@ -265,3 +266,47 @@ def test_cli_executions_retry_of_an_unknown_execution_is_an_error_naming_it(
     assert result.returncode == 1
     assert result.stderr == f"error: no dead or unknown execution {ACCOUNT}\n"
     assert result.stdout == ""
+
+
+MARKUP_NAMES = ["Loja [/b]", "Loja [promo]", "Loja [red]x[/red] :fire:"]
+
+
+def test_cli_account_names_print_as_typed(database_url: str) -> None:
+    # Rich read them as markup: "[/b]" crashed after the account was made (a retry made a
+    # second one) and then every `accounts list`; "[promo]" printed as "Loja "
+    created = [run(database_url, "accounts", "create", "--name", name) for name in MARKUP_NAMES]
+    listed = run(database_url, "accounts", "list")
+
+    for name, result in zip(MARKUP_NAMES, created, strict=True):
+        assert result.returncode == 0, result.stderr
+        assert f"created account {name!r}: " in result.stdout
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split("  ")[1] for line in listed.stdout.splitlines()] == MARKUP_NAMES
+    assert count(database_url, "accounts") == len(MARKUP_NAMES)
+
+
+def test_cli_error_quoting_markup_prints_as_typed(database_url: str) -> None:
+    # the error handler itself raised MarkupError on "[/]"
+    result = run(database_url, "accounts", "create", "--name", "Loja", "--timezone", "[/]")
+
+    assert result.returncode == 1
+    assert result.stderr == "error: timezone: '[/]' is not an IANA time zone\n"
+
+
+def test_cli_rebuild_summaries_names_a_drifted_metric_as_typed(database_url: str) -> None:
+    with connect(database_url) as ledger:
+        account = ledger.create_account("Loja [/b]")
+        contact = ledger.create_contact(account.id, phone="+55 11 98765-4321")
+        ledger.emit_event(
+            account_id=account.id, contact_id=contact.id, metric_name="Promo [/x]", source="app",
+            source_id="1",
+        )  # fmt: skip
+    sql(database_url, "UPDATE contact_metrics_summary SET event_count = event_count + 5")
+
+    fixed = run(database_url, "rebuild-summaries")  # committed, then crashed printing it
+
+    assert fixed.returncode == 0, fixed.stderr
+    assert f"  account {account.id}: wrong figures: contact {contact.id}, Promo [/x]\n" in (
+        fixed.stdout
+    )
+    assert "fixed 1 drifted row(s)" in fixed.stdout
