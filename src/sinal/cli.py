@@ -31,6 +31,7 @@ app = typer.Typer(
 console = Console(markup=False, emoji=False)
 err_console = Console(stderr=True, markup=False, emoji=False)
 
+TRACE_LOG_LEVEL = 5  # uvicorn.logging.TRACE_LOG_LEVEL, without importing uvicorn for it
 DatabaseOption = Annotated[
     str | None,
     typer.Option(
@@ -355,6 +356,8 @@ def worker(database_url: DatabaseOption = None) -> None:
     from sinal.worker import run_worker
 
     settings = Settings.from_env().with_overrides(database_url=database_url)
+    # SINAL_LOG_LEVEL takes uvicorn's levels: its TRACE (5, below DEBUG) is not logging's
+    logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(message)s")
     with connect(settings.database_url, wait=settings.database_wait) as ledger:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -310,3 +311,19 @@ def test_cli_rebuild_summaries_names_a_drifted_metric_as_typed(database_url: str
         fixed.stdout
     )
     assert "fixed 1 drifted row(s)" in fixed.stdout
+
+
+def test_cli_worker_takes_log_level_trace(database_url: str) -> None:
+    # SINAL_LOG_LEVEL lists trace (uvicorn's, which `sinal serve` takes); the worker failed
+    # with "ValueError: Unknown level: 'TRACE'"
+    env = {**os.environ, "SINAL_DATABASE_URL": database_url, "SINAL_LOG_LEVEL": "trace"}
+    with subprocess.Popen([*SINAL, "worker"], env=env, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stderr is not None
+        started = proc.stderr.readline()  # the first line: "started", or a traceback
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read()
+        returncode = proc.wait(timeout=60)
+
+    assert " started" in started, started + rest
+    assert returncode == 0, rest
+    assert "stopped" in rest
