@@ -46,9 +46,10 @@ DatabaseOption = Annotated[
 def open_ledger(database_url: str | None, *, is_migrating: bool = False) -> Ledger:
     """The ledger for a command: --database-url, else SINAL_DATABASE_URL, else the default.
     `SchemaOutOfDate` (run `sinal migrate`) unless its migrations are applied, or the command
-    applies them itself (`is_migrating`): a raw "no such table" helps nobody."""
+    applies them itself (`is_migrating`): a raw "no such table" helps nobody. Only a
+    command that migrates creates a SQLite file: a typo in the path makes none."""
     settings = Settings.from_env().with_overrides(database_url=database_url)
-    ledger = connect(settings.database_url, wait=settings.database_wait)
+    ledger = connect(settings.database_url, wait=settings.database_wait, create=is_migrating)
     if not is_migrating:
         try:
             ledger.check_schema()
@@ -359,7 +360,7 @@ def worker(database_url: DatabaseOption = None) -> None:
     # SINAL_LOG_LEVEL takes uvicorn's levels: its TRACE (5, below DEBUG) is not logging's
     logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(message)s")
-    with connect(settings.database_url, wait=settings.database_wait) as ledger:
+    with connect(settings.database_url, wait=settings.database_wait, create=False) as ledger:
         try:
             ledger.check_schema()  # SchemaOutOfDate: "run `sinal migrate`", exit 1
         except SchemaOutOfDate:

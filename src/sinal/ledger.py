@@ -562,10 +562,13 @@ class Ledger:
         self.close()
 
 
-def connect(url: str, *, clock: Clock = utcnow, wait: float = DEFAULT_WAIT) -> Ledger:
+def connect(
+    url: str, *, clock: Clock = utcnow, wait: float = DEFAULT_WAIT, create: bool = True
+) -> Ledger:
     """A ledger on the database at `url` ("sqlite:///path.db" or "postgresql://..."); a
-    call waits up to `wait` seconds for the database (see `open_store`)."""
-    return Ledger(open_store(url, wait=wait), clock=clock)
+    call waits up to `wait` seconds for the database; `create=False`: a SQLite file that
+    does not exist is an error, not a new database (see `open_store`)."""
+    return Ledger(open_store(url, wait=wait, create=create), clock=clock)
 
 
 def _result(event: PreparedEvent, outcome: Outcome) -> EmitResult:

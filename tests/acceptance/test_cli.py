@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
+import sinal
 from sinal import connect
 from sinal.store.base import latest_schema_version
 from tests.helpers import count, free_port, sql
 
 SINAL = [sys.executable, "-m", "sinal"]
+SRC = Path(sinal.__file__).resolve().parents[1]
 
 
 def run(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -177,6 +179,8 @@ def _tables(url: str) -> list[tuple[object, ...]]:
 def test_cli_on_a_database_never_migrated_says_to_run_migrate(
     empty_url: str, command: list[str]
 ) -> None:
+    if empty_url.startswith("sqlite:"):  # a file with no table (a missing one: below)
+        Path(empty_url.removeprefix("sqlite:///")).touch()
     result = run(empty_url, *command)
 
     assert result.returncode == 1
@@ -327,3 +331,34 @@ def test_cli_worker_takes_log_level_trace(database_url: str) -> None:
     assert " started" in started, started + rest
     assert returncode == 0, rest
     assert "stopped" in rest
+
+
+@pytest.mark.parametrize("command", NEEDS_SCHEMA, ids=" ".join)
+def test_cli_on_a_sqlite_file_that_does_not_exist_creates_none(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # a typo in the path made an empty typo.db before saying to run `sinal migrate`
+    env = {**os.environ, "SINAL_DATABASE_URL": "sqlite:///typo.db", "COLUMNS": "200"}
+    env["PYTHONPATH"] = str(SRC)  # this sinal, though run from elsewhere
+    result = subprocess.run([*SINAL, *command], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        "error: no SQLite database at typo.db: run `sinal migrate` to create it\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_migrate_creates_the_sqlite_file_the_others_open_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'loja #1 %20?.db'}"  # characters a file: URI escapes
+
+    migrated = run(url, "migrate")
+    created = run(url, "accounts", "create", "--name", "Loja")
+    listed = run(url, "accounts", "list")
+
+    assert migrated.returncode == 0, migrated.stderr
+    assert created.returncode == 0, created.stderr
+    assert listed.returncode == 0, listed.stderr
+    assert "  Loja  (America/Sao_Paulo)" in listed.stdout
+    assert (tmp_path / "loja #1 %20?.db").is_file()

@@ -91,6 +91,18 @@ def test_create_account_with_a_name_too_long_is_invalid_account(ledger: Ledger) 
     assert ledger.list_accounts() == []
 
 
+def test_connect_creates_a_sqlite_file_unless_told_not_to(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'sinal.db'}"
+    with pytest.raises(sinal.ConfigurationError, match=r"no SQLite database at .*sinal\.db"):
+        sinal.connect(url, create=False).schema_version()
+    assert list(tmp_path.iterdir()) == []
+
+    with sinal.connect(url) as ledger:
+        ledger.migrate()
+    with sinal.connect(url, create=False) as ledger:
+        assert ledger.list_accounts() == []
+
+
 def test_emit_event_stores_event_metric_summary_and_outbox(
     ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
 ) -> None:

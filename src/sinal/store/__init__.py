@@ -8,17 +8,18 @@ from sinal.errors import ConfigurationError
 from sinal.store.base import DEFAULT_WAIT, Store
 
 
-def open_store(url: str, *, wait: float = DEFAULT_WAIT) -> Store:
+def open_store(url: str, *, wait: float = DEFAULT_WAIT, create: bool = True) -> Store:
     """The store for a database URL: "sqlite:///relative.db", "sqlite:////abs.db" or
     "postgresql://user@host:port/db". A call waits up to `wait` seconds for the database
-    (a connection; SQLite's write lock), then fails with `StoreUnavailable`."""
+    (a connection; SQLite's write lock), then fails with `StoreUnavailable`. A SQLite file
+    that does not exist is created, or with `create=False` is `ConfigurationError`."""
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":
         path = url.removeprefix("sqlite://")
         path = path.removeprefix("/")  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
         from sinal.store.sqlite import SQLiteStore
 
-        return SQLiteStore(path, busy_timeout=wait)
+        return SQLiteStore(path, busy_timeout=wait, create=create)
     if scheme in ("postgresql", "postgres"):
         from sinal.store.postgres import PostgresStore
 

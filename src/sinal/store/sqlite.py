@@ -32,6 +32,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 import orjson
@@ -286,7 +287,14 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
 
     backend = "sqlite"
 
-    def __init__(self, path: str, *, synchronous: str = "FULL", busy_timeout: float = DEFAULT_WAIT):
+    def __init__(
+        self,
+        path: str,
+        *,
+        synchronous: str = "FULL",
+        busy_timeout: float = DEFAULT_WAIT,
+        create: bool = True,
+    ):
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise ConfigurationError(
                 f"sinal needs SQLite {'.'.join(map(str, MIN_SQLITE))} or newer (aggregates by "
@@ -299,6 +307,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
                 "connection, so :memory: cannot be shared)"
             )
         self.path = path
+        self._create = create  # False: a missing file is an error, not a new empty database
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
         self._local = threading.local()
@@ -330,12 +339,7 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             with translated_errors():
-                conn = sqlite3.connect(
-                    self.path,
-                    timeout=self._busy_timeout,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
+                conn = self._open()
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self._synchronous}")
                 conn.execute("PRAGMA foreign_keys=ON")
@@ -344,6 +348,24 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
             with self._all_lock:
                 self._all.append(conn)
         return conn
+
+    def _open(self) -> sqlite3.Connection:
+        # mode=rw: opening never creates the file (checking first would race its removal)
+        target = self.path if self._create else f"file:{quote(os.path.abspath(self.path))}?mode=rw"
+        try:
+            return sqlite3.connect(
+                target,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=not self._create,
+            )
+        except sqlite3.OperationalError:
+            if self._create or os.path.exists(self.path):
+                raise
+            raise ConfigurationError(
+                f"no SQLite database at {self.path}: run `sinal migrate` to create it"
+            ) from None
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
