@@ -554,15 +554,15 @@ class _Validator:
                 "occurred_at must carry a timezone (e.g. 2026-11-29T10:00:00-03:00)",
             )
         else:
-            when = when.astimezone(UTC)
-            if when < EARLIEST or when > now + MAX_FUTURE:
+            utc = in_utc(when)
+            if utc is None or utc < EARLIEST or utc > now + MAX_FUTURE:
                 self.fail(
                     "occurred_at",
                     "out_of_window",
                     "occurred_at must be after 2000-01-01 and at most 24 hours ahead",
                 )
             else:
-                return when
+                return utc
         return None
 
 
@@ -649,6 +649,15 @@ def _places(number: Decimal) -> int:
     exponent = number.as_tuple().exponent
     assert isinstance(exponent, int)
     return max(0, -exponent)
+
+
+def in_utc(when: datetime) -> datetime | None:
+    """An aware `when` in UTC; None when that falls outside years 1 to 9999, which
+    `datetime` cannot hold (0001-01-01T00:00:00+01:00, 9999-12-31T23:59:59-01:00)."""
+    try:
+        return when.astimezone(UTC)
+    except OverflowError:
+        return None
 
 
 def _to_datetime(raw: object) -> datetime | None:

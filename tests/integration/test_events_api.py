@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from sinal.ledger import CHUNK
 from tests.helpers import count, sql
 from tests.integration.conftest import Api
 
@@ -203,6 +204,41 @@ async def test_json_oddities_are_422_naming_the_path(
     assert response.status_code == 422, response.text
     assert field_codes(response) == expected
     assert count(api.url, "events") == 0
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+async def test_occurred_at_beyond_years_1_to_9999_in_utc_is_422_out_of_window(
+    api: Api, contact_id: uuid.UUID, when: str
+) -> None:
+    by_id = await api.post("/v1/events", order(contact_id, occurred_at=when))
+    by_identifiers = await api.post(
+        "/v1/events", order(None, contact={"email": "new@example.com"}, occurred_at=when)
+    )
+
+    assert (by_id.status_code, by_identifiers.status_code) == (422, 422), by_id.text
+    assert field_codes(by_id) == field_codes(by_identifiers) == {("occurred_at", "out_of_window")}
+    assert count(api.url, "events") == 0
+    assert count(api.url, "contacts") == 1  # contact_id's: none was created for the event
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+@pytest.mark.parametrize("size", [3, CHUNK + 1], ids=["one statement", "streamed"])
+async def test_batch_item_beyond_years_1_to_9999_in_utc_is_rejected_alone(
+    api: Api, contact_id: uuid.UUID, when: str, size: int
+) -> None:
+    items = [order(contact_id, source_id=str(i)) for i in range(size)]
+    items[0]["occurred_at"] = when
+    items[1] = order(None, contact={"email": "new@example.com"}, occurred_at=when)
+    response = await api.post("/v1/events/batch", {"events": items})
+
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    for i in (0, 1):
+        assert [(e["field"], e["code"]) for e in results[i]["errors"]] == [
+            (f"events[{i}].occurred_at", "out_of_window")
+        ]
+    assert {r["status"] for r in results[2:]} == {"created"}
+    assert count(api.url, "events") == size - 2
 
 
 async def test_properties_nested_too_deep_are_422(api: Api, contact_id: uuid.UUID) -> None:

@@ -420,6 +420,10 @@ def test_currency_is_upper_cased_and_defaults_to_brl(raw: str | None, expected: 
         ("2000-01-01T00:00:00+01:00", "out_of_window"),  # 1999-12-31T23:00Z
         (NOW + timedelta(hours=25), "out_of_window"),
         (NOW + timedelta(hours=24, microseconds=1), "out_of_window"),
+        # Before year 1 or after 9999 once in UTC: datetime cannot hold them there.
+        ("0001-01-01T00:00:00+01:00", "out_of_window"),
+        ("9999-12-31T23:59:59-01:00", "out_of_window"),
+        (datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))), "out_of_window"),
     ],
 )
 def test_occurred_at_rejects_unusable_timestamps(raw: object, code: str) -> None:
