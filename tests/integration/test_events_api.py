@@ -395,6 +395,33 @@ async def test_batch_json_oddity_names_the_item(api: Api, contact_id: uuid.UUID)
     assert field_codes(response) == {("events[0].value", "not_finite")}
 
 
+async def test_batch_value_as_a_json_number_is_read_exactly_like_a_single_events(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    def item(source_id: str, number: str) -> str:
+        body = json.dumps(order(contact_id, source_id=source_id))
+        return body.replace('"value": "297.90"', f'"value": {number}')
+
+    single = await api.raw("/v1/events", item("1", "12345678901234.5678"))
+    single_precise = await api.raw("/v1/events", item("2", "1234567890123.45678"))
+    batch = await api.raw(
+        "/v1/events/batch",
+        f'{{"events": [{item("3", "12345678901234.5678")}, {item("4", "1234567890123.45678")}]}}',
+    )
+
+    assert single.status_code == 201, single.text
+    assert field_codes(single_precise) == {("value", "too_precise")}
+    assert batch.status_code == 200, batch.text
+    stored, too_precise = batch.json()["results"]
+    assert [(e["field"], e["code"]) for e in too_precise["errors"]] == [
+        ("events[1].value", "too_precise")
+    ]
+    for event_id in (single.json()["event_id"], stored["event_id"]):
+        got = await api.client.get(f"/v1/events/{event_id}")
+        assert got.json()["value"] == "12345678901234.5678"
+        assert got.json()["properties"]["items"] == [{"sku": "A", "price": 19.9}]
+
+
 async def test_batch_of_a_thousand_is_stored_in_one_go(api: Api, contact_id: uuid.UUID) -> None:
     items = [order(contact_id, source_id=str(i)) for i in range(1000)]
     response = await api.post("/v1/events/batch", {"events": items})

@@ -144,8 +144,14 @@ def _with_floats(tree: Any) -> Any:
     """Numbers with a fraction as floats, except `value` (top level or a batch item's)."""
     if not isinstance(tree, dict):
         return _floats(tree, 0)
-    out = {k: v if k == "value" else _floats(v, 1) for k, v in tree.items()}
-    events = out.get("events")
+    events = tree.get("events")
+    # A batch's items are converted below, each keeping its `value`: converting them here
+    # too would turn those values into floats first.
+    is_batch = isinstance(events, list)
+    out = {
+        k: v if k == "value" or (is_batch and k == "events") else _floats(v, 1)
+        for k, v in tree.items()
+    }
     if isinstance(events, list):
         out["events"] = [
             {k: v if k == "value" else _floats(v, 3) for k, v in item.items()}
