@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from typing import Any
@@ -455,6 +456,12 @@ async def test_events_page_newest_first_with_a_cursor_and_filters(
     assert [e["occurred_at"][8:10] for e in window.json()["data"]] == ["03", "02"]
 
 
+# A cursor's form ("<occurred_at>|<id>", base64) with a time that is in year 0 in UTC.
+YEAR_0_CURSOR = base64.urlsafe_b64encode(
+    f"0001-01-01T00:00:00+01:00|{uuid.UUID(int=1)}".encode()
+).decode()
+
+
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
@@ -463,6 +470,10 @@ async def test_events_page_newest_first_with_a_cursor_and_filters(
         ({"since": "soon"}, {("since", "datetime_from_date_parsing")}),
         ({"limit": 0}, {("limit", "greater_than_equal")}),
         ({"contact_id": "x"}, {("contact_id", "invalid_uuid")}),
+        # Beyond years 1 to 9999 once in UTC (SQLite's store answered 500, PostgreSQL 200)
+        ({"since": "0001-01-01T00:00:00+01:00"}, {("since", "out_of_range")}),
+        ({"until": "9999-12-31T23:59:59-01:00"}, {("until", "out_of_range")}),
+        ({"cursor": YEAR_0_CURSOR}, {("cursor", "invalid_cursor")}),
     ],
 )
 async def test_bad_query_parameters_are_422(
@@ -471,6 +482,16 @@ async def test_bad_query_parameters_are_422(
     response = await api.client.get("/v1/events", params=params)
     assert response.status_code == 422
     assert field_codes(response) == expected
+
+
+async def test_timeline_cursor_beyond_years_1_to_9999_in_utc_is_422(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    response = await api.client.get(
+        f"/v1/contacts/{contact_id}/timeline", params={"cursor": YEAR_0_CURSOR}
+    )
+    assert response.status_code == 422, response.text
+    assert field_codes(response) == {("cursor", "invalid_cursor")}
 
 
 async def test_another_accounts_event_is_404_like_a_missing_one(

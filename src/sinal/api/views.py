@@ -15,7 +15,7 @@ from starlette.responses import Response
 from sinal.aggregates import Aggregate
 from sinal.catalog import get_metric_category, get_metric_label, negotiate_locale
 from sinal.errors import FieldError, InvalidQuery
-from sinal.events import decimal_text
+from sinal.events import decimal_text, in_utc
 from sinal.store.base import Account, Contact, MetricInfo, Rejection, StoredEvent, SummaryRow
 
 
@@ -152,7 +152,9 @@ def decode_event_cursor(cursor: str) -> tuple[datetime, UUID]:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         when, _, ident = text.partition("|")
         moment = datetime.fromisoformat(when)
-        if moment.tzinfo is None:
+        # Ours hold a time in UTC; one outside years 1-9999 there is not ours (and would
+        # overflow the store's conversion to UTC).
+        if moment.utcoffset() is None or in_utc(moment) is None:
             raise ValueError(when)
         return moment, UUID(ident)
     except (ValueError, binascii.Error, UnicodeDecodeError):

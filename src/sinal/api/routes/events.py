@@ -33,7 +33,7 @@ from sinal.api.views import (
 )
 from sinal.contacts import InvalidIdentities, normalize_contact_fields
 from sinal.errors import FieldError, InvalidContact, InvalidEvent, InvalidQuery
-from sinal.events import EmitEvent, EmitResult, prepare
+from sinal.events import EmitEvent, EmitResult, in_utc, prepare
 from sinal.ledger import MAX_BATCH
 from sinal.store.base import EventQuery
 
@@ -355,7 +355,13 @@ def _query_uuid(name: str, raw: str | None) -> UUID | None:
 
 
 def _aware(name: str, when: datetime | None) -> datetime | None:
-    if when is not None and when.utcoffset() is None:
+    if when is None:
+        return None
+    if when.utcoffset() is None:
         message = f"{name} must carry a timezone offset or Z"
         raise InvalidQuery([FieldError(name, "naive_datetime", message)])
-    return when
+    utc = in_utc(when)
+    if utc is None:
+        message = f"{name} must fall within years 1 to 9999 once in UTC"
+        raise InvalidQuery([FieldError(name, "out_of_range", message)])
+    return utc
