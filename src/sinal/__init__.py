@@ -32,6 +32,7 @@ from sinal.errors import (
     SinalError,
     StoreError,
     StoreUnavailable,
+    UnstorableText,
     WebhookError,
 )
 from sinal.events import EmitEvent, EmitResult
@@ -90,6 +91,7 @@ __all__ = [  # noqa: PLE0604 - the catalog's names are re-exported whole
     "SinalError",
     "StoreError",
     "StoreUnavailable",
+    "UnstorableText",
     "SummaryRow",
     "WebhookError",
     "__version__",

@@ -15,6 +15,7 @@ SinalError
 ├── ConfigurationError    # a malformed setting, or a database not in UTF8
 ├── StoreError            # the driver's error is __cause__
 │   ├── DuplicateKey      # .constraint
+│   ├── UnstorableText    # a NUL character PostgreSQL refused: the input's fault
 │   └── SchemaOutOfDate   # migrations not applied
 ├── WebhookError
 │   ├── SignatureMismatch
@@ -127,6 +128,16 @@ class DuplicateKey(StoreError):
     def __init__(self, constraint: str | None) -> None:
         self.constraint = constraint
         super().__init__(f"duplicate key ({constraint})")
+
+
+class UnstorableText(StoreError, ValueError):
+    """A text sent to PostgreSQL holds a NUL character, which it can neither store nor
+    compare: the input is at fault, and trying again cannot help (unlike most
+    `StoreError`s). Inputs are checked for NULs before they get here; this is the net
+    under a check that was missed."""
+
+    def __init__(self) -> None:
+        super().__init__("the input holds a NUL character (\\u0000), which the database refuses")
 
 
 class StoreUnavailable(StoreError):

@@ -565,6 +565,18 @@ def test_list_events_pages_newest_first(
     assert [e.occurred_at.day for e in first + rest] == [5, 4, 3, 2, 1]
 
 
+def test_a_nul_in_a_text_filter_is_the_inputs_fault_never_an_outage(
+    ledger: Ledger, account: sinal.Account
+) -> None:
+    query = EventQuery(account.id, metric_name="Order\x00Paid")
+    if isinstance(ledger.store, PostgresStore):  # psycopg refuses to send it
+        with pytest.raises(sinal.UnstorableText) as refused:
+            ledger.list_events(query)
+        assert not isinstance(refused.value, sinal.StoreUnavailable)
+    else:  # SQLite compares it, and no stored name holds one
+        assert ledger.list_events(query) == []
+
+
 def test_rebuild_summaries_fixes_drift(
     ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sinal.api.routes import events as events_routes
 from sinal.ledger import CHUNK
 from tests.helpers import count, sql
 from tests.integration.conftest import Api
@@ -470,6 +471,8 @@ YEAR_0_CURSOR = base64.urlsafe_b64encode(
         ({"since": "soon"}, {("since", "datetime_from_date_parsing")}),
         ({"limit": 0}, {("limit", "greater_than_equal")}),
         ({"contact_id": "x"}, {("contact_id", "invalid_uuid")}),
+        # PostgreSQL answered 503 (psycopg refused to send it), SQLite 200
+        ({"metric": "Order\x00Paid"}, {("metric", "nul_character")}),
         # Beyond years 1 to 9999 once in UTC (SQLite's store answered 500, PostgreSQL 200)
         ({"since": "0001-01-01T00:00:00+01:00"}, {("since", "out_of_range")}),
         ({"until": "9999-12-31T23:59:59-01:00"}, {("until", "out_of_range")}),
@@ -482,6 +485,21 @@ async def test_bad_query_parameters_are_422(
     response = await api.client.get("/v1/events", params=params)
     assert response.status_code == 422
     assert field_codes(response) == expected
+
+
+async def test_a_nul_the_database_refuses_is_422_never_a_503_to_retry(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The net under the routes' checks: a text filter a route let through.
+    monkeypatch.setattr(events_routes, "_query_text", lambda name, raw: raw)
+    response = await api.client.get("/v1/events", params={"metric": "Order\x00Paid"})
+
+    if api.url.startswith("postgresql"):
+        assert response.status_code == 422, response.text
+        assert response.json()["type"] == "/problems/unstorable-text"
+        assert "retry-after" not in response.headers
+    else:
+        assert (response.status_code, response.json()["data"]) == (200, [])
 
 
 async def test_timeline_cursor_beyond_years_1_to_9999_in_utc_is_422(

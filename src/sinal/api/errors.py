@@ -45,6 +45,7 @@ from sinal.errors import (
     SignatureMismatch,
     StoreError,
     StoreUnavailable,
+    UnstorableText,
 )
 
 PROBLEM_JSON = "application/problem+json"
@@ -151,6 +152,8 @@ PROBLEMS: dict[type[BaseException], Problem] = {
     InvalidLink: Problem(422, "invalid-link", "The link is invalid"),
     RequestValidationError: Problem(422, "invalid-query", "The query parameters are invalid"),
     Rejected: Problem(422, "event-rejected", "The event was not recorded"),
+    # Before StoreError (its parent): the input is at fault, and a retry cannot help.
+    UnstorableText: Problem(422, "unstorable-text", "The request holds a NUL character"),
     SchemaOutOfDate: Problem(503, "schema-out-of-date", "The database needs `sinal migrate`"),
     StoreError: Problem(503, "store-unavailable", "The database is unavailable; retry"),
     Exception: Problem(500, "internal-error", "Something went wrong on our side"),

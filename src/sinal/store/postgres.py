@@ -85,6 +85,7 @@ from sinal.errors import (
     IdentityConflict,
     StoreError,
     StoreUnavailable,
+    UnstorableText,
 )
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id
@@ -383,6 +384,11 @@ SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::text[])
 """
 
 
+# psycopg's message for a text parameter holding a NUL ("PostgreSQL text fields cannot
+# contain NUL (0x00) bytes"); it raises a plain DataError, with no SQLSTATE to tell by.
+_NUL_REFUSED = "cannot contain NUL"
+
+
 @contextmanager
 def translated_errors() -> Iterator[None]:
     """Turn psycopg's exceptions into sinal's, chained."""
@@ -397,6 +403,9 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     closed pool), chained to it."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
         raise DuplicateKey(exc.diag.constraint_name) from exc
+    if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
+        # psycopg's own check, before anything is sent: a text parameter holds a NUL
+        raise UnstorableText from exc
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         # the connection (lost, refused, the pool's timeout), the server (shutting down),
         # or a transaction it rolled back to be retried (serialization, deadlock)

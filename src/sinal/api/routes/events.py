@@ -143,6 +143,7 @@ async def list_events(
     svc = service(request)
     key = await svc.authorize(request, "read")
     contact = _query_uuid("contact_id", contact_id)
+    metric = _query_text("metric", metric)
     return await event_page(
         svc,
         EventQuery(key.account_id, contact, metric, _aware("since", since), _aware("until", until)),
@@ -352,6 +353,15 @@ def _query_uuid(name: str, raw: str | None) -> UUID | None:
     if ident is None:
         raise InvalidQuery([FieldError(name, "invalid_uuid", f"{name} must be a UUID")])
     return ident
+
+
+def _query_text(name: str, raw: str | None) -> str | None:
+    """A text filter, refused with a NUL in it as a body's strings are: no stored text
+    holds one, and PostgreSQL cannot compare one (SQLite found nothing)."""
+    if raw is not None and "\x00" in raw:
+        message = f"{name} contains a NUL character (\\u0000)"
+        raise InvalidQuery([FieldError(name, "nul_character", message)])
+    return raw
 
 
 def _aware(name: str, when: datetime | None) -> datetime | None:
