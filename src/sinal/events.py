@@ -519,7 +519,7 @@ class _Validator:
             self.fail("value", "not_a_number", f"value must be a decimal number, got {_short(raw)}")
         elif not number.is_finite():
             self.fail("value", "not_finite", "value must be finite (not NaN or Infinity)")
-        elif abs(number) >= MAX_ABS_VALUE:
+        elif number.copy_abs() >= MAX_ABS_VALUE:  # abs() rounds: 1E1000000 overflowed
             self.fail("value", "out_of_range", "value must be below 10^14 in absolute value")
         elif _places(number) > VALUE_PLACES:
             self.fail(
@@ -642,7 +642,9 @@ def _to_decimal(raw: object) -> Decimal | None:
 def fits_value(number: Decimal) -> bool:
     """Whether NUMERIC(18,4) keeps `number` exactly, as an event's value must be: finite,
     below 10^14, at most 4 decimal places (order and checkout totals are held to it too)."""
-    return number.is_finite() and abs(number) < MAX_ABS_VALUE and _places(number) <= VALUE_PLACES
+    return (
+        number.is_finite() and number.copy_abs() < MAX_ABS_VALUE and _places(number) <= VALUE_PLACES
+    )
 
 
 def _places(number: Decimal) -> int:

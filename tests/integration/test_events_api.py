@@ -144,6 +144,7 @@ INVALID: list[tuple[str, dict[str, Any], set[tuple[str, str]]]] = [
     ("value bool", {"value": True}, {("value", "not_a_number")}),
     ("value huge", {"value": 1e20}, {("value", "out_of_range")}),
     ("value precise", {"value": 1.23456}, {("value", "too_precise")}),
+    ("value past Decimal's exponents", {"value": "1E1000000"}, {("value", "out_of_range")}),
     ("currency", {"currency": "REAIS"}, {("currency", "invalid_currency")}),
     ("occurred_at text", {"occurred_at": "yesterday"}, {("occurred_at", "invalid_datetime")}),
     ("occurred_at naive", {"occurred_at": "2026-11-01T10:00:00"},
@@ -182,6 +183,7 @@ async def test_every_bad_field_is_a_422_naming_it_and_nothing_is_written(
 
 RAW: list[tuple[str, str, set[tuple[str, str]]]] = [
     ("NaN", '"value": NaN', {("value", "not_finite")}),
+    ("value past Decimal's exponents", '"value": 1E1000000', {("value", "out_of_range")}),
     ("Infinity in properties", '"properties": {"x": -Infinity}', {("properties.x", "not_finite")}),
     ("duplicate key", '"currency": "BRL", "currency": "USD"', {("currency", "duplicate_key")}),
     ("nested duplicate key", '"properties": {"a": {"b": 1, "b": 2}}',

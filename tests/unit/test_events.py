@@ -347,6 +347,10 @@ def test_properties_round_trip_any_json_object(properties: dict[str, Any]) -> No
         (1e14, "out_of_range"),
         (Decimal("1e14"), "out_of_range"),
         ("100000000000000.0000", "out_of_range"),
+        # Past the decimal context's exponents: abs() signalled Overflow (a 500 in the API)
+        (Decimal("1E1000000"), "out_of_range"),
+        ("-1E1000000", "out_of_range"),
+        (Decimal("1E-1000000"), "too_precise"),
         (Decimal("0.00001"), "too_precise"),
         ("297.90001", "too_precise"),
         (1.23456, "too_precise"),
