@@ -45,6 +45,11 @@ _TOKEN = re.compile(r"[A-Za-z0-9_.\-/]+")
 # A control character (Unicode category Cc) or a surrogate code point, which UTF-8 cannot
 # encode (`_has_lone_surrogate`): one search for both.
 _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# A value sent as text: ASCII digits, an optional minus, fraction and exponent, as a JSON
+# number is written (the API schema's pattern); and the texts Decimal reads as NaN or
+# Infinity, refused as not_finite.
+_DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_NON_FINITE_TEXT = re.compile(r"[+-]?(?:s?nan|inf|infinity)", re.IGNORECASE)
 
 Status = Literal["created", "duplicate", "rejected"]
 
@@ -516,7 +521,12 @@ class _Validator:
             return None
         number = _to_decimal(raw)
         if number is None:
-            self.fail("value", "not_a_number", f"value must be a decimal number, got {_short(raw)}")
+            self.fail(
+                "value",
+                "not_a_number",
+                f"value must be a decimal number (as text, written as a JSON number: "
+                f"297.90, -5, 1.5e2), got {_short(raw)}",
+            )
         elif not number.is_finite():
             self.fail("value", "not_finite", "value must be finite (not NaN or Infinity)")
         elif number.copy_abs() >= MAX_ABS_VALUE:  # abs() rounds: 1E1000000 overflowed
@@ -632,8 +642,12 @@ def _to_decimal(raw: object) -> Decimal | None:
         # repr() is the shortest text that round-trips: 297.9 stays 297.9, not 297.899999...
         return Decimal(repr(raw))
     if isinstance(raw, str) and len(raw) <= 64:
+        # As the OpenAPI schema says; Decimal() alone also took "1_000", " 5 ", "+5", ".5"
+        # and digits of other scripts ("١٠").
+        if _DECIMAL_TEXT.fullmatch(raw) is None and _NON_FINITE_TEXT.fullmatch(raw) is None:
+            return None
         try:
-            return Decimal(raw.strip())
+            return Decimal(raw)
         except InvalidOperation:
             return None
     return None

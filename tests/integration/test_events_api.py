@@ -426,6 +426,35 @@ async def test_batch_value_as_a_json_number_is_read_exactly_like_a_single_events
         assert got.json()["properties"]["items"] == [{"sku": "A", "price": 19.9}]
 
 
+# Texts the schema's pattern for value (a JSON number's form) refuses: Decimal() took them.
+@pytest.mark.parametrize("text", ["1_000", "\u0661\u0660", " 5 ", "+5", ".5", "5.", "1e"])
+async def test_value_text_outside_the_schemas_pattern_is_422_single_and_batch(
+    api: Api, contact_id: uuid.UUID, text: str
+) -> None:
+    single = await api.post("/v1/events", order(contact_id, value=text))
+    batch = await api.post("/v1/events/batch", {"events": [order(contact_id, value=text)]})
+
+    assert field_codes(single) == {("value", "not_a_number")}
+    [item] = batch.json()["results"]
+    errors = [(e["field"], e["code"]) for e in item["errors"]]
+    assert errors == [("events[0].value", "not_a_number")]
+    assert count(api.url, "events") == 0
+
+
+async def test_value_as_a_json_number_may_have_an_exponent_and_is_replayed_alike(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    body = json.dumps(order(uuid.uuid4(), source_id="7")).replace('"297.90"', "1.5e2")
+    rejected = await api.raw("/v1/events", body)
+    replayed = await api.post(
+        f"/v1/rejections/{rejected.json()['rejection_id']}/replay", {"contact_id": str(contact_id)}
+    )
+
+    assert replayed.status_code == 201, replayed.text
+    event = (await api.client.get(f"/v1/events/{replayed.json()['event_id']}")).json()
+    assert event["value"] == "150.00"
+
+
 async def test_batch_of_a_thousand_is_stored_in_one_go(api: Api, contact_id: uuid.UUID) -> None:
     items = [order(contact_id, source_id=str(i)) for i in range(1000)]
     response = await api.post("/v1/events/batch", {"events": items})

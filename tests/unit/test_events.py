@@ -339,6 +339,20 @@ def test_properties_round_trip_any_json_object(properties: dict[str, Any]) -> No
         ("abc", "not_a_number"),
         ("297,90", "not_a_number"),  # a Brazilian decimal comma is not guessed at
         ("R$ 297.90", "not_a_number"),
+        # Texts are written as JSON numbers (the API schema's pattern); Decimal() took these
+        (" 297.90 ", "not_a_number"),
+        ("297.90\n", "not_a_number"),
+        ("\u00a0297.90", "not_a_number"),
+        ("1_000", "not_a_number"),
+        ("\u0661\u0660", "not_a_number"),  # Arabic-Indic 10
+        ("\uff15", "not_a_number"),  # fullwidth 5
+        ("+5", "not_a_number"),
+        ("1e", "not_a_number"),
+        ("1e+", "not_a_number"),
+        (".5", "not_a_number"),
+        ("5.", "not_a_number"),
+        ("-", "not_a_number"),
+        ("", "not_a_number"),
         ("1" * 65, "not_a_number"),
         ([297], "not_a_number"),
         ({"amount": 297}, "not_a_number"),
@@ -368,7 +382,11 @@ def test_value_rejects_what_numeric_18_4_cannot_hold(raw: object, code: str) -> 
         (0, "0"),
         (Decimal("297.90"), "297.90"),
         ("297.90", "297.90"),
-        (" 297.90 ", "297.90"),
+        ("1000", "1000"),
+        ("1e3", "1000"),
+        ("1.5E+2", "150"),
+        ("2975e-1", "297.5"),
+        (Decimal("1E+3"), "1000"),  # only texts have a form: a Decimal is a number
         (297.9, "297.9"),  # the float's shortest text, not 297.899999999999977262632...
         (0.1, "0.1"),
         (-0.0, "0.0"),

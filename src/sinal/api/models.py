@@ -15,7 +15,7 @@ _UUID = {"type": "string", "format": "uuid"}
 _DECIMAL = {
     "anyOf": [
         {"type": "number"},
-        {"type": "string", "pattern": r"^-?\d+(\.\d+)?$"},
+        {"type": "string", "pattern": r"^-?\d+(\.\d+)?([eE][+-]?\d+)?$"},
         {"type": "null"},
     ],
     "description": "Exact decimal: < 10^14 in absolute value, at most 4 decimal places.",
