@@ -49,6 +49,7 @@ _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 # number is written (the API schema's pattern); and the texts Decimal reads as NaN or
 # Infinity, refused as not_finite.
 _DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_VALUE_QUANTUM = Decimal(1).scaleb(-VALUE_PLACES)  # 0.0001
 _NON_FINITE_TEXT = re.compile(r"[+-]?(?:s?nan|inf|infinity)", re.IGNORECASE)
 
 Status = Literal["created", "duplicate", "rejected"]
@@ -531,12 +532,14 @@ class _Validator:
             self.fail("value", "not_finite", "value must be finite (not NaN or Infinity)")
         elif number.copy_abs() >= MAX_ABS_VALUE:  # abs() rounds: 1E1000000 overflowed
             self.fail("value", "out_of_range", "value must be below 10^14 in absolute value")
-        elif _places(number) > VALUE_PLACES:
+        elif _places(number) > VALUE_PLACES and number != _to_places(number):
             self.fail(
                 "value", "too_precise", f"value may have at most {VALUE_PLACES} decimal places"
             )
         else:
-            return number + Decimal(0)  # normalizes -0 to 0
+            # "297.9000000" is 297.9 exactly: kept, at the places NUMERIC(18,4) has
+            exact = _to_places(number) if _places(number) > VALUE_PLACES else number
+            return exact + Decimal(0)  # normalizes -0 to 0
         return None
 
     def currency(self, raw: object) -> str:
@@ -659,6 +662,12 @@ def fits_value(number: Decimal) -> bool:
     return (
         number.is_finite() and number.copy_abs() < MAX_ABS_VALUE and _places(number) <= VALUE_PLACES
     )
+
+
+def _to_places(number: Decimal) -> Decimal:
+    """`number` at VALUE_PLACES decimal places (rounded when it has more digits than
+    zeros there; exact below 10^14, far inside the context's 28 digits)."""
+    return number.quantize(_VALUE_QUANTUM)
 
 
 def _places(number: Decimal) -> int:

@@ -455,6 +455,21 @@ async def test_value_as_a_json_number_may_have_an_exponent_and_is_replayed_alike
     assert event["value"] == "150.00"
 
 
+async def test_value_with_zeros_past_the_fourth_place_is_stored_single_and_batch(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    single = await api.post("/v1/events", order(contact_id, source_id="1", value="297.9000000"))
+    batch = await api.post(
+        "/v1/events/batch", {"events": [order(contact_id, source_id="2", value="0.12340000")]}
+    )
+
+    assert single.status_code == 201, single.text
+    assert batch.json()["created"] == 1, batch.text
+    ids = [single.json()["event_id"], batch.json()["results"][0]["event_id"]]
+    values = [(await api.client.get(f"/v1/events/{i}")).json()["value"] for i in ids]
+    assert values == ["297.90", "0.1234"]
+
+
 async def test_batch_of_a_thousand_is_stored_in_one_go(api: Api, contact_id: uuid.UUID) -> None:
     items = [order(contact_id, source_id=str(i)) for i in range(1000)]
     response = await api.post("/v1/events/batch", {"events": items})

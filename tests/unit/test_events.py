@@ -367,6 +367,7 @@ def test_properties_round_trip_any_json_object(properties: dict[str, Any]) -> No
         (Decimal("1E-1000000"), "too_precise"),
         (Decimal("0.00001"), "too_precise"),
         ("297.90001", "too_precise"),
+        ("297.90000001", "too_precise"),
         (1.23456, "too_precise"),
         (1e-5, "too_precise"),
     ],
@@ -396,6 +397,12 @@ def test_value_rejects_what_numeric_18_4_cannot_hold(raw: object, code: str) -> 
         (Decimal("99999999999999.9999"), "99999999999999.9999"),
         ("-99999999999999.9999", "-99999999999999.9999"),
         (10**14 - 1, "99999999999999"),
+        # Zeros past the fourth place change nothing: the value is kept at four
+        ("297.9000000", "297.9000"),
+        ("1.234500", "1.2345"),
+        (Decimal("0E-10"), "0.0000"),
+        ("-0.000000", "0.0000"),
+        ("99999999999999.99990000", "99999999999999.9999"),
     ],
 )
 def test_value_is_kept_as_an_exact_decimal(raw: object, expected: str) -> None:
