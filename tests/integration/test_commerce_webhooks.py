@@ -952,3 +952,19 @@ async def test_replay_rejects_an_unknown_status(api: Api) -> None:
         cli, ["webhooks", "replay", "--status", "processed", "--database-url", api.url]
     )
     assert result.exit_code != 0
+
+
+async def test_a_yampi_amount_with_binary_float_noise_is_read_at_four_places(
+    api: Api, yampi_shop: Shop
+) -> None:
+    order = fixture("yampi", "order_created")
+    order["resource"]["value_total"] = 0.1 + 0.2  # PHP's json_encode: 0.30000000000000004
+    order["resource"]["value_products"] = 310.89000000000004
+
+    answer = await yampi_shop.deliver(order)
+
+    assert answer["status"] == "processed", answer
+    [placed] = events(api, "Order Placed")
+    assert placed.value == Decimal("0.30")
+    assert placed.properties["subtotal"] == "310.89"
+    assert order_row(api, "31874526")["total"] == Decimal("0.3")

@@ -13,7 +13,7 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from datetime import MAXYEAR, MINYEAR, UTC, datetime
-from decimal import Decimal, DecimalException
+from decimal import ROUND_HALF_EVEN, Decimal, DecimalException
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -21,12 +21,13 @@ import orjson
 
 from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone
 from sinal.currencies import is_currency
-from sinal.events import MAX_ABS_VALUE, MAX_ID_TEXT
+from sinal.events import MAX_ABS_VALUE, MAX_ID_TEXT, VALUE_PLACES
 from sinal.integrations.base import UnmappablePayload
 
 _T = TypeVar("_T")
 
 _CENT = Decimal("0.01")
+_VALUE_QUANTUM = Decimal(1).scaleb(-VALUE_PLACES)  # 0.0001
 _MAX_QUANTIZE = Decimal("1e20")  # beyond this, cents would exceed Decimal's 28 digits
 # Far beyond any real order total, short enough to keep Decimal parsing cheap.
 _MAX_AMOUNT_TEXT = 40
@@ -146,9 +147,15 @@ def _decimal(raw: object) -> Decimal | None:
         # JSON numbers (Yampi's amounts): repr is the shortest text that round-trips (150.9,
         # not 150.8999...), shown in cents like the amounts providers send as strings.
         amount = Decimal(repr(raw))
-        if not amount.is_finite() or _places(amount) >= 2 or abs(amount) >= _MAX_QUANTIZE:
+        if not amount.is_finite() or abs(amount) >= _MAX_QUANTIZE:
             return amount
-        return amount.quantize(_CENT)
+        if _places(amount) > VALUE_PLACES:
+            # Binary noise of the sender's float arithmetic (PHP's json_encode of 0.1 + 0.2
+            # is 0.30000000000000004): a float stands for an amount, so it is read at the
+            # places an amount has. Half-even, Decimal's default and ABNT NBR 5891's rule:
+            # noise is never a tie, and a true fifth-place 5 is rounded without bias.
+            amount = amount.quantize(_VALUE_QUANTUM, ROUND_HALF_EVEN).normalize()
+        return amount if _places(amount) >= 2 else amount.quantize(_CENT)
     if isinstance(raw, str) and len(raw) <= _MAX_AMOUNT_TEXT:
         return Decimal(raw.strip())  # a DecimalException when it is no number
     return None
