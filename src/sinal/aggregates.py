@@ -12,12 +12,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
-from functools import cache
 from typing import Literal, get_args
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+from zoneinfo import ZoneInfo
 
 from sinal.errors import FieldError, InvalidQuery
 from sinal.store.base import AggregateCell, Measurement
+from sinal.zones import iana_zone
 
 Interval = Literal["hour", "day", "week", "month"]
 INTERVALS: tuple[Interval, ...] = get_args(Interval)
@@ -49,24 +49,14 @@ class Aggregate:
     groups_truncated: bool = False
 
 
-@cache
-def _iana_zones() -> frozenset[str]:
-    """The zones `zoneinfo` knows, less files of a zoneinfo directory that are no zone:
-    "localtime" (the host's own, a link to /etc/localtime) and "Factory" ("-00", no
-    time at all). `available_timezones` already leaves out posixrules, posix/ and right/."""
-    return frozenset(available_timezones()) - {"localtime", "Factory", "posixrules"}
-
-
 def parse_zone(name: str, field: str = "timezone") -> ZoneInfo:
     """The IANA zone `name`, or `InvalidQuery` naming `field`."""
-    try:
-        if name not in _iana_zones():
-            raise ValueError(name)
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
+    zone = iana_zone(name)
+    if zone is None:
         raise InvalidQuery(
             [FieldError(field, "invalid_timezone", f"{name!r} is not an IANA time zone")]
-        ) from None
+        )
+    return zone
 
 
 def check_range(since: datetime, until: datetime) -> None:

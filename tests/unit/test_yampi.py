@@ -266,6 +266,23 @@ def test_status_update_time_is_the_event_time() -> None:
             datetime(2024, 5, 10, 18, 32, 10, tzinfo=UTC),
         ),
         ({"date": "2024-05-10 14:32:10.000000"}, datetime(2024, 5, 10, 17, 32, 10, tzinfo=UTC)),
+        # PHP's timezone_type 1, a DateTime built with an offset: "+HH:MM"
+        (
+            {"date": "2024-05-10 14:32:10.000000", "timezone_type": 1, "timezone": "-03:00"},
+            datetime(2024, 5, 10, 17, 32, 10, tzinfo=UTC),
+        ),
+        (
+            {"date": "2024-05-10 14:32:10.000000", "timezone_type": 1, "timezone": "+05:30"},
+            datetime(2024, 5, 10, 9, 2, 10, tzinfo=UTC),
+        ),
+        (
+            {"date": "2024-05-10 14:32:10", "timezone": "-0300"},
+            datetime(2024, 5, 10, 17, 32, 10, tzinfo=UTC),
+        ),
+        (
+            {"date": "2024-05-10 14:32:10", "timezone": "+00:00"},
+            datetime(2024, 5, 10, 14, 32, 10, tzinfo=UTC),
+        ),
     ],
 )
 def test_yampi_times_are_read_in_sao_paulo(created_at: object, expected: datetime) -> None:
@@ -313,6 +330,29 @@ def test_cart_without_totalizers_uses_value_total() -> None:
 
 
 ON_MARS = {"date": "2024-05-10 14:32:10", "timezone": "Mars/Olympus"}
+
+
+@pytest.mark.parametrize(
+    "zone",
+    [
+        "localtime",  # the host's own zone: the time would depend on the machine
+        "Factory",
+        "posixrules",
+        "right/UTC",
+        "posix/UTC",
+        "America",  # a directory
+        "-24:00",
+        "+03:60",
+        "-3:00",
+        "+03:00:00",
+    ],
+)
+def test_a_yampi_time_in_a_zone_that_is_no_iana_zone_nor_offset_is_unmappable(zone: str) -> None:
+    payload = load("order_created")
+    payload["resource"]["created_at"] = {"date": "2024-05-10 14:32:10", "timezone": zone}
+    with pytest.raises(UnmappablePayload) as caught:
+        normalize_yampi(payload)
+    assert caught.value.reason == "invalid_timestamp"
 
 
 @pytest.mark.parametrize(

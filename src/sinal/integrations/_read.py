@@ -12,10 +12,9 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping
-from datetime import MAXYEAR, MINYEAR, UTC, datetime
+from datetime import MAXYEAR, MINYEAR, UTC, datetime, timedelta, timezone, tzinfo
 from decimal import ROUND_HALF_EVEN, Decimal, DecimalException
 from typing import Any, TypeVar
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 
@@ -23,6 +22,7 @@ from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone
 from sinal.currencies import is_currency
 from sinal.events import MAX_ABS_VALUE, MAX_ID_TEXT, VALUE_PLACES
 from sinal.integrations.base import UnmappablePayload
+from sinal.zones import iana_zone
 
 _T = TypeVar("_T")
 
@@ -37,6 +37,8 @@ _MAX_DIGITS = 20
 # What no id can hold: control characters (NUL, which PostgreSQL's text refuses, among them)
 # and surrogates, which UTF-8 cannot encode.
 _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# A fixed UTC offset as a zone's name: PHP's "+HH:MM" (timezone_type 1), or "+HHMM".
+_OFFSET = re.compile(r"(?P<sign>[+-])(?P<hours>[0-9]{2}):?(?P<minutes>[0-9]{2})")
 
 
 def parse_body(body: bytes) -> Mapping[str, Any]:
@@ -220,11 +222,18 @@ def _in_utc(when: datetime, path: tuple[str, ...]) -> datetime:
     return utc
 
 
-def _zone(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "America", a directory
-        raise UnmappablePayload("invalid_timestamp", f"unknown timezone {name[:64]!r}") from None
+def _zone(name: str) -> tzinfo:
+    """An IANA zone, or a fixed offset as PHP names a DateTime's built with one
+    (timezone_type 1: "-03:00"; "-0300" taken too)."""
+    offset = _OFFSET.fullmatch(name)
+    if offset is not None and int(offset["hours"]) < 24 and int(offset["minutes"]) < 60:
+        sign = -1 if offset["sign"] == "-" else 1
+        minutes = int(offset["hours"]) * 60 + int(offset["minutes"])
+        return timezone(sign * timedelta(minutes=minutes))
+    zone = iana_zone(name)
+    if zone is None:  # "localtime" too: the host's zone would decide the time
+        raise UnmappablePayload("invalid_timestamp", f"unknown timezone {name[:64]!r}")
+    return zone
 
 
 def epoch_time(data: object, *path: str) -> datetime | None:

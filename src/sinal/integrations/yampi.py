@@ -2,7 +2,9 @@
 
 The event name is in the body (``{"event": "order.paid", "time": ..., "merchant": {...},
 "resource": {...}}``); related objects come wrapped as ``{"data": ...}``. Yampi's times
-carry no offset: they are America/Sao_Paulo (or the ``timezone`` beside them).
+carry no offset: they are America/Sao_Paulo (or the ``timezone`` beside them: an IANA
+zone, or PHP's fixed offset ``"-03:00"``; "localtime" and other zoneinfo files that are no
+zone are refused, as the time would depend on the host).
 
 | event                | metric                              | entity_type (dedup) | source_id   |
 |----------------------|-------------------------------------|---------------------|-------------|
