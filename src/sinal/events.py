@@ -644,16 +644,27 @@ def _to_decimal(raw: object) -> Decimal | None:
     if isinstance(raw, float):
         # repr() is the shortest text that round-trips: 297.9 stays 297.9, not 297.899999...
         return Decimal(repr(raw))
-    if isinstance(raw, str) and len(raw) <= 64:
-        # As the OpenAPI schema says; Decimal() alone also took "1_000", " 5 ", "+5", ".5"
-        # and digits of other scripts ("١٠").
-        if _DECIMAL_TEXT.fullmatch(raw) is None and _NON_FINITE_TEXT.fullmatch(raw) is None:
-            return None
-        try:
-            return Decimal(raw)
-        except InvalidOperation:
-            return None
+    if isinstance(raw, str):
+        return decimal_from_text(raw)
     return None
+
+
+def decimal_from_text(text: str) -> Decimal | None:
+    """The number in `text` written as a JSON number is ("297.90", "-5", "1.5e2"), or
+    NaN/Infinity as Decimal spells them (callers refuse those); None for other text.
+
+    The one rule for numbers sent as text: event values, automation filters and provider
+    amounts. Decimal() alone also takes "1_000", " 5 ", "+5", ".5" and digits of other
+    scripts ("١٠"), which the OpenAPI schema and the README say are no numbers.
+    """
+    if len(text) > 64:
+        return None
+    if _DECIMAL_TEXT.fullmatch(text) is None and _NON_FINITE_TEXT.fullmatch(text) is None:
+        return None
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        return None
 
 
 def fits_value(number: Decimal) -> bool:

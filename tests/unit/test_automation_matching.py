@@ -162,6 +162,14 @@ def test_evaluate_filters_operators(field: str, op: str, value: Any, expected: b
     assert holds(field, op, value) is expected
 
 
+@pytest.mark.parametrize("text", ["1_000", " 1000 ", "+1000", "\u0661\u0660\u0660\u0660"])
+def test_evaluate_filters_text_not_written_as_a_number_is_no_number(text: str) -> None:
+    ev = event(properties={**ORDER, "total": text})
+    assert holds("properties.total", "eq", 1000, ev) is False
+    assert holds("properties.total", "gte", 1, ev) is False
+    assert holds("properties.total", "eq", text, ev) is True  # text against text
+
+
 @pytest.mark.parametrize("op", [op for op in OPERATORS if op != "exists"])
 @pytest.mark.parametrize(
     "field",

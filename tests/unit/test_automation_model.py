@@ -489,6 +489,12 @@ def test_webhook_hosts_accepted_are_those_http_clients_can_connect_to(host: str)
         (when("currency", "gt", "BRL"), ".op", "unsupported_operator"),
         (when("source", "lt", "a"), ".op", "unsupported_operator"),
         (when("value", "gte", "cem"), ".value", "invalid_value"),
+        # numbers as text are written as JSON numbers, as an event's value is
+        (when("value", "gte", "1_000"), ".value", "invalid_value"),
+        (when("value", "gte", "+.5"), ".value", "invalid_value"),
+        (when("value", "eq", " 5 "), ".value", "invalid_value"),
+        (when("value", "in", [1, "\u0661\u0660\u0660"]), ".value[1]", "invalid_value"),
+        (when("properties.x", "gt", "1_000"), ".value", "invalid_value"),
         (when("value", "eq", True), ".value", "invalid_value"),
         (when("value", "eq", float("nan")), ".value", "invalid_value"),
         (when("value", "lt", "Infinity"), ".value", "invalid_value"),

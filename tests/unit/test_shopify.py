@@ -465,6 +465,11 @@ def test_recovered_checkout_needs_an_order_event() -> None:
         ("orders_create", "orders/create", {"id": ""}, "missing_field"),
         ("orders_create", "orders/create", {"total_price": "R$ 10", "current_total_price": None}, "invalid_amount"),  # noqa: E501
         ("orders_create", "orders/create", {"current_total_price": "NaN"}, "invalid_amount"),
+        # amounts as text are written as JSON numbers, as an event's value is
+        ("orders_create", "orders/create", {"total_price": "1_000"}, "invalid_amount"),
+        ("orders_create", "orders/create", {"total_price": "+.5"}, "invalid_amount"),
+        ("orders_create", "orders/create", {"total_price": " 5 "}, "invalid_amount"),
+        ("orders_create", "orders/create", {"total_price": "\u0661\u0660\u0660"}, "invalid_amount"),
         ("orders_create", "orders/create", {"currency": "REAL"}, "invalid_currency"),
         ("orders_create", "orders/create", {"created_at": "yesterday"}, "invalid_timestamp"),
         ("orders_create", "orders/create", {"created_at": "2024-05-10T14:32:10"}, "invalid_timestamp"),  # noqa: E501
@@ -485,6 +490,22 @@ def test_malformed_payloads_are_unmappable_with_a_reason(
         normalize_shopify(topic, payload)
     assert caught.value.reason == reason
     assert str(caught.value).startswith(reason)
+
+
+def test_a_blank_amount_is_absent_as_blank_text_is() -> None:
+    payload = load("orders_create")
+    payload["current_total_price"] = "   "
+    assert one("orders/create", payload).value == Decimal("297.90")  # total_price's
+    payload["total_price"] = " "
+    assert one("orders/create", payload).value is None
+
+
+def test_a_time_with_a_lowercase_z_is_utc_as_rfc_3339_allows() -> None:
+    payload = load("orders_create")
+    payload["created_at"] = "2024-05-10t17:32:10z"
+    assert one("orders/create", payload).occurred_at == datetime(
+        2024, 5, 10, 17, 32, 10, tzinfo=UTC
+    )
 
 
 def test_a_non_object_payload_is_unmappable() -> None:

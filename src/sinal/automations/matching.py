@@ -20,8 +20,10 @@ How conditions compare (`evaluate_filters`):
 - Numbers compare as exact decimals, never floats: `297.9`, `297.90` and `"297.90"` in an
   event are equal to a filter value of `297.9`. A *text* filter value is compared as text
   when the event's value is text too (`"00123"` is not `"123"`); write a number to
-  compare amounts. Text that is not a number never equals, and is never greater or
-  smaller than, a number — the condition is false, not an error.
+  compare amounts. Text is a number only when written as a JSON number is (" 5 ",
+  "1_000", "+5" and "١٠" are not: `sinal.events.decimal_from_text`). Text that is not a
+  number never equals, and is never greater or smaller than, a number — the condition is
+  false, not an error.
 - `gt`/`gte`/`lt`/`lte` with a date (`"2026-11-29"`) compare the event's date or datetime
   text by calendar date; with a datetime, by instant (naive datetimes never match).
 - `contains` on text is a case-insensitive substring test; on a list, an element `eq` test.

@@ -52,6 +52,7 @@ from typing import Final, Literal, TypeAlias
 from uuid import UUID
 
 from sinal.errors import SinalError
+from sinal.events import decimal_from_text
 
 __all__ = [
     "MISSING",
@@ -438,7 +439,8 @@ _FILTERS: Final[Mapping[str, _Filter]] = {
 
 
 def to_decimal(value: object) -> Decimal | None:
-    """A finite Decimal from a number or numeric text ("297.90"); None for anything else."""
+    """A finite Decimal from a number or numeric text written as a JSON number ("297.90",
+    not " 5 " or "1_000": `sinal.events.decimal_from_text`); None for anything else."""
     if isinstance(value, bool):
         return None
     try:
@@ -448,8 +450,8 @@ def to_decimal(value: object) -> Decimal | None:
             number = Decimal(value)
         elif isinstance(value, float):
             number = Decimal(repr(value))  # 297.9 stays 297.9, not 297.899999…
-        elif isinstance(value, str) and len(value) <= 64:
-            number = Decimal(value.strip())
+        elif isinstance(value, str) and (found := decimal_from_text(value)) is not None:
+            number = found
         else:
             return None
     except (InvalidOperation, ValueError):

@@ -20,7 +20,7 @@ import orjson
 
 from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone
 from sinal.currencies import is_currency
-from sinal.events import MAX_ABS_VALUE, MAX_ID_TEXT, VALUE_PLACES
+from sinal.events import MAX_ABS_VALUE, MAX_ID_TEXT, VALUE_PLACES, decimal_from_text
 from sinal.integrations.base import UnmappablePayload
 from sinal.zones import iana_zone
 
@@ -127,8 +127,8 @@ def texts(data: object, *path: str) -> list[str]:
 def money(data: object, *path: str) -> Decimal | None:
     """A decimal amount (providers send strings, ints or floats); None when absent."""
     found = get(data, *path) if path else data
-    if found is None or found == "":
-        return None
+    if found is None or (isinstance(found, str) and not found.strip()):
+        return None  # blank, as `text` reads it
     try:
         amount = _decimal(found)
         # -0 becomes 0; "1e999999999" (past the context's exponents) signals Overflow
@@ -159,7 +159,7 @@ def _decimal(raw: object) -> Decimal | None:
             amount = amount.quantize(_VALUE_QUANTUM, ROUND_HALF_EVEN).normalize()
         return amount if _places(amount) >= 2 else amount.quantize(_CENT)
     if isinstance(raw, str) and len(raw) <= _MAX_AMOUNT_TEXT:
-        return Decimal(raw.strip())  # a DecimalException when it is no number
+        return decimal_from_text(raw)  # written as a JSON number, as an event's value is
     return None
 
 
@@ -179,12 +179,17 @@ def iso_time(data: object, *path: str) -> datetime | None:
     if raw is None:
         return None
     try:
-        when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(_utc_suffix(raw))
     except ValueError:
         raise _bad_time(path) from None
     if when.utcoffset() is None:
         raise UnmappablePayload("invalid_timestamp", f"{'.'.join(path)} has no UTC offset")
     return _in_utc(when, path)
+
+
+def _utc_suffix(raw: str) -> str:
+    """`raw` with its "Z" (or "z", which RFC 3339 allows too) spelled "+00:00"."""
+    return raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
 
 
 def first_iso_time(data: object, *fields: str) -> datetime:
@@ -202,7 +207,7 @@ def local_time(raw: object, zone: str) -> datetime | None:
     if found is None:
         return None
     try:
-        when = datetime.fromisoformat(found.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(_utc_suffix(found))
     except ValueError:
         raise _bad_time(("time",)) from None
     if when.utcoffset() is None:
