@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -525,6 +525,30 @@ def test_webhook_hosts_accepted_are_those_http_clients_can_connect_to(host: str)
 )
 def test_parse_automation_rejects_filter_fields(condition: object, field: str, code: str) -> None:
     assert rejections(definition(filters=[condition])) == [(f"filters[0]{field}", code)]
+
+
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        (date(2026, 1, 1), "2026-01-01"),
+        (datetime(2026, 1, 1, 9, 30, tzinfo=UTC), "2026-01-01T09:30:00+00:00"),
+        (
+            datetime(2026, 1, 1, 9, 30, tzinfo=timezone(timedelta(hours=-3))),
+            "2026-01-01T09:30:00-03:00",
+        ),
+    ],
+)
+def test_parse_automation_takes_python_dates_in_ordered_filters_as_iso_text(
+    value: date, stored: str
+) -> None:
+    spec = parse_automation(definition(filters=[when("properties.paid_at", "gte", value)]))
+    assert spec.filters == (Condition("properties.paid_at", "gte", stored),)
+    assert parse_automation(spec.to_dict()) == spec
+
+
+def test_parse_automation_refuses_a_naive_python_datetime_in_a_filter() -> None:
+    data = definition(filters=[when("properties.paid_at", "lt", datetime(2026, 1, 1, 9, 30))])
+    assert rejections(data) == [("filters[0].value", "naive_datetime")]
 
 
 def test_parse_automation_checks_field_and_op_together() -> None:

@@ -700,8 +700,8 @@ def _ordered(c: _Checker, at: str, kind: FieldKind, raw: object) -> Scalar | Non
     if isinstance(moment, datetime) and moment.utcoffset() is None:
         c.fail(at, "naive_datetime", "datetimes must carry a timezone, e.g. -03:00 or Z")
     elif moment is not None:
-        assert isinstance(raw, str)
-        return raw
+        # A date or datetime from Python is kept as the ISO text JSON would carry.
+        return raw if isinstance(raw, str) else moment.isoformat()
     elif kind == "number":
         c.fail(at, "invalid_value", 'expected a number such as 100 or "297.90"')
     else:
