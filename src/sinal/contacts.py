@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import phonenumbers
 
-from sinal.errors import SinalError
+from sinal.errors import FieldError, InvalidContact, SinalError
 
 __all__ = [
     "Identities",
@@ -34,6 +34,7 @@ __all__ = [
     "normalize_external_id",
     "normalize_name",
     "normalize_phone",
+    "normalize_tag",
     "normalize_wa_id",
     "phone_variants",
 ]
@@ -43,6 +44,7 @@ MAX_EXTERNAL_ID_LENGTH = 255
 MAX_NAME_LENGTH = 200
 MAX_EMAIL_LENGTH = 254  # RFC 5321 path limit (256) minus the angle brackets
 MAX_EMAIL_LOCAL_LENGTH = 64
+MAX_TAG = 64
 
 # Long enough for any formatted number; short enough that junk is rejected before parsing.
 _MAX_PHONE_INPUT_LENGTH = 64
@@ -387,3 +389,22 @@ class Identities:
     def is_empty(self) -> bool:
         """Tell whether no identity is known, so the contact cannot be matched."""
         return self.phone is None and self.email is None and self.external_id is None
+
+
+def normalize_tag(raw: object, field: str = "tag") -> str:
+    """A tag as stored: trimmed, inner spaces collapsed, NFC, 1-64 characters, no control
+    characters; `InvalidContact` naming `field` otherwise. The API's tags and the
+    automations' tag steps and filters all go through it, so one tag is one spelling."""
+    if not isinstance(raw, str):
+        raise InvalidContact([FieldError(field, "invalid_type", "a tag must be a string")])
+    text = " ".join(unicodedata.normalize("NFC", raw).split())
+    problem = None
+    if not text:
+        problem = ("empty", "a tag must not be empty")
+    elif len(text) > MAX_TAG:
+        problem = ("too_long", f"a tag is at most {MAX_TAG} characters")
+    elif any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text):
+        problem = ("control_characters", "a tag must not contain control characters")
+    if problem is not None:
+        raise InvalidContact([FieldError(field, *problem)])
+    return text

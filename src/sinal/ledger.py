@@ -29,6 +29,7 @@ from sinal.contacts import (
     InvalidIdentity,
     normalize_contact_fields,
     normalize_name,
+    normalize_tag,
 )
 from sinal.errors import (
     AccountNotFound,
@@ -602,7 +603,6 @@ _CONTACT_FIELDS: dict[str, ContactField] = {
     "name": "name", "phone": "phone", "email": "email", "external_id": "external_id",
 }  # fmt: skip
 _EMIT_FIELDS = frozenset(EmitEvent.__dataclass_fields__)
-MAX_TAG = 64
 
 
 def _parse_contact(
@@ -622,23 +622,6 @@ def _could_name_metric(name: str) -> bool:
     """Whether some metric may be called `name`: none holds a control character or a
     surrogate (`events` refuses them), and PostgreSQL refuses a NUL in a query."""
     return not any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name)
-
-
-def normalize_tag(raw: object, field: str = "tag") -> str:
-    """A tag as stored: trimmed, NFC, 1-64 characters, no control characters."""
-    if not isinstance(raw, str):
-        raise InvalidContact([FieldError(field, "invalid_type", "a tag must be a string")])
-    text = " ".join(unicodedata.normalize("NFC", raw).split())
-    problem = None
-    if not text:
-        problem = ("empty", "a tag must not be empty")
-    elif len(text) > MAX_TAG:
-        problem = ("too_long", f"a tag is at most {MAX_TAG} characters")
-    elif any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text):
-        problem = ("control_characters", "a tag must not contain control characters")
-    if problem is not None:
-        raise InvalidContact([FieldError(field, *problem)])
-    return text
 
 
 def _uuid(value: UUID | str) -> UUID:

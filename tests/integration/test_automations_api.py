@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -348,3 +349,48 @@ async def test_values_out_of_range_are_422_on_create_and_patch(
                                      json={"steps": [step]})  # fmt: skip
     assert patched.status_code == 422, patched.text
     assert [e["field"] for e in patched.json()["errors"]] == [field]
+
+
+def _nfd(text: str) -> str:
+    return unicodedata.normalize("NFD", text)
+
+
+async def _order_by(api: Api, contact_id: str, source_id: str) -> None:
+    response = await api.post("/v1/events", {
+        "metric": "Order Paid", "contact_id": contact_id, "value": "297.90",
+        "source": "shopify", "source_id": source_id, "entity_type": "order",
+    })  # fmt: skip
+    assert response.status_code == 201, response.text
+
+
+async def test_tag_steps_store_tags_as_the_api_does_and_remove_the_tags_it_added(
+    api: Api,
+) -> None:
+    ana = api.ledger.create_contact(api.account.id, phone="+55 11 98765-4321")
+    api.ledger.add_tags(api.account.id, ana.id, ["promoção"])  # NFC, as the API keeps it
+    created = await api.post("/v1/automations", {
+        "name": "Tags", "trigger_type": "order_paid",
+        "steps": [{"type": "add_tag", "tag": _nfd("  cliente   VIP ")},
+                  {"type": "remove_tag", "tag": _nfd("promoção")}],
+    })  # fmt: skip
+    assert created.status_code == 201, created.text
+    steps = created.json()["steps"]
+    assert [s["tag"] for s in steps] == ["cliente VIP", "promoção"]  # trimmed, NFC
+
+    await _order_by(api, str(ana.id), "2001")
+    _drain(api)
+
+    assert api.ledger.list_tags(api.account.id, ana.id) == ["cliente VIP"]
+
+
+@pytest.mark.parametrize(
+    "step", [{"type": "add_tag", "tag": " \t "}, {"type": "remove_tag", "tag": "v\u0007ip"}]
+)
+async def test_a_tag_no_contact_could_hold_is_422_naming_the_step(
+    api: Api, step: dict[str, Any]
+) -> None:
+    response = await api.post(
+        "/v1/automations", {"name": "x", "trigger_type": "order_paid", "steps": [step]}
+    )
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == ["steps[0].tag"]

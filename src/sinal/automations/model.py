@@ -65,8 +65,9 @@ from sinal.automations.templates import (
     to_decimal,
 )
 from sinal.catalog import TRIGGER_TO_METRIC, TRIGGER_TYPES
+from sinal.contacts import normalize_tag
 from sinal.currencies import is_currency
-from sinal.errors import FieldError, _FieldErrors
+from sinal.errors import FieldError, InvalidContact, _FieldErrors
 from sinal.events import MAX_METRIC_NAME
 from sinal.integrations.links import MAX_CAMPAIGN_LENGTH
 
@@ -116,7 +117,6 @@ MAX_NAME: Final = 200
 MAX_TEXT: Final = 4096  # WhatsApp's limit for a text message body
 MAX_PROMPT: Final = 16_000
 MAX_MAX_TOKENS: Final = 32_768
-MAX_TAG: Final = 64
 MAX_IN_VALUES: Final = 100
 # Integers below this are exact as floats (2^53 ~ 9e15) and fit JSON readers' int64.
 MAX_NUMBER: Final = Decimal("1e15")
@@ -521,6 +521,17 @@ class _Checker:
                 return None
         return text
 
+    def tag(self, field: str, raw: object) -> str | None:
+        """A tag as contacts store it (`sinal.contacts.normalize_tag`): trimmed, NFC."""
+        if raw is None:
+            self.fail(field, "required", f"{field} is required")
+            return None
+        try:
+            return normalize_tag(raw, field)
+        except InvalidContact as exc:
+            self.errors.extend(exc.errors)
+            return None
+
     def choice(self, field: str, raw: object, choices: Mapping[str, _T]) -> _T | None:
         if isinstance(raw, str) and raw in choices:
             return choices[raw]
@@ -848,7 +859,7 @@ def _json_copy(c: _Checker, at: str, value: Any, depth: int) -> Any:
 
 def _tag_step(kind: type[AddTag] | type[RemoveTag]) -> Callable[..., Step | None]:
     def parse(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
-        tag = c.text(f"{at}.tag", body.get("tag"), MAX_TAG, required=True)
+        tag = c.tag(f"{at}.tag", body.get("tag"))
         return None if tag is None else kind(tag)
 
     return parse
