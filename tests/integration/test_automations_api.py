@@ -383,6 +383,30 @@ async def test_tag_steps_store_tags_as_the_api_does_and_remove_the_tags_it_added
     assert api.ledger.list_tags(api.account.id, ana.id) == ["cliente VIP"]
 
 
+async def test_contact_filters_compare_with_the_contacts_stored_identities(api: Api) -> None:
+    ana = api.ledger.create_contact(api.account.id, phone="+55 11 98765-4321", email="ana@loja.com")
+    api.ledger.add_tags(api.account.id, ana.id, ["promoção"])
+    created = await api.post("/v1/automations", {
+        "name": "Filtro", "trigger_type": "order_paid",
+        "steps": [{"type": "filter", "conditions": [
+                      {"field": "contact.email", "op": "eq", "value": " Ana@Loja.com "},
+                      {"field": "contact.phone", "op": "in", "value": ["11987654321"]},
+                      {"field": "contact.phone", "op": "eq", "value": "+55 11 98765-4321"},
+                      {"field": "contact.tags", "op": "contains", "value": _nfd("promoção")}]},
+                  {"type": "add_tag", "tag": "passou"}],
+    })  # fmt: skip
+    assert created.status_code == 201, created.text
+    conditions = created.json()["steps"][0]["conditions"]
+    assert [c["value"] for c in conditions] == [
+        "ana@loja.com", ["+5511987654321"], "+5511987654321", "promoção",
+    ]  # fmt: skip
+
+    await _order_by(api, str(ana.id), "2002")
+    _drain(api)
+
+    assert sorted(api.ledger.list_tags(api.account.id, ana.id)) == ["passou", "promoção"]
+
+
 @pytest.mark.parametrize(
     "step", [{"type": "add_tag", "tag": " \t "}, {"type": "remove_tag", "tag": "v\u0007ip"}]
 )
@@ -394,3 +418,24 @@ async def test_a_tag_no_contact_could_hold_is_422_naming_the_step(
     )
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == ["steps[0].tag"]
+
+
+@pytest.mark.parametrize(
+    ("condition", "field"),
+    [
+        ({"field": "contact.email", "op": "eq", "value": "ana@"}, ".value"),
+        ({"field": "contact.phone", "op": "in", "value": ["+55 11 98765-4321", "123"]},
+         ".value[1]"),
+        ({"field": "contact.tags", "op": "contains", "value": "   "}, ".value"),
+    ],
+)  # fmt: skip
+async def test_a_contact_filter_value_no_contact_could_hold_is_422_naming_the_condition(
+    api: Api, condition: dict[str, Any], field: str
+) -> None:
+    step = {"type": "filter", "conditions": [condition]}
+    response = await api.post(
+        "/v1/automations", {"name": "x", "trigger_type": "order_paid", "steps": [step]}
+    )
+    assert response.status_code == 422, response.text
+    errors = [e["field"] for e in response.json()["errors"]]
+    assert errors == [f"steps[0].conditions[0]{field}"]

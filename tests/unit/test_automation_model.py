@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import unicodedata
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -546,6 +547,46 @@ def test_parse_automation_takes_python_dates_in_ordered_filters_as_iso_text(
     assert parse_automation(spec.to_dict()) == spec
 
 
+@pytest.mark.parametrize(
+    ("condition", "stored"),
+    [
+        (when("contact.email", "eq", " Ana@Loja.COM "), "ana@loja.com"),
+        (when("contact.email", "neq", "ana@café.com.br"), "ana@xn--caf-dma.com.br"),
+        (when("contact.email", "contains", "@Loja"), "@Loja"),  # a substring, any case
+        (when("contact.phone", "eq", "+55 11 98765-4321"), "+5511987654321"),
+        (when("contact.phone", "in", ["11987654321", "(21) 3333-4444"]),
+         ("+5511987654321", "+552133334444")),
+        (when("contact.phone", "contains", "98765-4321"), "987654321"),
+        (when("contact.tags", "contains", "  promoc\u0327a\u0303o "), "promoção"),
+        (when("contact.name", "eq", " Ana "), " Ana "),
+    ],
+)  # fmt: skip
+def test_parse_automation_compares_contact_fields_as_contacts_store_them(
+    condition: dict[str, Any], stored: object
+) -> None:
+    spec = parse_automation(definition(steps=[{"type": "filter", "conditions": [condition]}]))
+    step = spec.steps[0]
+    assert isinstance(step, FilterStep)
+    assert step.conditions[0].value == stored
+
+
+@pytest.mark.parametrize(
+    ("condition", "field", "code"),
+    [
+        (when("contact.email", "eq", "ana@"), ".value", "invalid_value"),
+        (when("contact.phone", "in", ["11987654321", "123"]), ".value[1]", "invalid_value"),
+        (when("contact.phone", "contains", "-"), ".value", "invalid_value"),
+        (when("contact.tags", "contains", " "), ".value", "empty"),
+        (when("contact.tags", "contains", 1), ".value", "invalid_type"),
+    ],
+)
+def test_parse_automation_refuses_contact_values_no_contact_can_have(
+    condition: dict[str, Any], field: str, code: str
+) -> None:
+    data = definition(steps=[{"type": "filter", "conditions": [condition]}])
+    assert rejections(data) == [(f"steps[0].conditions[0]{field}", code)]
+
+
 def test_parse_automation_refuses_a_naive_python_datetime_in_a_filter() -> None:
     data = definition(filters=[when("properties.paid_at", "lt", datetime(2026, 1, 1, 9, 30))])
     assert rejections(data) == [("filters[0].value", "naive_datetime")]
@@ -716,8 +757,19 @@ _conditions = st.one_of(
 )
 _contact_conditions = st.one_of(
     _conditions,
-    st.builds(when, st.just("contact.tags"), st.just("contains"), _texts),
-    st.builds(when, st.just("contact.email"), st.sampled_from(["eq", "contains"]), _texts),
+    st.builds(
+        when,
+        st.just("contact.tags"),
+        st.just("contains"),
+        _texts.filter(lambda s: len(" ".join(unicodedata.normalize("NFC", s).split())) <= 64),
+    ),
+    st.builds(when, st.just("contact.email"), st.just("contains"), _texts),
+    st.builds(  # compared as stored: valid addresses only
+        when,
+        st.just("contact.email"),
+        st.just("eq"),
+        st.sampled_from(["ana@loja.com", " Bia@Loja.COM ", "caio@café.com.br"]),
+    ),
 )
 _steps = st.one_of(
     st.builds(lambda t: {"type": "send_message", "text": t}, _texts),

@@ -32,6 +32,9 @@
   | `exists` | `true` / `false` | all |
 
   Dates are `2026-11-29`; datetimes ISO 8601 with an offset (`2026-11-29T10:00:00-03:00`).
+  Values for `contact.email`, `contact.phone` and `contact.tags` are kept as contacts
+  store them (`normalize_email`, `normalize_phone`, `normalize_tag`), and refused when no
+  contact could have them; `contains` on a phone keeps the value's digits.
   How values compare at run time is `matching`'s docstring.
 
 Every bad field is reported at once, as a `FieldError` whose `field` is a JSON path
@@ -65,7 +68,7 @@ from sinal.automations.templates import (
     to_decimal,
 )
 from sinal.catalog import TRIGGER_TO_METRIC, TRIGGER_TYPES
-from sinal.contacts import normalize_tag
+from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone, normalize_tag
 from sinal.currencies import is_currency
 from sinal.errors import FieldError, InvalidContact, _FieldErrors
 from sinal.events import MAX_METRIC_NAME
@@ -655,7 +658,49 @@ def _condition(c: _Checker, at: str, raw: object, allow_contact: bool) -> Condit
         c.fail(f"{at}.value", "required", "value is required")
         return None
     value = _condition_value(c, f"{at}.value", op, kind, body["value"])
+    if value is not None and op != "exists" and path[0] == "contact":
+        value = _contact_value(c, f"{at}.value", path[1], op, value)
     return None if value is None else Condition(field_raw, op, value)
+
+
+def _contact_value(
+    c: _Checker, at: str, name: object, op: Operator, value: ConditionValue
+) -> ConditionValue | None:
+    """An email, phone or tag compared with a contact's, as contacts store them (a
+    filter written "Ana@Loja.com" or "+55 11 98765-4321" could never hold otherwise).
+    `contains` on a phone keeps the digits ("98765-4321" is in "+5511987654321"); on an
+    email it is already a case-insensitive substring test."""
+    if name == "tags":
+        return c.tag(at, value)
+    if name == "phone" and op == "contains" and isinstance(value, str):
+        digits = "".join(ch for ch in value if ch in "0123456789")
+        if not digits:
+            c.fail(at, "invalid_value", "phones are stored as digits: give some")
+        return digits or None
+    normalize = _CONTACT_NORMALIZERS.get(str(name))
+    if normalize is None or op == "contains":
+        return value
+    if not isinstance(value, tuple):
+        return _identity(c, at, normalize, value)
+    found = [_identity(c, f"{at}[{i}]", normalize, v) for i, v in enumerate(value)]
+    return None if any(v is None for v in found) else tuple(v for v in found if v is not None)
+
+
+def _identity(c: _Checker, at: str, normalize: Callable[[str], str], raw: Scalar) -> str | None:
+    if not isinstance(raw, str):  # "text" fields take only text
+        c.fail(at, "invalid_value", "this field compares with text")
+        return None
+    try:
+        return normalize(raw)
+    except InvalidIdentity as exc:
+        c.fail(at, "invalid_value", f"no contact can have it: {exc.message}")
+        return None
+
+
+_CONTACT_NORMALIZERS: Final[Mapping[str, Callable[[str], str]]] = {
+    "email": normalize_email,
+    "phone": normalize_phone,
+}
 
 
 def _condition_value(
