@@ -141,6 +141,42 @@ def test_format_money_brazilian_format(amount: str, currency: str, expected: str
 
 
 @pytest.mark.parametrize(
+    ("currency", "expected"),
+    [
+        # three decimal places (ISO 4217 minor unit 3)
+        ("KWD", "KWD 1.234,568"),
+        ("BHD", "BHD 1.234,568"),
+        ("TND", "TND 1.234,568"),
+        ("JOD", "JOD 1.234,568"),
+        ("OMR", "OMR 1.234,568"),
+        ("IQD", "IQD 1.234,568"),
+        ("LYD", "LYD 1.234,568"),
+        # none
+        ("BIF", "BIF 1.235"),
+        ("RWF", "RWF 1.235"),
+        ("XPF", "XPF 1.235"),
+        ("DJF", "DJF 1.235"),
+        ("GNF", "GNF 1.235"),
+        ("KMF", "KMF 1.235"),
+        ("VUV", "VUV 1.235"),
+        ("CLP", "CLP 1.235"),
+        ("KRW", "KRW 1.235"),
+        ("XOF", "XOF 1.235"),
+        # four (Chile's Unidad de Fomento)
+        ("CLF", "CLF 1.234,5678"),
+        # two: the rest, and codes ISO 4217 gives none to
+        ("EUR", "EUR 1.234,57"),
+        ("MGA", "MGA 1.234,57"),
+        ("XAU", "XAU 1.234,57"),
+    ],
+)
+def test_format_money_uses_the_currency_minor_unit(currency: str, expected: str) -> None:
+    assert format_money(Decimal("1234.5678"), currency) == expected
+    event = {"value": Decimal("1234.5678"), "currency": currency}
+    assert render_text("{{ event.value | money }}", {"event": event}) == expected
+
+
+@pytest.mark.parametrize(
     ("event", "expected"),
     [
         ({"value": Decimal("10"), "currency": "USD"}, "US$ 10,00"),

@@ -26,6 +26,8 @@ Olá {{ contact.name | first_name | default:"cliente" }}, seu pedido
   | `first_name` | the first word: `Maria Silva` → `Maria` |
   | `default:"cliente"` | `cliente` when the value is missing or empty |
 
+  `money` shows the currency's ISO 4217 decimal places: `JPY 1.235`, `KWD 1.234,568`.
+
 - A literal `{{` is written `{{ "{{" }}`; any other text (including a lone `}}`) is
   copied as is. `{{ "text" }}` outputs the quoted text; quotes may be `"` or `'`, and
   `\\"` / `\\\\` escape inside them.
@@ -51,6 +53,7 @@ from functools import lru_cache
 from typing import Final, Literal, TypeAlias
 from uuid import UUID
 
+from sinal.currencies import minor_units
 from sinal.errors import SinalError
 from sinal.events import decimal_from_text
 
@@ -99,10 +102,6 @@ MAX_INDEX_DIGITS: Final = 6
 # rendered as missing rather than formatted with a huge decimal context.
 _MAX_MONEY_DIGITS: Final = 30
 _SYMBOLS: Final[Mapping[str, str]] = {"BRL": "R$", "USD": "US$"}
-# ISO 4217 currencies without minor units that Brazilian stores plausibly see.
-_ZERO_DECIMAL: Final[frozenset[str]] = frozenset(
-    {"CLP", "ISK", "JPY", "KRW", "PYG", "UGX", "VND", "XAF", "XOF"}
-)
 _KEY_CHAR: Final = re.compile(r"""[^\s.\[\]{}|:"']""")
 _FILTER_NAME: Final = re.compile(r"[A-Za-z0-9_]+")
 _CURRENCY: Final = re.compile(r"[A-Z]{3}")
@@ -382,9 +381,10 @@ def render_value(value: object, context: Mapping[str, object]) -> object:
 
 
 def format_money(amount: Decimal, currency: str = "BRL") -> str:
-    """Format an amount the Brazilian way: `R$ 1.297,90`, `US$ 10,00`, `EUR 10,00`."""
+    """Format an amount the Brazilian way: `R$ 1.297,90`, `US$ 10,00`, `EUR 10,00`, with
+    the currency's ISO 4217 decimal places (`JPY 1.235`, `KWD 1.234,568`)."""
     code = currency.upper()
-    places = 0 if code in _ZERO_DECIMAL else 2
+    places = minor_units(code)
     with localcontext() as ctx:
         ctx.prec = _MAX_MONEY_DIGITS + 10
         rounded = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
