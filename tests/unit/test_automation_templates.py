@@ -141,6 +141,27 @@ def test_format_money_brazilian_format(amount: str, currency: str, expected: str
 
 
 @pytest.mark.parametrize(
+    ("amount", "expected"),
+    [
+        ("123456789012345678901234567.891", "R$ 123.456.789.012.345.678.901.234.567,89"),
+        ("-123456789012345678901234567.891", "-R$ 123.456.789.012.345.678.901.234.567,89"),
+        ("9" * 30 + ".995", "R$ 1" + ".000" * 10 + ",00"),  # 30 digits, rounded up to 31
+        ("0E+100", "R$ 0,00"),
+    ],
+)
+def test_format_money_keeps_every_digit_up_to_its_limit(amount: str, expected: str) -> None:
+    assert format_money(Decimal(amount)) == expected
+    assert render_text("{{ event.value | money }}", {"event": {"value": amount}}) == expected
+
+
+@pytest.mark.parametrize("amount", ["1e30", "-1e30", "1e50", "1E+1000000", "NaN", "-Infinity"])
+def test_format_money_refuses_amounts_beyond_its_limit(amount: str) -> None:
+    with pytest.raises(ValueError, match="at most 30 integer digits"):
+        format_money(Decimal(amount))
+    assert render_text("[{{ event.value | money }}]", {"event": {"value": Decimal(amount)}}) == "[]"
+
+
+@pytest.mark.parametrize(
     ("currency", "expected"),
     [
         # three decimal places (ISO 4217 minor unit 3)
@@ -214,6 +235,11 @@ def test_render_money_uses_the_event_currency(event: dict[str, Any], expected: s
         (Decimal("1.5e-150"), "1.5E-150"),
         # beyond int's str() limit: shown, not raised
         pytest.param(10**5000, "1E+5000", id="int-beyond-str-limit"),
+        # beyond the decimal context's exponents: shown exactly, not raised
+        (Decimal("1E+1000000"), "1E+1000000"),
+        (Decimal("-1.500E+1000000"), "-1.5E+1000000"),
+        (Decimal("1E-1000000"), "1E-1000000"),
+        (Decimal("0E+1000"), "0"),
         ([1, "a", None], '[1,"a",null]'),
         ({"a": Decimal("1.5")}, '{"a":"1.5"}'),
         ({"ç": "ã"}, '{"ç":"ã"}'),

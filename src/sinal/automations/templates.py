@@ -98,8 +98,9 @@ SyntaxCode = Literal[
 
 MAX_PATH_DEPTH: Final = 16
 MAX_INDEX_DIGITS: Final = 6
-# Amounts beyond this many integer digits are not money any platform sends; they are
-# rendered as missing rather than formatted with a huge decimal context.
+# Amounts beyond this many integer digits are not money any platform sends: format_money
+# refuses them (ValueError) rather than format with a huge decimal context, and `| money`
+# renders them as missing.
 _MAX_MONEY_DIGITS: Final = 30
 _SYMBOLS: Final[Mapping[str, str]] = {"BRL": "R$", "USD": "US$"}
 _KEY_CHAR: Final = re.compile(r"""[^\s.\[\]{}|:"']""")
@@ -382,14 +383,18 @@ def render_value(value: object, context: Mapping[str, object]) -> object:
 
 def format_money(amount: Decimal, currency: str = "BRL") -> str:
     """Format an amount the Brazilian way: `R$ 1.297,90`, `US$ 10,00`, `EUR 10,00`, with
-    the currency's ISO 4217 decimal places (`JPY 1.235`, `KWD 1.234,568`)."""
+    the currency's ISO 4217 decimal places (`JPY 1.235`, `KWD 1.234,568`). Raises
+    `ValueError` for an amount that is not finite or has more than 30 integer digits."""
+    if not amount.is_finite() or (amount and amount.adjusted() >= _MAX_MONEY_DIGITS):
+        raise ValueError(f"money is finite, with at most {_MAX_MONEY_DIGITS} integer digits")
     code = currency.upper()
     places = minor_units(code)
     with localcontext() as ctx:
-        ctx.prec = _MAX_MONEY_DIGITS + 10
+        ctx.prec = _MAX_MONEY_DIGITS + 10  # every digit of the rounded amount
         rounded = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
     sign = "-" if rounded < 0 else ""
-    whole, _, fraction = f"{abs(rounded):f}".partition(".")
+    # copy_abs, not abs(): abs() rounds to the caller's context (28 digits by default).
+    whole, _, fraction = f"{rounded.copy_abs():f}".partition(".")
     grouped = f"{int(whole):,}".replace(",", ".")
     number = f"{grouped},{fraction}" if places else grouped
     return f"{sign}{_SYMBOLS.get(code, code)} {number}"
@@ -404,12 +409,15 @@ def _is_blank(value: object) -> bool:
 
 def _money(value: object, argument: str | None, context: Mapping[str, object]) -> object:
     amount = to_decimal(value)
-    if amount is None or amount.adjusted() > _MAX_MONEY_DIGITS:
+    if amount is None:
         return MISSING
     currency = argument or lookup(context, ("event", "currency"))
     if not isinstance(currency, str) or not _CURRENCY.fullmatch(currency.upper()):
         currency = "BRL"
-    return format_money(amount, currency)
+    try:
+        return format_money(amount, currency)
+    except ValueError:  # beyond any real amount
+        return MISSING
 
 
 def _upper(value: object, _argument: str | None, _context: Mapping[str, object]) -> object:
@@ -472,7 +480,7 @@ def _to_text(value: object) -> str:
         if number is None:
             return ""
         # Plain digits for any amount a person reads; exponent form for absurd magnitudes.
-        return f"{number:f}" if abs(number.adjusted()) <= 100 else str(number.normalize())
+        return f"{number:f}" if abs(number.adjusted()) <= 100 else _exponent_text(number)
     if isinstance(value, datetime | date):
         return value.isoformat()
     if isinstance(value, UUID):
@@ -483,3 +491,15 @@ def _to_text(value: object) -> str:
     # (circular, or an int too long for str()) than not sent at all.
     except (TypeError, ValueError, RecursionError):
         return ""
+
+
+def _exponent_text(number: Decimal) -> str:
+    """`number` in exponent form without trailing zeros (`1E+200`), exact at any exponent:
+    normalize() would round to the context, and signal Overflow past its limits."""
+    sign, digits, exponent = number.as_tuple()
+    kept = len(digits)
+    while kept > 1 and digits[kept - 1] == 0:
+        kept -= 1
+    if digits[:kept] == (0,):
+        return "-0" if sign else "0"
+    return str(Decimal((sign, digits[:kept], int(exponent) + len(digits) - kept)))
