@@ -264,11 +264,33 @@ def test_render_circular_data_renders_empty() -> None:
         ("José\tCarlos", "José"),
         ("   ", ""),
         (None, ""),
-        (42, "42"),
+        # WhatsApp profile names: emoji and format marks are not the name
+        ("🌸 Ana Paula", "Ana"),
+        ("~ Maria ~", "Maria"),
+        ("*Maria* Silva", "Maria"),
+        ("_Maria_", "Maria"),
+        ("❤️Ana❤️ Souza", "Ana"),
+        ("👩‍💻 Bia", "Bia"),
+        ('"Zé" Carlos', "Zé"),
+        ("Jose\u0301 Silva", "Jose\u0301"),  # a decomposed José keeps its accent
+        ("Bia\ufe0f", "Bia"),  # a stray variation selector is no accent
+        ("D'Ávila", "D'Ávila"),
+        ("Ana-Paula Souza", "Ana-Paula"),
+        ("王伟", "王伟"),
+        # no letter at all: empty, so default applies
+        ("🌸🌸", ""),
+        ("... ---", ""),
+        (42, ""),
     ],
 )
 def test_render_first_name(value: object, expected: str) -> None:
     assert render_text("{{ contact.name | first_name }}", {"contact": {"name": value}}) == expected
+
+
+@pytest.mark.parametrize("name", ["🌸", "*", "42", " ~ "])
+def test_first_name_without_letters_takes_the_default(name: str) -> None:
+    text = '{{ contact.name | first_name | default:"cliente" }}'
+    assert render_text(text, {"contact": {"name": name}}) == "cliente"
 
 
 @pytest.mark.parametrize(

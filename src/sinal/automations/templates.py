@@ -23,7 +23,7 @@ Olá {{ contact.name | first_name | default:"cliente" }}, seu pedido
   | `money` | Brazilian format, event's currency: `R$ 1.297,90`, `US$ 10,00`, `EUR 10,00` |
   | `money:"USD"` | the same in the named currency |
   | `upper` / `lower` | the text in upper / lower case |
-  | `first_name` | the first word: `Maria Silva` → `Maria` |
+  | `first_name` | the first word with a letter, minus marks around it: `🌸 *Ana* Lima` → `Ana` |
   | `default:"cliente"` | `cliente` when the value is missing or empty |
 
   `money` shows the currency's ISO 4217 decimal places: `JPY 1.235`, `KWD 1.234,568`.
@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -429,8 +430,22 @@ def _lower(value: object, _argument: str | None, _context: Mapping[str, object])
 
 
 def _first_name(value: object, _argument: str | None, _context: Mapping[str, object]) -> object:
-    words = _to_text(value).split()
-    return words[0] if words else MISSING
+    # WhatsApp profile names carry emoji and format marks ("🌸 Ana", "*Maria*"): the first
+    # word with a letter, from its first letter to its last (and that letter's accents).
+    for word in _to_text(value).split():
+        letters = [i for i, char in enumerate(word) if char.isalpha()]
+        if letters:
+            end = letters[-1] + 1
+            while end < len(word) and _is_accent(word[end]):
+                end += 1
+            return word[letters[0] : end]
+    return MISSING
+
+
+def _is_accent(char: str) -> bool:
+    """A combining mark (the ◌́ of a decomposed "José"), not an emoji's variation selector."""
+    variation = "\ufe00" <= char <= "\ufe0f" or "\U000e0100" <= char <= "\U000e01ef"
+    return unicodedata.category(char) in ("Mn", "Mc") and not variation
 
 
 def _default(value: object, argument: str | None, _context: Mapping[str, object]) -> object:
