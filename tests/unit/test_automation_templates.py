@@ -287,6 +287,28 @@ def test_render_first_name(value: object, expected: str) -> None:
     assert render_text("{{ contact.name | first_name }}", {"contact": {"name": value}}) == expected
 
 
+@pytest.mark.parametrize(
+    ("contact", "expected"),
+    [
+        ({"tags": []}, "sem tags"),
+        ({"tags": ()}, "sem tags"),
+        ({"tags": {}}, "sem tags"),
+        ({"tags": "   "}, "sem tags"),
+        ({"tags": "\t\n"}, "sem tags"),
+        ({"tags": ["vip"]}, '["vip"]'),
+        ({"tags": {"a": 1}}, '{"a":1}'),
+        ({"tags": " vip "}, " vip "),
+        ({"tags": 0}, "0"),
+        ({"tags": False}, "false"),
+    ],
+)
+def test_default_replaces_empty_lists_objects_and_blank_text(
+    contact: dict[str, Any], expected: str
+) -> None:
+    text = '{{ contact.tags | default:"sem tags" }}'
+    assert render_text(text, {"contact": contact}) == expected
+
+
 @pytest.mark.parametrize("name", ["🌸", "*", "42", " ~ "])
 def test_first_name_without_letters_takes_the_default(name: str) -> None:
     text = '{{ contact.name | first_name | default:"cliente" }}'

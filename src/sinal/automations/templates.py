@@ -24,7 +24,7 @@ Olá {{ contact.name | first_name | default:"cliente" }}, seu pedido
   | `money:"USD"` | the same in the named currency |
   | `upper` / `lower` | the text in upper / lower case |
   | `first_name` | the first word with a letter, minus marks around it: `🌸 *Ana* Lima` → `Ana` |
-  | `default:"cliente"` | `cliente` when the value is missing or empty |
+  | `default:"cliente"` | `cliente` when the value is missing, empty, spaces, `[]` or `{}` |
 
   `money` shows the currency's ISO 4217 decimal places: `JPY 1.235`, `KWD 1.234,568`.
 
@@ -405,7 +405,12 @@ _Filter = Callable[[object, str | None, Mapping[str, object]], object]
 
 
 def _is_blank(value: object) -> bool:
-    return value is MISSING or value is None or value == ""
+    """Missing, null, only whitespace, or an empty list or object: what `default` replaces."""
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, Mapping | list | tuple):
+        return not value
+    return value is MISSING or value is None
 
 
 def _money(value: object, argument: str | None, context: Mapping[str, object]) -> object:
