@@ -210,6 +210,23 @@ async def test_ai_answer_and_template_parameters_send_tracked_links(api: Api) ->
     }
 
 
+async def test_message_links_end_before_emoji_and_keep_accented_paths(api: Api) -> None:
+    promo, sale = "https://loja.com.br/promo", "https://loja.com.br/promoção"
+    text = f"Confira {promo}🔥🔥 hoje e {sale}。"
+    await _automation(api, {"type": "send_message", "text": text, "track_links": True})
+    with whatsapp_server() as (wa_url, server):
+        connect_whatsapp(api, api_base_url=wa_url)
+        await _order_fulfilled(api)
+        execution = _run(linking_dispatcher(api.ledger, PUBLIC), api)
+    assert execution.status == "completed", execution.last_error
+
+    [sent] = _texts(server)
+    promo_token, sale_token = SHORT.findall(sent)
+    assert sent == f"Confira {PUBLIC}/l/{promo_token}🔥🔥 hoje e {PUBLIC}/l/{sale_token}。"
+    assert await _click(api, promo_token) == promo
+    assert await _click(api, sale_token) == "https://loja.com.br/promo%C3%A7%C3%A3o"
+
+
 async def test_message_without_track_links_is_sent_as_written(api: Api) -> None:
     await _automation(api, {"type": "send_message", "text": f"Pedido: {ORDER}"})
     with whatsapp_server() as (wa_url, server):

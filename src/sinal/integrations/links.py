@@ -7,8 +7,9 @@ never to one taken from the request — and recorded as Link Clicked (source ``t
 Automation steps that track their links (``track_links``) replace each http(s) URL of
 their message with a short URL: `rewrite_urls` finds them as a reader would, leaving
 sentence punctuation, WhatsApp's formatting marks and unbalanced closing brackets outside
-(``(https://x.com/a).`` → ``https://x.com/a``), and other schemes (``mailto:``, ``tel:``)
-alone.
+(``(https://x.com/a).`` → ``https://x.com/a``), ending a URL at an emoji, another symbol
+or punctuation outside ASCII (``https://x.com/promo🔥`` → ``https://x.com/promo``), and
+leaving other schemes (``mailto:``, ``tel:``) alone.
 
 Link-preview fetchers (WhatsApp's ``WhatsApp/…``, Facebook's ``facebookexternalhit`` and
 ``Facebot``, and the other chat apps' bots) fetch a link as soon as it is sent: they are
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime
 from typing import Final
@@ -107,13 +109,17 @@ def target_url_problem(url: str) -> str | None:
 
 def find_urls(text: str) -> list[tuple[int, int]]:
     """The (start, end) spans of the http(s) URLs in a message that could be a link's
-    target; trailing punctuation and unbalanced closing brackets stay outside."""
+    target; trailing punctuation, unbalanced closing brackets and what follows an emoji
+    stay outside."""
     spans: list[tuple[int, int]] = []
-    for match in _URL_IN_TEXT.finditer(text):
+    match = _URL_IN_TEXT.search(text)
+    while match is not None:
         start = match.start()
-        end = start + len(_trim(match.group()))
+        end = start + len(_trim(_cut(match.group())))  # past the scheme: always > start
         if target_url_problem(text[start:end]) is None:
             spans.append((start, end))
+        # From the URL's end, not the match's: another URL may follow an emoji at once.
+        match = _URL_IN_TEXT.search(text, end)
     return spans
 
 
@@ -126,6 +132,24 @@ def rewrite_urls(text: str, replace: Callable[[str], str]) -> str:
         done = end
     parts.append(text[done:])
     return "".join(parts)
+
+
+def _cut(url: str) -> str:
+    """`url` up to the first character no one types in a URL but many type after one:
+    emoji and other symbols (with their joiners and variation selectors) and punctuation
+    outside ASCII (``。``, ``」``, ``»``). Letters, digits and accents of any script stay
+    (``/promoção``)."""
+    for index, char in enumerate(url):
+        if not char.isascii() and not _is_word_char(char):
+            return url[:index]
+    return url
+
+
+def _is_word_char(char: str) -> bool:
+    category = unicodedata.category(char)
+    if category in ("Mn", "Mc"):  # accents, but not an emoji's variation selector
+        return not ("\ufe00" <= char <= "\ufe0f" or "\U000e0100" <= char <= "\U000e01ef")
+    return category[0] in ("L", "N")
 
 
 def _trim(url: str) -> str:
