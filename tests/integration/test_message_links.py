@@ -227,6 +227,22 @@ async def test_message_links_end_before_emoji_and_keep_accented_paths(api: Api) 
     assert await _click(api, sale_token) == "https://loja.com.br/promo%C3%A7%C3%A3o"
 
 
+async def test_message_urls_no_browser_can_open_are_sent_as_written(api: Api) -> None:
+    text = (
+        f"Pedido: {ORDER} ou https://loja.com.br:99999/p, https://loja.com.br:abc/ e https://a..b/!"
+    )
+    await _automation(api, {"type": "send_message", "text": text, "track_links": True})
+    with whatsapp_server() as (wa_url, server):
+        connect_whatsapp(api, api_base_url=wa_url)
+        await _order_fulfilled(api)
+        execution = _run(linking_dispatcher(api.ledger, PUBLIC), api)
+    assert execution.status == "completed", execution.last_error
+    [sent] = _texts(server)
+    [token] = SHORT.findall(sent)
+    assert sent == text.replace(ORDER, f"{PUBLIC}/l/{token}")
+    assert [url for (url,) in sql(api.url, "SELECT url FROM links")] == [ORDER]
+
+
 async def test_message_without_track_links_is_sent_as_written(api: Api) -> None:
     await _automation(api, {"type": "send_message", "text": f"Pedido: {ORDER}"})
     with whatsapp_server() as (wa_url, server):

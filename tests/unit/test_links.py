@@ -52,6 +52,20 @@ def test_is_token_refuses_other_shapes(text: str) -> None:
         ("https://loja.com.br/\r\nSet-Cookie: x", False),
         ("https://ana:senha@loja.com.br/", False),
         ("http://[::1", False),
+        # a port and a host a browser can use, as a webhook step's url
+        ("https://loja.com:8443/x", True),
+        ("http://[::1]:8080/x", True),
+        ("https://lojinha.com.br./p", True),
+        ("https://promoção.com.br/p", True),
+        ("https://loja.com:99999/x", False),
+        ("https://loja.com:abc/", False),
+        ("https://loja.com:-1/", False),
+        ("https://loja.com:0/", False),
+        ("https://a..b/", False),
+        ("https://.loja.com/", False),
+        ("https://" + "a" * 64 + ".com/", False),
+        ("https://999.1.1.1/", False),
+        ("https://é..com/", False),
     ],
 )
 def test_target_url_must_be_absolute_http(url: str, ok: bool) -> None:
@@ -177,6 +191,8 @@ def test_message_urls_leave_the_sentence_around_them_outside(text: str, marked: 
         "https://.",
         "https://user:senha@x.com/a",
         "https://x.com/" + "a" * 2048,
+        "https://loja.com:99999/x",
+        "Veja https://a..b/promo!",
         "Sem links aqui.",
     ],
 )

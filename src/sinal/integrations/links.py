@@ -88,7 +88,8 @@ def is_token(text: str) -> bool:
 
 
 def target_url_problem(url: str) -> str | None:
-    """Why `url` cannot be a link's target (absolute http(s), with a host), or None."""
+    """Why `url` cannot be a link's target (absolute http(s), with a port a browser takes
+    and a host it can connect to, as a webhook step's url), or None."""
     if len(url) > MAX_URL_LENGTH:
         return f"the URL is longer than {MAX_URL_LENGTH} characters"
     if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
@@ -104,7 +105,17 @@ def target_url_problem(url: str) -> str | None:
         return "the URL has no host"
     if parts.username is not None or parts.password is not None:
         return "the URL must not carry a user name or password"
-    return None
+    try:
+        port = parts.port  # ValueError past 65535 or not a number
+    except ValueError:
+        port = 0
+    if port == 0:  # a port given as ":" is None, the scheme's own
+        return "the URL's port is not a number from 1 to 65535"
+    # Imported here: the automations model imports this module (for its limits).
+    from sinal.automations.model import host_problem
+
+    problem = host_problem(host)
+    return None if problem is None else f"the URL's host {host!r} {problem}"
 
 
 def find_urls(text: str) -> list[tuple[int, int]]:
