@@ -169,6 +169,26 @@ async def test_timeline_and_metrics_follow_the_locale(api: Api) -> None:
     assert rows["Order Paid"]["label"] == "Pedido Pago"
 
 
+@pytest.mark.parametrize(
+    ("accept_language", "label"),
+    [
+        ("en;q=0, *", "Pedido Pago"),  # "*" is any language but English: pt-BR
+        ("*, en;q=0", "Pedido Pago"),
+        ("en;q=0, pt;q=0, *", "Pedido Pagado"),
+        ("pt;q=0, *", "Order Paid"),
+    ],
+)
+async def test_labels_take_the_wildcard_as_the_languages_not_named(
+    api: Api, accept_language: str, label: str
+) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    body = {"metric": "Order Paid", "contact_id": contact["id"], "source_id": "1"}
+    await api.post("/v1/events", body)
+    path = f"/v1/contacts/{contact['id']}/timeline"
+    timeline = await api.client.get(path, headers={"Accept-Language": accept_language})
+    assert timeline.json()["data"][0]["label"] == label
+
+
 async def test_another_accounts_contact_is_404_everywhere(api: Api) -> None:
     other = api.ledger.create_account("Outra Loja")
     theirs = api.ledger.create_contact(other.id, email="bia@example.com")

@@ -284,6 +284,16 @@ def test_negotiate_locale_single_tag(value: str | None, expected: str) -> None:
         ("es;q=2, pt;q=0.2", "pt-BR"),  # out-of-range weight is ignored
         ("es;q=nan, pt;q=0.2", "pt-BR"),
         ("fr-CH, fr;q=0.9, de;q=0.7, *;q=0.5", "en"),
+        # "*" is any language the other items do not name (RFC 9110)
+        ("en;q=0, *", "pt-BR"),
+        ("*, en;q=0", "pt-BR"),
+        ("en-US;q=0, *;q=0.5", "pt-BR"),
+        ("en;q=0, pt;q=0, *", "es"),
+        ("pt;q=0, *", "en"),
+        ("es;q=0.9, *;q=0.1", "es"),
+        ("*;q=0.5, es;q=0.1", "en"),
+        ("*;q=0", "en"),
+        ("en;q=0, pt;q=0, es;q=0, *", "en"),  # nothing acceptable: the default
         ("es-419; Q=0.9", "es"),
         (",,;", "en"),
     ],

@@ -2,7 +2,8 @@
 
 The English label is the metric name itself. A custom metric (not in the catalog) is
 shown under its own name in every locale. Locale values are negotiated leniently: a
-bare tag (``pt``, ``pt_BR``, ``es-MX``) or a whole HTTP ``Accept-Language`` header.
+bare tag (``pt``, ``pt_BR``, ``es-MX``) or a whole HTTP ``Accept-Language`` header, whose
+``*`` stands for the languages its other items do not name (``en;q=0, *`` is pt-BR).
 """
 
 from __future__ import annotations
@@ -116,12 +117,11 @@ METRIC_LABELS: Final[Mapping[Locale, Mapping[str, str]]] = MappingProxyType(
 """Read-only labels of every system metric, per locale."""
 
 # Primary language subtag -> supported locale; any Portuguese reads pt-BR.
-# "*" (any language) gets the default.
-_LANGUAGES: Final[dict[str, Locale]] = {"pt": "pt-BR", "en": "en", "es": "es", "*": "en"}
+_LANGUAGES: Final[dict[str, Locale]] = {"pt": "pt-BR", "en": "en", "es": "es"}
 
 
 def _match_tag(tag: str) -> Locale | None:
-    """Map one language tag (``pt_BR``, ``es-MX``, ``*``) to a supported locale."""
+    """Map one language tag (``pt_BR``, ``es-MX``) to a supported locale."""
     primary = tag.strip().replace("_", "-").lower().partition("-")[0]
     return _LANGUAGES.get(primary)
 
@@ -141,23 +141,29 @@ def _parse_quality(params: list[str]) -> float:
 
 
 @lru_cache(maxsize=512)
-def _negotiate(value: str | None) -> Locale:
-    """Pick the best supported locale from a tag or an Accept-Language value."""
-    best: Locale = DEFAULT_LOCALE
-    best_quality = 0.0
-    for item in (value or "").split(","):
+def _negotiate(value: str | None) -> Locale | None:
+    """The best supported locale a tag or an Accept-Language value accepts, if any."""
+    # Ranked by (weight, -position): the higher weight wins, and on equal ones the earlier.
+    ranks: dict[Locale, tuple[float, int]] = {}
+    anything: tuple[float, int] | None = None
+    for position, item in enumerate((value or "").split(",")):
         tag, *params = item.split(";")
-        locale = _match_tag(tag)
-        quality = _parse_quality(params)
-        # Strictly greater: on equal weights the earlier item wins.
-        if locale is not None and quality > best_quality:
-            best, best_quality = locale, quality
-    return best
+        rank = (_parse_quality(params), -position)
+        if tag.strip() == "*":
+            anything = rank if anything is None else max(anything, rank)
+        elif (locale := _match_tag(tag)) is not None:
+            ranks[locale] = max(ranks.get(locale, rank), rank)
+    if anything is not None:
+        # "*" is every language no other item names (RFC 9110): "en;q=0, *" refuses en.
+        for locale in (DEFAULT_LOCALE, *LOCALES):
+            ranks.setdefault(locale, anything)
+    best = max(ranks, key=ranks.__getitem__, default=None)
+    return best if best is not None and ranks[best][0] > 0 else None
 
 
 def negotiate_locale(value: str | None) -> Locale:
     """Return the supported locale that best matches a tag or Accept-Language value."""
-    return _negotiate(value)
+    return _negotiate(value) or DEFAULT_LOCALE
 
 
 def get_metric_label(name: str, locale: str | None = DEFAULT_LOCALE) -> str:
@@ -165,5 +171,5 @@ def get_metric_label(name: str, locale: str | None = DEFAULT_LOCALE) -> str:
     # Exact locales skip negotiation: this runs once per metric row in listings.
     labels = _LABELS_BY_TAG.get(locale) if locale else None
     if labels is None:
-        labels = METRIC_LABELS[_negotiate(locale)]
+        labels = METRIC_LABELS[negotiate_locale(locale)]
     return labels.get(name, name)
