@@ -189,6 +189,40 @@ async def test_labels_take_the_wildcard_as_the_languages_not_named(
     assert timeline.json()["data"][0]["label"] == label
 
 
+@pytest.mark.parametrize(
+    ("params", "accept_language", "label"),
+    [
+        ({"locale": "fr"}, "pt-BR", "Pedido Pago"),  # unsupported: Accept-Language decides
+        ({"locale": "de-DE"}, "es-MX,es;q=0.9", "Pedido Pagado"),
+        ({"locale": ""}, "pt-BR", "Pedido Pago"),
+        ({"locale": "fr"}, None, "Order Paid"),  # neither: the default
+        ({"locale": "es"}, "pt-BR", "Pedido Pagado"),  # a supported ?locale= wins
+        ({"locale": "en"}, "pt-BR", "Order Paid"),
+    ],
+)
+async def test_labels_take_accept_language_when_the_locale_parameter_is_unsupported(
+    api: Api, params: dict[str, str], accept_language: str | None, label: str
+) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    posted = await api.post(
+        "/v1/events", {"metric": "Order Paid", "contact_id": contact["id"], "source_id": "1"}
+    )
+    headers = {} if accept_language is None else {"Accept-Language": accept_language}
+    path = f"/v1/contacts/{contact['id']}"
+    answers = [
+        await api.client.get(f"{path}/timeline", params=params, headers=headers),
+        await api.client.get(f"{path}/metrics", params=params, headers=headers),
+        await api.client.get(f"/v1/events/{posted.json()['event_id']}", params=params,
+                             headers=headers),
+        await api.client.get("/v1/metrics", params=params, headers=headers),
+    ]  # fmt: skip
+    timeline, metrics, event, listing = (answer.json() for answer in answers)
+    assert timeline["data"][0]["label"] == label
+    assert {r["metric"]: r["label"] for r in metrics["data"]}["Order Paid"] == label
+    assert event["label"] == label
+    assert {r["name"]: r["label"] for r in listing["data"]}["Order Paid"] == label
+
+
 async def test_another_accounts_contact_is_404_everywhere(api: Api) -> None:
     other = api.ledger.create_account("Outra Loja")
     theirs = api.ledger.create_contact(other.id, email="bia@example.com")

@@ -19,6 +19,7 @@ from sinal.catalog import (
     get_metric_label,
     get_trigger_metric,
     is_system_metric,
+    match_locale,
     negotiate_locale,
 )
 
@@ -300,3 +301,14 @@ def test_negotiate_locale_single_tag(value: str | None, expected: str) -> None:
 )
 def test_negotiate_locale_accept_language(header: str, expected: str) -> None:
     assert negotiate_locale(header) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("pt_BR", "pt-BR"), ("fr-CH, es;q=0.5", "es"), ("*", "en"), ("en;q=0, *", "pt-BR"),
+     ("fr", None), ("", None), (None, None), ("pt;q=0", None), ("*;q=0", None)],
+)  # fmt: skip
+def test_match_locale_says_when_nothing_supported_is_accepted(
+    value: str | None, expected: str | None
+) -> None:
+    assert match_locale(value) == expected

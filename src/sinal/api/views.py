@@ -13,7 +13,7 @@ import orjson
 from starlette.responses import Response
 
 from sinal.aggregates import Aggregate
-from sinal.catalog import get_metric_category, get_metric_label, negotiate_locale
+from sinal.catalog import get_metric_category, get_metric_label, match_locale, negotiate_locale
 from sinal.errors import FieldError, InvalidQuery
 from sinal.events import decimal_text, in_utc
 from sinal.store.base import Account, Contact, MetricInfo, Rejection, StoredEvent, SummaryRow
@@ -35,8 +35,9 @@ def opt_str(value: object | None) -> str | None:
 
 
 def locale_of(locale: str | None, accept_language: str | None) -> str:
-    """?locale= first, then Accept-Language; the catalog's default otherwise."""
-    return negotiate_locale(locale or accept_language)
+    """?locale= when it names a supported locale, else Accept-Language; the catalog's
+    default when neither does (?locale=fr with Accept-Language: pt-BR is pt-BR)."""
+    return match_locale(locale) or negotiate_locale(accept_language)
 
 
 def event_view(event: StoredEvent, locale: str) -> dict[str, Any]:

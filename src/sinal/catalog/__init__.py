@@ -11,6 +11,7 @@ from sinal.catalog.labels import (
     METRIC_LABELS,
     Locale,
     get_metric_label,
+    match_locale,
     negotiate_locale,
 )
 from sinal.catalog.metrics import (
@@ -106,5 +107,6 @@ __all__ = [
     "get_metric_label",
     "get_trigger_metric",
     "is_system_metric",
+    "match_locale",
     "negotiate_locale",
 ]

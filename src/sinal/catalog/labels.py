@@ -55,6 +55,7 @@ __all__ = [
     "METRIC_LABELS",
     "Locale",
     "get_metric_label",
+    "match_locale",
     "negotiate_locale",
 ]
 
@@ -159,6 +160,12 @@ def _negotiate(value: str | None) -> Locale | None:
             ranks.setdefault(locale, anything)
     best = max(ranks, key=ranks.__getitem__, default=None)
     return best if best is not None and ranks[best][0] > 0 else None
+
+
+def match_locale(value: str | None) -> Locale | None:
+    """The supported locale that best matches a tag or Accept-Language value, or None
+    when it accepts none of them (``fr``, ``pt;q=0``)."""
+    return _negotiate(value)
 
 
 def negotiate_locale(value: str | None) -> Locale:
