@@ -196,7 +196,26 @@ def differs_from_earlier(event: PreparedEvent, earlier: PreparedEvent) -> bool:
 def _properties_differ(one: str, other: str) -> bool:
     """Whether two properties' JSON texts hold different objects: the same text is the same
     properties, and then neither is parsed."""
-    return one != other and bool(orjson.loads(one) != orjson.loads(other))
+    return one != other and not _same_json(orjson.loads(one), orjson.loads(other))
+
+
+def _same_json(one: Any, other: Any) -> bool:
+    """Whether two parsed JSON values are equal as jsonb compares them: numbers by value
+    (1 and 1.0 are equal), but a boolean only to a boolean. (Python's `==` says True == 1,
+    so {"paid": true} and {"paid": 1} compared equal.)"""
+    if isinstance(one, dict):
+        return (
+            isinstance(other, dict)
+            and one.keys() == other.keys()
+            and all(_same_json(value, other[key]) for key, value in one.items())
+        )
+    if isinstance(one, list):
+        return (
+            isinstance(other, list) and len(one) == len(other) and all(map(_same_json, one, other))
+        )
+    if isinstance(one, bool) or isinstance(other, bool):
+        return one is other
+    return bool(one == other)
 
 
 def _fields_differ(

@@ -146,6 +146,33 @@ def test_duplicate_returns_existing_id_and_whether_payload_differs(
     assert summary.event_count == 1
 
 
+@pytest.mark.parametrize("batch_size", [1, 2, 70])  # the function, the statement, a stream
+def test_a_duplicate_whose_boolean_became_a_number_differs(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact, batch_size: int
+) -> None:
+    stored = {"paid": True, "flags": [False], "n": 1}
+    ledger.emit(order_paid(account, contact, properties=stored))
+    others = [order_paid(account, contact, source_id=f"o{i}") for i in range(batch_size - 2)]
+
+    def answers(properties: dict[str, Any]) -> list[sinal.EmitResult]:
+        dup = order_paid(account, contact, properties=properties)
+        if batch_size == 1:
+            return [ledger.emit(dup)]
+        repeat = order_paid(account, contact, source_id="new", properties=properties)
+        first = order_paid(account, contact, source_id="new", properties=stored)
+        return ledger.emit_many([dup, first, repeat, *others])[:3:2]
+
+    for properties, expected in [
+        ({"paid": 1, "flags": [False], "n": 1}, True),
+        ({"paid": True, "flags": [0], "n": 1}, True),
+        ({"paid": True, "flags": [False], "n": 1.0}, False),
+    ]:
+        results = answers(properties)
+        assert [(r.status, r.differs) for r in results] == [("duplicate", expected)] * len(
+            results
+        ), properties
+
+
 def test_custom_metric_is_created_as_custom(
     ledger: Ledger, database_url: str, account: sinal.Account, contact: sinal.Contact
 ) -> None:

@@ -777,6 +777,29 @@ def test_differs_from_reads_properties_stored_as_sinal_wrote_them() -> None:
 
 
 @pytest.mark.parametrize(
+    ("first", "then", "expected"),
+    [
+        ({"paid": True}, {"paid": 1}, True),
+        ({"paid": False}, {"paid": 0}, True),
+        ({"a": [False]}, {"a": [0]}, True),
+        ({"a": {"b": [1, True]}}, {"a": {"b": [1, 1]}}, True),
+        ({"paid": True}, {"paid": True}, False),
+        ({"n": 1}, {"n": 1.0}, False),  # equal numbers, as jsonb says
+        ({"a": [1, {"b": 2}]}, {"a": [1.0, {"b": 2.0}]}, False),
+        ({"a": [1]}, {"a": [1, 2]}, True),
+        ({"a": 1}, {"a": 1, "b": None}, True),
+    ],
+)
+def test_differs_from_never_takes_a_boolean_for_a_number(
+    first: dict[str, Any], then: dict[str, Any], expected: bool
+) -> None:
+    stored = accept(properties=first)
+    repeat = accept(properties=then)
+    assert differs_from_earlier(repeat, stored) is expected
+    assert differs_from(repeat, stored_copy(stored)) is expected
+
+
+@pytest.mark.parametrize(
     ("occurred_at", "expected"),
     [
         (None, False),  # a retry that let occurred_at default to "now" is the same event
