@@ -228,6 +228,51 @@ def test_missing_contact_is_rejected_and_kept(
     assert count(database_url, "outbox") == 0
 
 
+@pytest.mark.parametrize("zone", [None, "America/Sao_Paulo"])  # the database's TimeZone
+def test_a_rejection_keeps_its_input_alike_on_both_backends(
+    database_url: str, zone: str | None
+) -> None:
+    """Each way in (the one-event path, the record statement, a streamed batch) keeps the
+    input as `PreparedEvent.as_input` writes it, whatever the database's time zone."""
+    if zone is not None and database_url.startswith("postgresql:"):
+        name = database_url.rsplit("/", 1)[1]
+        sql(database_url, f"ALTER DATABASE \"{name}\" SET timezone = '{zone}'")
+    with sinal.connect(database_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, phone="+55 11 98765-4321")
+        unknown = uuid.uuid4()
+        times = [
+            ("2026-12-01T10:00:00.12Z", "2026-12-01T10:00:00.120000+00:00"),
+            ("2026-12-01T07:00:00-03:00", "2026-12-01T10:00:00+00:00"),
+            ("2026-12-01T10:00:00.000001+00:00", "2026-12-01T10:00:00.000001+00:00"),
+        ]
+        for n in (1, 2, 70):
+            for sent, kept_as in times:
+                rejected = order_paid(
+                    account, contact, contact_id=unknown, source_id=f"r{n}{sent}",
+                    occurred_at=sent, properties={"a": 1, "zz": "x"},
+                )  # fmt: skip
+                others = [order_paid(account, contact, source_id=f"{n}:{i}") for i in range(n - 1)]
+                [result, *_] = (
+                    [ledger.emit(rejected)] if n == 1 else ledger.emit_many([rejected, *others])
+                )
+                [kept] = [
+                    k for k in ledger.list_rejections(account.id) if k.id == result.rejection_id
+                ]
+                assert kept.payload == {
+                    "account_id": str(account.id), "contact_id": str(unknown),
+                    "metric_name": "Order Paid", "properties": {"a": 1, "zz": "x"},
+                    "value": "297.90", "currency": "BRL", "source": "shopify",
+                    "source_id": f"r{n}{sent}", "integration_id": None, "entity_type": "order",
+                    "entity_id": None, "occurred_at": kept_as, "automation_execution_id": None,
+                }, (n, sent)  # fmt: skip
+        if isinstance(ledger.store, PostgresStore):  # every connection in UTC, whatever the zone
+            with ledger.store._conn() as conn:
+                assert conn.execute("SHOW timezone").fetchone() == ("UTC",)
+            [stored, *_] = ledger.list_events(EventQuery(account.id))
+            assert stored.occurred_at.utcoffset() == timedelta(0)
+
+
 def test_contact_of_another_account_is_not_found(
     ledger: Ledger, database_url: str, contact: sinal.Contact
 ) -> None:

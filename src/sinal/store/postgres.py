@@ -159,11 +159,11 @@ _GROUP = (
 
 # Rows are sorted before every insert that can wait on another transaction (events by
 # unique id, metrics and summaries by key), so concurrent batches lock in one order.
-# Parameters go in binary (`%(name)b`): psycopg escapes every element of a text array
-# with a regex, and the JSON properties are full of quotes. The statement's whitespace is
-# collapsed below so that it stays under psycopg's 4,096-character limit for caching its
-# conversion (converting 4 kB of placeholders anew took ~50 µs a call); a test keeps it
-# there.
+# Parameters go in binary (`%b`): psycopg escapes every element of a text array with a
+# regex, and the JSON properties are full of quotes. The statement's whitespace is
+# collapsed below, and its parameters go by position (their names took ~230 characters),
+# so that it stays under psycopg's 4,096-character limit for caching its conversion
+# (converting 4 kB of placeholders anew took ~50 µs a call); a test keeps it there.
 # The batch's rows, as one array per column (`unnest`), or one row of scalars: psycopg
 # dumps an array per parameter, which for a single event costs more than the statement.
 _INPUT_COLUMNS = (
@@ -176,18 +176,17 @@ _INPUT_COLUMNS = (
     # Last, the columns only the metric upsert reads.
     ("display_name", "text"), ("category", "text"), ("is_system", "bool"),
 )  # fmt: skip
-_INPUT_NAMES = [name for name, _ in _INPUT_COLUMNS]
 
 
 def _unnest(columns: Sequence[tuple[str, str]]) -> str:
     return "SELECT * FROM unnest({}) AS t({})".format(
-        ", ".join(f"%({name})b::{kind}[]" for name, kind in columns),
+        ", ".join(f"%b::{kind}[]" for _, kind in columns),
         ", ".join(name for name, _ in columns),
     )
 
 
 _INPUT_MANY = _unnest(_INPUT_COLUMNS)
-_INPUT_ONE = "SELECT " + ", ".join(f"%({name})b::{kind} AS {name}" for name, kind in _INPUT_COLUMNS)
+_INPUT_ONE = "SELECT " + ", ".join(f"%b::{kind} AS {name}" for name, kind in _INPUT_COLUMNS)
 # The parts of the record statement. Keys are sorted in code point order (COLLATE "C", as
 # Python sorts str) wherever a row may wait on another transaction's: the ledger sends a
 # big batch in chunks ordered that way, so a batch sent whole or in chunks locks alike.
@@ -245,6 +244,8 @@ outboxed AS (
     INSERT INTO outbox (account_id, event_id, metric_name)
     SELECT account_id, id, metric_name FROM stored WHERE automation_execution_id IS NULL
 )"""
+# A rejection keeps its input as SQLite's does (`PreparedEvent.as_input`): occurred_at as
+# Python's isoformat writes a UTC time, microseconds only when there are some.
 _REJECTED = """
 rejected AS (
     INSERT INTO rejections (account_id, id, reason, message, source, payload)
@@ -260,7 +261,10 @@ rejected AS (
                'value', i.value::text, 'currency', i.currency, 'source', i.source,
                'source_id', i.source_id, 'integration_id', i.integration_id,
                'entity_type', i.entity_type, 'entity_id', i.entity_id,
-               'occurred_at', i.occurred_at, 'automation_execution_id', i.execution_id)
+               'occurred_at', replace(to_char(i.occurred_at AT TIME ZONE 'UTC',
+                                              'YYYY-MM-DD"T"HH24:MI:SS.US'), '.000000', '')
+                              || '+00:00',
+               'automation_execution_id', i.execution_id)
     FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.ord = i.ord)
     RETURNING id
 )"""
@@ -316,7 +320,7 @@ _RECORD_EVENT = (
     f"FROM sinal_record_event({{}}, p_schema_version => {SCHEMA_VERSION:d})"
 )
 _RECORD_EVENT_SQL = _RECORD_EVENT.format(
-    ", ".join(f"p_{name} => %({name})b::{kind}" for name, kind in _INPUT_COLUMNS[1:])
+    ", ".join(f"p_{name} => %b::{kind}" for name, kind in _INPUT_COLUMNS[1:])
 )
 # The same, prepared by name on each pooled connection and run through libpq directly
 # (`_PooledConnection.record_one`): its parameters are `_input_row`'s but `ord`.
@@ -420,10 +424,12 @@ def _configure(conn: psycopg.Connection[TupleRow]) -> None:
     # are built for (a statement waits for a concurrent key and then sees its row; with a
     # serializable default, racing writers failed more often than they retried); and
     # dates in ISO, the only style psycopg reads back (with 'SQL, DMY' every read of a
-    # timestamp failed).
+    # timestamp failed); and times in UTC, as sinal stores them: a timestamptz turned into
+    # text in SQL (a rejection's payload) took the database's zone.
     conn.execute(
         "SELECT set_config('default_transaction_isolation', 'read committed', false), "
-        "set_config('datestyle', 'ISO', false), set_config('intervalstyle', 'postgres', false)"
+        "set_config('datestyle', 'ISO', false), set_config('intervalstyle', 'postgres', false), "
+        "set_config('timezone', 'UTC', false)"
     )
     conn.adapters.register_dumper(_UuidArray, _UuidArrayDumper)
     conn.adapters.register_dumper(_TextArray, _TextArrayDumper)
@@ -1277,11 +1283,10 @@ def _record_in(
         answer = pooled.record_one(row[1:]) if pooled else None
         if answer is None or not answer[0][2]:  # through psycopg, or a contact not in the account
             cursor = pooled.one_event_cursor() if pooled else conn.cursor()
-            params = dict(zip(_INPUT_NAMES, row, strict=True))
             if answer is None:
-                answer = cursor.execute(_RECORD_EVENT_SQL, params).fetchall()
+                answer = cursor.execute(_RECORD_EVENT_SQL, row[1:]).fetchall()
             if not answer[0][2]:  # not a contact of the account: the statement keeps the rejection
-                answer = cursor.execute(_RECORD_ONE_SQL, params).fetchall()
+                answer = cursor.execute(_RECORD_ONE_SQL, row).fetchall()
         rows = answer
     return _outcomes(conn, events, rows)
 
@@ -1571,10 +1576,10 @@ def _api_key(r: Sequence[Any]) -> ApiKey:
     return ApiKey(r[0], r[1], r[2], r[3], r[4], tuple(r[5]), r[6], r[7])
 
 
-def _input_arrays(events: Sequence[PreparedEvent]) -> dict[str, Any]:
+def _input_arrays(events: Sequence[PreparedEvent]) -> list[list[Any]]:
     """`events`' input rows, one array per column."""
-    columns_of_rows = zip(*(_input_row(i, e) for i, e in enumerate(events)), strict=True)
-    return {name: list(values) for name, values in zip(_INPUT_NAMES, columns_of_rows, strict=True)}
+    rows = (_input_row(i, e) for i, e in enumerate(events))
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 def _stored_payloads(
