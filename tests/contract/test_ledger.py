@@ -212,6 +212,32 @@ def test_a_metric_is_created_by_the_first_event_of_it_whatever_the_contact(
     assert sql(database_url, counts, str(other.id)) == [("Order Paid", 1)]
 
 
+@pytest.mark.parametrize("batch_size", [1, 2, 70])  # the function, the statement, a stream
+def test_a_metric_is_made_only_by_an_event_stored(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact, batch_size: int
+) -> None:
+    """Not by a duplicate naming another metric, nor by a rejected event."""
+    ledger.emit(order_paid(account, contact, source_id="dup"))
+    others = [order_paid(account, contact, source_id=f"o{i}") for i in range(batch_size - 1)]
+    for unsaved in (
+        order_paid(account, contact, source_id="dup", metric_name="Order Cancelled"),
+        order_paid(account, contact, source_id="r", metric_name="Quiz", contact_id=uuid.uuid4()),
+        order_paid(account, contact, source_id="n", metric_name="Quiz", contact_id=None),
+    ):
+        if batch_size == 1:
+            [result] = [ledger.emit(unsaved)]
+        else:
+            [result, *_] = ledger.emit_many([unsaved, *others])
+        assert result.status in ("duplicate", "rejected")
+        assert [m.name for m in ledger.list_metrics(account.id)] == ["Order Paid"], unsaved
+    stored = order_paid(account, contact, source_id="new", metric_name="Order Cancelled")
+    ledger.emit_many([stored, *others]) if batch_size > 1 else ledger.emit(stored)
+    assert sorted(m.name for m in ledger.list_metrics(account.id)) == [
+        "Order Cancelled",
+        "Order Paid",
+    ]
+
+
 def test_missing_contact_is_rejected_and_kept(
     ledger: Ledger, database_url: str, account: sinal.Account
 ) -> None:

@@ -196,12 +196,15 @@ known AS (
     CROSS JOIN LATERAL (SELECT 1 FROM contacts c
                         WHERE c.account_id = i.account_id AND c.id = i.contact_id LIMIT 1) c
 )"""
+# A metric is made by an event stored, never by a duplicate or a rejection (as the
+# one-event function and a streamed batch's closing statements do).
 _NEW_METRICS = """
 new_metrics AS (
     INSERT INTO metrics (account_id, id, name, display_name, category, source, is_system)
     SELECT DISTINCT ON (account_id, metric_name COLLATE "C")
            account_id, metric_id, metric_name, display_name, category, source, is_system
-    FROM known ORDER BY account_id, metric_name COLLATE "C", ord
+    FROM known WHERE id IN (SELECT id FROM stored)
+    ORDER BY account_id, metric_name COLLATE "C", ord
     ON CONFLICT DO NOTHING
 )"""
 _STORED = f"""
@@ -285,7 +288,7 @@ ORDER BY i.ord
 # data-modifying parts in reverse order of their place here: rejections, outbox,
 # summaries, metrics (seen on PostgreSQL 15 with a sequence default on each table). A
 # streamed batch writes events, outbox, summaries and metrics in that order.
-_RECORD_BODY = ",".join((_KNOWN, _NEW_METRICS, _STORED, _SUMMARY, _OUTBOXED, _REJECTED)) + _ANSWER
+_RECORD_BODY = ",".join((_KNOWN, _STORED, _NEW_METRICS, _SUMMARY, _OUTBOXED, _REJECTED)) + _ANSWER
 # The values' sums go as text, exact, for PostgreSQL to read: psycopg's binary numeric
 # dumper took ~1.6 µs a value, on the client, while PostgreSQL waited for the statement.
 _SUMMARY_SQL = f"""

@@ -1003,7 +1003,7 @@ class _Batch:
         contact = self.text(event.contact_id)
         if not self.contact_exists(account, contact):
             return self.reject(event, "contact_not_found")
-        metric = self.ensure_metric(event, account)
+        metric, new_metric = self.ensure_metric(event, account)
         event_id = str(event.id)
         row = self.conn.execute(
             f"INSERT INTO events ({_EVENT_COLUMNS}, metric_id, created_at) "
@@ -1018,6 +1018,8 @@ class _Batch:
             ),
         ).fetchone()  # fmt: skip
         if row is None:
+            if new_metric:  # a metric is made by an event stored, never by a duplicate
+                self.drop_metric(event, account, metric)
             return self.duplicate(event)
         self.created.append(event)
         if not event.from_automation:
@@ -1039,23 +1041,29 @@ class _Batch:
             )
         return self.contacts[key]
 
-    def ensure_metric(self, event: PreparedEvent, account: str) -> str:
-        """Insert the event's metric unless the batch did; its id, as stored."""
+    def ensure_metric(self, event: PreparedEvent, account: str) -> tuple[str, bool]:
+        """Insert the event's metric unless the batch did; its id, as stored, and whether
+        this call inserted it. (Before the event, which the metric's foreign key needs.)"""
         key = (account, event.metric_name)
         known = self.metrics.get(key)
         if known is not None:
-            return known
+            return known, False
         ident = str(metric_id(event.account_id, event.metric_name))
-        self.conn.execute(
+        inserted = self.conn.execute(
             "INSERT INTO metrics (account_id, id, name, display_name, category, source, "
             "is_system, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (
                 account, ident, event.metric_name, event.display_name, str(event.category),
                 event.source, int(event.is_system), self.now,
             ),
-        )  # fmt: skip
+        ).rowcount  # fmt: skip
         self.metrics[key] = ident
-        return ident
+        return ident, inserted > 0
+
+    def drop_metric(self, event: PreparedEvent, account: str, ident: str) -> None:
+        """Delete the metric `ensure_metric` just inserted for an event not stored."""
+        self.conn.execute("DELETE FROM metrics WHERE account_id = ? AND id = ?", (account, ident))
+        del self.metrics[(account, event.metric_name)]
 
     def duplicate(self, event: PreparedEvent) -> Outcome:
         row = self.conn.execute(
