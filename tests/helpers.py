@@ -146,3 +146,31 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def fail_recording(
+    monkeypatch: Any, ledger: Ledger, failing: Callable[[PreparedEvent], bool]
+) -> None:
+    """Make the store raise `StoreUnavailable` (as for a lock not granted in time) when it
+    writes an event for which `failing` holds, inside its transaction."""
+    from sinal.errors import StoreUnavailable
+    from sinal.store import postgres, sqlite
+
+    if isinstance(ledger.store, postgres.PostgresStore):
+        record_in = postgres._record_in
+
+        def failing_record_in(conn: Any, events: Sequence[PreparedEvent]) -> Any:
+            if any(map(failing, events)):
+                raise StoreUnavailable("injected: lock timeout")
+            return record_in(conn, events)
+
+        monkeypatch.setattr(postgres, "_record_in", failing_record_in)
+    else:
+        record = sqlite._Batch.record
+
+        def failing_record(batch: Any, event: PreparedEvent) -> Any:
+            if failing(event):
+                raise StoreUnavailable("injected: lock timeout")
+            return record(batch, event)
+
+        monkeypatch.setattr(sqlite._Batch, "record", failing_record)

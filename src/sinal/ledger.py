@@ -223,48 +223,64 @@ class Ledger:
                         chunk.append(event)
                 yield chunk
 
-        answered: list[tuple[list[Outcome], list[tuple[int, PreparedEvent]]]] = []
+        answered: list[list[Outcome]] = []
 
         def answer(outcomes: list[Outcome]) -> None:
-            answered.append((outcomes, self._answer(rounds, outcomes, results)))
+            self._answer(rounds, outcomes, results)
+            answered.append(outcomes)
+
+        def settle(batch: Sequence[PreparedEvent], outcomes: list[Outcome]) -> _Round:
+            # The store's own list of every chunk's events is the first round.
+            if not isinstance(batch, _Round) and not rounds.repeats:
+                return _NO_ROUND  # no repeats: answered below (or by `answer`)
+            return self._next_round(batch, rounds, outcomes, results)
 
         if len(events) > CHUNK:
-            outcomes = self.store.record_chunks(chunks(), keys, answer)
+            outcomes = self.store.record_chunks(chunks(), keys, answer, settle)
         else:  # one statement
-            batch = [event for chunk in chunks() for event in chunk]
-            outcomes = self.store.record(batch) if batch else []
+            first = _Round(rounds)
+            first.extend(event for chunk in chunks() for event in chunk)
+            outcomes = self._record_round(first, results)
         # The store may have answered while PostgreSQL committed; a batch it had to redo
-        # comes back with other outcomes, answered again here.
-        retry = (
-            answered[-1][1]
-            if answered and answered[-1][0] is outcomes
-            else self._answer(rounds, outcomes, results)
-        )
-        self._record_rounds(retry, results)
+        # comes back with other outcomes, answered again here. (The repeats whose first
+        # could not be stored were recorded and answered in the store's transaction.)
+        if not answered or answered[-1] is not outcomes:
+            self._answer(rounds, outcomes, results)
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
     def record_prepared(self, events: Sequence[PreparedEvent]) -> list[EmitResult]:
         """Record already validated events in one transaction (used by group commit)."""
         results: list[EmitResult | None] = [None] * len(events)
-        self._record_rounds(list(enumerate(events)), results)
+        first = _Round.of(list(enumerate(events)))
+        self._answer(first.rounds, self._record_round(first, results), results)
         return results  # type: ignore[return-value]
 
-    def _record_rounds(
-        self, items: list[tuple[int, PreparedEvent]], results: list[EmitResult | None]
-    ) -> None:
-        """Record the first occurrence of each unique id; settle the repeats against it
-        (nothing to do for no items)."""
-        rounds = _FirstWins()
-        batch = [event for i, event in items if rounds.take(i, event)]
-        if batch:
-            self._settle(rounds, self.store.record(batch), results)
+    def _record_round(self, first: _Round, results: list[EmitResult | None]) -> list[Outcome]:
+        """Record the first occurrence of each unique id in `first`, and in the same
+        transaction, the repeats whose first could not be stored; their outcomes."""
+        if not first:
+            return []
+        if not first.rounds.repeats:
+            return self.store.record(first)  # nothing to settle: one statement, as ever
 
-    def _settle(
-        self, rounds: _FirstWins, outcomes: list[Outcome], results: list[EmitResult | None]
-    ) -> None:
-        """`_answer`, then a round for the repeats whose first could not be stored."""
-        self._record_rounds(self._answer(rounds, outcomes, results), results)
+        def settle(batch: Sequence[PreparedEvent], outcomes: list[Outcome]) -> _Round:
+            assert isinstance(batch, _Round)
+            return self._next_round(batch, batch.rounds, outcomes, results)
+
+        return self.store.record(first, settle)
+
+    def _next_round(
+        self,
+        batch: Sequence[PreparedEvent],
+        first: _FirstWins,
+        outcomes: list[Outcome],
+        results: list[EmitResult | None],
+    ) -> _Round:
+        """Answer a round (`first` when it is not a `_Round`); the next: the repeats whose
+        first could not be stored."""
+        rounds = batch.rounds if isinstance(batch, _Round) else first
+        return _Round.of(self._answer(rounds, outcomes, results))
 
     @staticmethod
     def _answer(
@@ -646,6 +662,25 @@ class _FirstWins:
             self.first[key] = i
         self.taken.append((i, event))
         return True
+
+
+class _Round(list[PreparedEvent]):
+    """The events of one round of a batch, the first of each unique id, with the `_FirstWins`
+    that took them (and their repeats): what the ledger answers the round's outcomes by."""
+
+    def __init__(self, rounds: _FirstWins) -> None:
+        super().__init__()
+        self.rounds = rounds
+
+    @classmethod
+    def of(cls, items: list[tuple[int, PreparedEvent]]) -> _Round:
+        """The round taking `items` (index in the batch, event)."""
+        made = cls(_FirstWins())
+        made.extend(event for i, event in items if made.rounds.take(i, event))
+        return made
+
+
+_NO_ROUND = _Round(_FirstWins())
 
 
 CHUNK = 64  # events per chunk of a batch (measured: bench/HISTORY.md)

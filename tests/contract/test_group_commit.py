@@ -13,7 +13,7 @@ import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.group_commit import GroupCommitter
 from sinal.ids import new_id
-from tests.helpers import BAD_LIMITS, WatchedLedger, count, sql
+from tests.helpers import BAD_LIMITS, WatchedLedger, count, fail_recording, sql
 
 pytestmark = pytest.mark.anyio
 
@@ -113,3 +113,22 @@ def test_limits_no_transaction_could_keep_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         GroupCommitter(ledger, **settings)
+
+
+async def test_callers_sharing_a_failed_transaction_all_get_the_error_and_nothing_is_stored(
+    ledger: Ledger, database_url: str, account: sinal.Account, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also when the failure comes recording a repeat whose first was rejected: the callers
+    of events stored before it are not answered 503 for events committed."""
+    contact = ledger.create_contact(account.id, phone="+5511987654321")
+    fail_recording(monkeypatch, ledger, lambda e: (e.source_id, e.contact_id) == ("K", contact.id))
+    committer = GroupCommitter(ledger, max_delay=0.05)
+    unknown = replace(paid(account, contact, 0), source_id="K", contact_id=new_id())
+    answers = await asyncio.gather(
+        committer.emit(paid(account, contact, 1)),
+        committer.emit(unknown),
+        committer.emit(replace(unknown, contact_id=contact.id)),
+        return_exceptions=True,
+    )
+    assert [type(a) for a in answers] == [sinal.StoreUnavailable] * 3
+    assert (count(database_url, "events"), count(database_url, "rejections")) == (0, 0)

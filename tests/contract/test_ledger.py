@@ -27,7 +27,7 @@ from sinal import EmitEvent, InvalidEvent, Ledger
 from sinal.store.base import EventQuery, Outcome, read_migrations
 from sinal.store.postgres import OPEN_RETRY, PostgresStore
 from tests.conftest import IN_CI
-from tests.helpers import count, cut_connections, sql, wait_until
+from tests.helpers import count, cut_connections, fail_recording, sql, wait_until
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -552,6 +552,37 @@ def test_emit_many_retries_a_repeat_whose_first_was_rejected(
     assert [r.status for r in results] == ["rejected", "created"]
 
 
+@pytest.mark.parametrize("batch_size", [3, 70])  # one statement, a streamed batch
+def test_a_repeat_whose_first_was_rejected_commits_with_its_batch_or_not_at_all(
+    ledger: Ledger,
+    database_url: str,
+    account: sinal.Account,
+    monkeypatch: pytest.MonkeyPatch,
+    batch_size: int,
+) -> None:
+    """The repeat is recorded in the batch's transaction: when writing it fails, the call
+    raises and nothing of the batch is stored, not even the rejection of its first."""
+    contact = ledger.create_contact(account.id, phone="+5511987654321")
+    batch = [
+        order_paid(account, contact, source_id="A"),
+        order_paid(account, contact, source_id="K", contact_id=uuid.uuid4()),
+        order_paid(account, contact, source_id="K"),
+        *(order_paid(account, contact, source_id=f"o{i}") for i in range(batch_size - 3)),
+    ]
+    fail_recording(monkeypatch, ledger, lambda e: (e.source_id, e.contact_id) == ("K", contact.id))
+
+    with pytest.raises(sinal.StoreUnavailable):
+        ledger.emit_many(batch)
+    for table in ("events", "rejections", "outbox", "contact_metrics_summary", "metrics"):
+        assert count(database_url, table) == 0, table
+
+    monkeypatch.undo()
+    results = ledger.emit_many(batch)
+    assert [r.status for r in results[:3]] == ["created", "rejected", "created"]
+    assert count(database_url, "events") == batch_size - 1
+    assert [k.id for k in ledger.list_rejections(account.id)] == [results[1].rejection_id]
+
+
 def test_emit_many_refuses_more_than_a_thousand(
     ledger: Ledger, account: sinal.Account, contact: sinal.Contact
 ) -> None:
@@ -860,8 +891,10 @@ class _ShownTooEarly:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
 
-    def record_chunks(self, chunks: Any, keys: Any, early: Any = None) -> list[Outcome]:
-        outcomes: list[Outcome] = self.store.record_chunks(chunks, keys, early)
+    def record_chunks(
+        self, chunks: Any, keys: Any, early: Any = None, settle: Any = None
+    ) -> list[Outcome]:
+        outcomes: list[Outcome] = self.store.record_chunks(chunks, keys, early, settle)
         assert early is not None
         early([Outcome("rejected", reason="contact_not_found") for _ in outcomes])
         self.shown += 1
@@ -903,12 +936,12 @@ def test_a_streamed_batch_is_shown_to_the_ledger_while_it_commits(
     seen: list[tuple[list[Outcome], str]] = []
     real = postgres._record_copied
 
-    def spied(conn: Any, keys: Any, chunks: Any, early: Any) -> list[Outcome]:
+    def spied(conn: Any, keys: Any, chunks: Any, early: Any, settle: Any) -> list[Outcome]:
         def look(outcomes: list[Outcome]) -> None:
             seen.append((outcomes, TransactionStatus(conn.pgconn.transaction_status).name))
             early(outcomes)
 
-        return real(conn, keys, chunks, look)
+        return real(conn, keys, chunks, look, settle)
 
     monkeypatch.setattr(postgres, "_record_copied", spied)
     with sinal.connect(pg_url) as ledger:

@@ -287,6 +287,11 @@ BuildReplayEvent = Callable[[Rejection], PreparedEvent]
 Progress = Callable[[int, int], None]  # (done, total)
 
 
+# A round's events and outcomes -> the events of the next round, in the same transaction
+# (none: the batch is done). See `Store.record`.
+Settle = Callable[[Sequence[PreparedEvent], list[Outcome]], Sequence[PreparedEvent]]
+
+
 class Store(Protocol):
     """What the ledger needs from a database. Every method is one transaction."""
 
@@ -314,9 +319,17 @@ class Store(Protocol):
         """One contact of the account, or None (also for another account's id)."""
         ...
 
-    def record(self, events: Sequence[PreparedEvent]) -> list[Outcome]:
+    def record(
+        self, events: Sequence[PreparedEvent], settle: Settle | None = None
+    ) -> list[Outcome]:
         """Store a batch with unique `unique_event_id`s: events, metrics, summaries, outbox
-        and rejections in one transaction. One outcome per event, in order."""
+        and rejections in one transaction. One outcome per event, in order.
+
+        With `settle`, the store calls it with each round's events and outcomes, this
+        first round's included, and records the events it returns (repeats of a key
+        whose earlier occurrence was rejected) in the same transaction as the next round,
+        until it returns none: all the rounds commit, or none does. A transaction redone
+        starts again from the first round."""
         ...
 
     def record_chunks(
@@ -324,11 +337,13 @@ class Store(Protocol):
         chunks: Iterable[Sequence[PreparedEvent]],
         keys: Sequence[EventKey],
         early: Callable[[list[Outcome]], None] | None = None,
+        settle: Settle | None = None,
     ) -> list[Outcome]:
         """`record` for the events of every chunk together (one transaction), pulling each
         chunk only when ready for it. One outcome per event, in order. `keys` identify
         every item of the batch (`identify`, invalid items included) before any chunk is
-        validated: what the store may look up first.
+        validated: what the store may look up first. `settle` as for `record`, its first
+        round being every chunk's events, in order.
 
         The store may call `early` with the outcomes once they are known, while the
         transaction commits, so the caller's work overlaps the database's. If the commit

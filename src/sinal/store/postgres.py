@@ -110,6 +110,7 @@ from sinal.store.base import (
     RebuildReport,
     Rejection,
     Replay,
+    Settle,
     StoredEvent,
     SummaryRow,
     compare_summaries,
@@ -886,14 +887,20 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
 
     # -- events ------------------------------------------------------------------------
 
-    def record(self, events: Sequence[PreparedEvent]) -> list[Outcome]:
-        """Store a batch in one statement (see the module docstring)."""
+    def record(
+        self, events: Sequence[PreparedEvent], settle: Settle | None = None
+    ) -> list[Outcome]:
+        """Store a batch in one statement (see the module docstring); with `settle`, in a
+        transaction holding its later rounds too (see `Store.record`)."""
         if not events:
             return []
         for attempt in range(_ATTEMPTS):
             try:
                 with self._conn() as conn:
-                    return _record_in(conn, events)
+                    if settle is None:
+                        return _record_in(conn, events)
+                    with conn.transaction():
+                        return _record_rounds(conn, events, settle)
             except StoreError as exc:
                 if not isinstance(exc.__cause__, _RETRYABLE) or attempt == _ATTEMPTS - 1:
                     raise
@@ -904,6 +911,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         chunks: Iterable[Sequence[PreparedEvent]],
         keys: Sequence[EventKey],
         early: Callable[[list[Outcome]], None] | None = None,
+        settle: Settle | None = None,
     ) -> list[Outcome]:
         """Looked up, then streamed: one round trip reads the stored events of the batch's
         dedup keys and which of its contacts are missing, while the ledger validates the first
@@ -917,11 +925,11 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         pulled: list[Sequence[PreparedEvent]] = []
         try:
             with self._conn() as conn:
-                return _record_copied(conn, keys, _pulling(pending, pulled), early)
+                return _record_copied(conn, keys, _pulling(pending, pulled), early, settle)
         except StoreError as exc:
             if not isinstance(exc.__cause__, _REDONE):
                 raise
-        return self.record([e for chunk in (*pulled, *pending) for e in chunk])
+        return self.record([e for chunk in (*pulled, *pending) for e in chunk], settle)
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
@@ -1294,11 +1302,35 @@ def _record_in(
     return _outcomes(conn, events, rows)
 
 
+def _record_rounds(
+    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent], settle: Settle
+) -> list[Outcome]:
+    """Record `events`, then each round `settle` names after them, inside the caller's
+    transaction (see `Store.record`); the first round's outcomes."""
+    outcomes = _record_in(conn, events)
+    _record_later_rounds(conn, events, outcomes, settle)
+    return outcomes
+
+
+def _record_later_rounds(
+    conn: psycopg.Connection[TupleRow],
+    events: Sequence[PreparedEvent],
+    outcomes: list[Outcome],
+    settle: Settle,
+) -> None:
+    """The rounds `settle` names after `events` (recorded, with `outcomes`)."""
+    more = settle(events, outcomes)
+    while more:
+        done = _record_in(conn, more)
+        more = settle(more, done)
+
+
 def _record_copied(
     conn: psycopg.Connection[TupleRow],
     keys: Sequence[EventKey],
     chunks: Iterator[Sequence[PreparedEvent]],
     early: Callable[[list[Outcome]], None] | None,
+    settle: Settle | None = None,
 ) -> list[Outcome]:
     """Record a batch by COPY (see `PostgresStore.record_chunks`). Fails with
     UniqueViolation when a key was stored by another transaction after the lookup."""
@@ -1331,6 +1363,8 @@ def _record_copied(
         if batch.unknown:
             batch.record_unknown(conn)
         outcomes = batch.outcomes()
+        if settle is not None:  # the batch's repeats of keys it could not store
+            _record_later_rounds(conn, batch.events, outcomes, settle)
         with conn.pipeline():
             for statement, params in closing:
                 conn.execute(statement, params)

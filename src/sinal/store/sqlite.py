@@ -67,6 +67,7 @@ from sinal.store.base import (
     RebuildReport,
     Rejection,
     Replay,
+    Settle,
     StoredEvent,
     SummaryRow,
     compare_summaries,
@@ -603,24 +604,24 @@ class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteComm
 
     # -- events ------------------------------------------------------------------------
 
-    def record(self, events: Sequence[PreparedEvent]) -> list[Outcome]:
-        """Store a batch in one transaction (see `Store.record`)."""
+    def record(
+        self, events: Sequence[PreparedEvent], settle: Settle | None = None
+    ) -> list[Outcome]:
+        """Store a batch in one transaction, its rounds too (see `Store.record`)."""
         with self._write() as conn:
-            batch = _Batch(conn)
-            outcomes = [batch.record(event) for event in events]
-            batch.flush_summaries()
-        return outcomes
+            return _record_in(conn, events, settle)
 
     def record_chunks(
         self,
         chunks: Iterable[Sequence[PreparedEvent]],
         keys: Sequence[EventKey],
         early: Callable[[list[Outcome]], None] | None = None,
+        settle: Settle | None = None,
     ) -> list[Outcome]:
         """`record` for all the chunks: validated before the write lock is taken, as one
         SQLite writer gains nothing from overlapping them (see `Store.record_chunks`);
         `early` is not called: the commit happens in this thread."""
-        return self.record([event for chunk in chunks for event in chunk])
+        return self.record([event for chunk in chunks for event in chunk], settle)
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
@@ -1118,10 +1119,18 @@ class _Batch:
             )
 
 
-def _record_in(conn: sqlite3.Connection, events: Sequence[PreparedEvent]) -> list[Outcome]:
-    """Record events inside the caller's transaction."""
+def _record_in(
+    conn: sqlite3.Connection, events: Sequence[PreparedEvent], settle: Settle | None = None
+) -> list[Outcome]:
+    """Record events inside the caller's transaction, and the rounds `settle` names after
+    them (see `Store.record`); the first round's outcomes."""
     batch = _Batch(conn)
     outcomes = [batch.record(event) for event in events]
+    if settle is not None:
+        more = settle(events, outcomes)
+        while more:
+            done = [batch.record(event) for event in more]
+            more = settle(more, done)
     batch.flush_summaries()
     return outcomes
 
