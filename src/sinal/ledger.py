@@ -226,13 +226,19 @@ class Ledger:
         answered: list[list[Outcome]] = []
 
         def answer(outcomes: list[Outcome]) -> None:
-            self._answer(rounds, outcomes, results)
-            answered.append(outcomes)
+            if not answered or answered[-1] is not outcomes:  # not already, by `settle`
+                self._answer(rounds, outcomes, results)
+                answered.append(outcomes)
 
         def settle(batch: Sequence[PreparedEvent], outcomes: list[Outcome]) -> _Round:
-            # The store's own list of every chunk's events is the first round.
-            if not isinstance(batch, _Round) and not rounds.repeats:
-                return _NO_ROUND  # no repeats: answered below (or by `answer`)
+            if isinstance(batch, _Round):  # a later round
+                return self._next_round(batch, rounds, outcomes, results)
+            # The store's own list of every chunk's events is the first round. Answered
+            # here only when a repeat may take over from a rejected first: this runs before
+            # the batch's closing statements go out, `answer` while PostgreSQL commits.
+            if not rounds.repeats or not any(o.kind == "rejected" for o in outcomes):
+                return _NO_ROUND
+            answered.append(outcomes)
             return self._next_round(batch, rounds, outcomes, results)
 
         if len(events) > CHUNK:
