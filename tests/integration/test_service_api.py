@@ -220,6 +220,17 @@ async def test_readiness_is_503_when_migrations_are_behind(api: Api) -> None:
     assert "sinal migrate" in response.json()["detail"]
 
 
+async def test_readiness_is_ready_on_a_newer_schema(api: Api) -> None:
+    # a rolling deploy: the new code migrated; the old code's servers stay in service
+    [(latest,)] = sql(api.url, "SELECT max(version) FROM schema_migrations")
+    sql(api.url, "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+        latest + 1, "from newer code", "2026-12-06T00:00:00+00:00")  # fmt: skip
+    response = await api.client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ready", "schema_version": latest + 1}
+    assert "sinal migrate" not in response.text
+
+
 async def test_account_patch_checks_the_timezone(api: Api) -> None:
     response = await api.client.patch("/v1/account", json={"timezone": "Nowhere/City"})
     assert response.status_code == 422

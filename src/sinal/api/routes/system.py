@@ -38,7 +38,9 @@ async def healthz() -> Response:
     responses=problem_responses(503),
 )
 async def readyz(request: Request) -> Response:
-    """503 while the database cannot be reached or `sinal migrate` has not been run."""
+    """503 while the database cannot be reached or `sinal migrate` has not been run; ready
+    on a schema newer than this code's (as `Ledger.check_schema`), so that during a rolling
+    deploy the old code's servers stay in service once the new code has migrated."""
     svc = service(request)
     backend = getattr(svc.ledger.store, "backend", "sqlite")
     latest = latest_schema_version(backend)
@@ -48,7 +50,7 @@ async def readyz(request: Request) -> Response:
         return problem_response(_NOT_READY, str(exc))
     except StoreError:  # its text may name the database's host: not for this open route
         return problem_response(_NOT_READY, "the database cannot be reached")
-    if version != latest:
+    if version < latest:  # a newer schema is ready: a rolling deploy's old code runs on it
         detail = f"schema version {version}, this code needs {latest}: run `sinal migrate`"
         return problem_response(_NOT_READY, detail)
     return json_response({"status": "ready", "schema_version": version})
