@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -116,6 +117,41 @@ def test_serve_records_and_answers_over_http_and_honours_revocation(
     assert proc.wait(timeout=15) in (0, -signal.SIGTERM)
     assert proc.stdout is not None
     assert "Application shutdown complete." in proc.stdout.read()
+
+
+@pytest.mark.slow
+def test_serve_counts_a_client_gone_mid_body_as_499_without_a_traceback(
+    env: dict[str, str], server: tuple[str, subprocess.Popen[str]]
+) -> None:
+    base, proc = server
+    account = cli(env, "accounts", "create", "--name", "Loja Exemplo")
+    key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "ingest,read")
+    port = int(base.rsplit(":", 1)[1])
+    for path in ("/v1/events", "/v1/events/batch"):  # the fast path and FastAPI's
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key['key']}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                '{"metric": "Order Paid", "co'.encode()
+            )  # fmt: skip
+            time.sleep(0.2)  # the server reads the start of the body, then the client leaves
+
+    def counted() -> list[str]:
+        lines = httpx.get(f"{base}/metrics").text.splitlines()
+        return [x for x in lines if x.startswith("sinal_http_requests_total") and "/v1/ev" in x]
+
+    wait_until(lambda: len(counted()) == 2)
+    assert sorted(counted()) == [
+        'sinal_http_requests_total{method="POST",route="/v1/events",status="499"} 1.0',
+        'sinal_http_requests_total{method="POST",route="/v1/events/batch",status="499"} 1.0',
+    ]
+    assert sql(env["SINAL_DATABASE_URL"], "SELECT count(*) FROM events") == [(0,)]
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=15)
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+    assert "Traceback" not in output
+    assert "Application shutdown complete." in output
 
 
 @pytest.mark.slow

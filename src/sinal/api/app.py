@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from sinal.api.errors import ApiError, handle_error
 from sinal.api.fast_path import IngestFastPath
@@ -87,8 +88,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # routers that every request walks through (~40% of a request's CPU here).
         app.router.routes.extend(module.router.routes)
     # Expected errors are answered by the exception middleware; `Exception` (a bug) by the
-    # server-error middleware, which also logs it.
-    for error in (ApiError, SinalError, HTTPException, Exception):
+    # server-error middleware, which also logs it (and re-raises it: uvicorn logs it again).
+    # A client gone mid-body is expected: 499, logged by neither.
+    for error in (ApiError, SinalError, HTTPException, ClientDisconnect, Exception):
         app.add_exception_handler(error, handle_error)
     app.add_exception_handler(RequestValidationError, handle_error)
     hot = next(r for r in app.routes if getattr(r, "path", "") == "/v1/events"

@@ -25,6 +25,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from sinal.automations.model import InvalidAutomation
@@ -200,6 +201,8 @@ def problem_response(
 async def handle_error(request: Request, exc: Exception) -> Response:
     """Any exception as problem+json (registered for Exception and HTTPException)."""
     path = request.url.path
+    if isinstance(exc, ClientDisconnect):  # nobody to answer, nothing wrong on our side
+        return Response(status_code=CLIENT_CLOSED)
     if isinstance(exc, HTTPException):
         problem = _BY_STATUS.get(exc.status_code) or Problem(exc.status_code, "http", str(exc))
         headers = dict(exc.headers) if exc.headers else None
@@ -217,6 +220,10 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     detail = _detail(exc, problem, errors)
     return problem_response(problem, detail, errors, instance=path, headers=headers, **extra)
 
+
+# The status recorded (in metrics; never received) for a request whose client closed the
+# connection before its body arrived: nginx's "client closed request".
+CLIENT_CLOSED = 499
 
 # Seconds a client is told to wait before sending a request answered 503 again.
 RETRY_AFTER = "2"
