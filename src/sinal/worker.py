@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from types import FrameType
@@ -11,7 +12,7 @@ from typing import cast
 from prometheus_client import CollectorRegistry
 
 from sinal.automations.backoff import RetryPolicy
-from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.automations.dispatcher import HOUSEKEEPING_GRACE, Dispatcher, DispatchSettings
 from sinal.automations.metrics import WorkerMetrics, serve_worker_metrics
 from sinal.config import Settings
 from sinal.ledger import Ledger
@@ -24,6 +25,9 @@ log = logging.getLogger("sinal.worker")
 # its leases. Steps that touch the database themselves (tags, conversations) share the
 # rest of the pool.
 WORKER_CONNECTIONS = 5
+# Seconds a stopping worker gives the steps running beyond the HTTP timeout (one request,
+# the usual step) to finish and be recorded.
+STEP_RECORD_GRACE = 5.0
 
 
 def dispatch_settings(settings: Settings) -> DispatchSettings:
@@ -38,7 +42,14 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
         allow_private_webhooks=settings.allow_private_webhooks,
         housekeeping_interval=settings.housekeeping_interval,
         public_url=settings.public_url,
+        stop_grace=settings.http_timeout + STEP_RECORD_GRACE,
     )
+
+
+def stop_timeout(settings: Settings) -> float:
+    """Seconds a worker may take to stop: its steps' grace, then housekeeping's, and a
+    margin for its listener and last writes."""
+    return settings.http_timeout + STEP_RECORD_GRACE + HOUSEKEEPING_GRACE + 5.0
 
 
 def make_dispatcher(
@@ -74,11 +85,19 @@ def start_worker_thread(
 
 
 def run_worker(ledger: Ledger, settings: Settings) -> None:
-    """Run a worker in this process until SIGTERM or SIGINT."""
+    """Run a worker in this process until SIGTERM or SIGINT: no step starts after it, the
+    steps running finish (within the grace), the rest is released. A second signal ends
+    the process at once, as a kill would (the running steps' claims expire)."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %s: finishing the executions in hand, then stopping", signum)
+        if stop.is_set():
+            log.warning("signal %s again: exiting now", signum)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        log.info("signal %s: finishing the steps running, then stopping (again: at once)",
+                 signum)  # fmt: skip
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -1235,3 +1235,94 @@ def test_an_execution_the_delete_did_not_reach_ends_stopped_without_running(
 
     assert world.whatsapp.requests == []
     assert [(x.status, x.last_error) for x in world.executions()] == [("stopped", DELETED)] * 2
+
+
+def test_a_stopping_worker_starts_no_step_and_gives_back_the_rest_at_once(world: World) -> None:
+    """Told to stop while a webhook step runs: that step finishes and is recorded, the next
+    one does not start, and the execution queued behind it for the one thread never starts
+    either; both are released (claimed by no one, due now), not left to a lease that
+    lasts ten minutes, so another worker goes on with them at once."""
+    with webhook_receiver() as (hook_url, hook):
+        _hook_then_message(world, hook_url)
+        world.order_paid(source_id="1")
+        world.order_paid(source_id="2")
+        sending = threading.Event()
+        hook.behaviour.before_answer = lambda body, n: sending.set()
+        hook.behaviour.delay = 0.5
+        worker = world.dispatcher(concurrency=1, lease=600, http_timeout=5.0, poll_interval=0.05)
+        stop = threading.Event()
+        thread = threading.Thread(target=worker.run, args=(stop,))
+        thread.start()
+        assert sending.wait(10)
+        stop.set()
+        thread.join(timeout=15)
+        assert not thread.is_alive()
+        worker.close()
+
+        rows = sql(world.url, "SELECT status, next_step, claimed_by FROM executions "
+                              "ORDER BY next_step DESC")  # fmt: skip
+        assert rows == [("pending", 1, None), ("pending", 0, None)]
+        steps = {e.next_step: [(s.step_type, s.status) for s in _steps(world, e.id)]
+                 for e in world.executions()}  # fmt: skip
+        assert steps == {1: [("webhook", "completed")], 0: []}
+        assert len(hook.requests) == 1
+        assert world.whatsapp.requests == []
+
+        hook.behaviour.delay = 0
+        world.drain(world.dispatcher(lease=600))  # no lease to wait for
+        assert [e.status for e in world.executions()] == ["completed", "completed"]
+        assert len(hook.requests) == 2  # each webhook once
+        assert len(world.whatsapp.requests) == 2
+
+
+def _steps(world: World, execution_id: uuid.UUID) -> Any:
+    execution = world.automations.store.get_execution(world.account.id, execution_id)
+    assert execution is not None
+    return execution.steps
+
+
+def test_an_unexpected_error_in_the_worker_loop_is_logged_and_the_worker_goes_on(
+    world: World, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug that fails a turn of the loop (here the fan-out, once) is logged with its
+    traceback and counted; the worker tries again after a pause instead of ending, which,
+    inside `sinal serve`, left automations stopped while /readyz said ready."""
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    dispatcher = world.dispatcher(poll_interval=0.05)
+    fan_out = dispatcher.store.fan_out
+    failures = iter([RuntimeError("a bug")])
+
+    def flaky(*args: Any) -> Any:
+        for exc in failures:
+            raise exc
+        return fan_out(*args)
+
+    monkeypatch.setattr(dispatcher.store, "fan_out", flaky)
+    stop = threading.Event()
+    thread = threading.Thread(target=dispatcher.run, args=(stop,))
+    thread.start()
+    try:
+        wait_until(lambda: world.executions() and world.executions()[0].status == "completed")
+    finally:
+        stop.set()
+        thread.join(timeout=15)
+        dispatcher.close()
+
+    assert world.executions()[0].status == "completed"
+    assert _counted(dispatcher, "sinal_worker_errors_total", kind="unexpected") == 1
+    [record] = [r for r in caplog.records if "dispatch failed" in r.getMessage()]
+    assert record.exc_info is not None
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_closed_postgres_store_stays_closed(world: World) -> None:
+    """A worker thread still running after its process closed the store used to open a new
+    pool, which nothing ever closed."""
+    store = PostgresStore(world.url)
+    assert store.get_account(world.account.id) is not None
+    store.close()
+    for _ in range(2):  # the first call after close made a new pool, the second used it
+        with pytest.raises(StoreError, match="the PostgreSQL store is closed"):
+            store.get_account(world.account.id)

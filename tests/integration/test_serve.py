@@ -300,3 +300,102 @@ def test_a_killed_server_process_leaves_the_live_gauges(
         proc.wait(timeout=15)
 
     assert listening in metrics, [m for m in metrics.splitlines() if "listening" in m]
+
+
+def _two_webhooks(env: dict[str, str], base: str, hook_url: str) -> dict[str, str]:
+    """An account whose automation posts two webhooks for each Ping; its key's headers."""
+    account = cli(env, "accounts", "create", "--name", "Loja")
+    key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "ingest,read,admin")
+    headers = {"Authorization": f"Bearer {key['key']}"}
+    made = httpx.post(f"{base}/v1/automations", headers=headers, json={
+        "name": "a", "trigger_metric": "Ping",
+        "steps": [{"type": "webhook", "url": f"{hook_url}/one"},
+                  {"type": "webhook", "url": f"{hook_url}/two"}]})  # fmt: skip
+    assert made.status_code == 201, made.text
+    return headers
+
+
+@pytest.mark.slow
+def test_serve_stopped_mid_step_starts_no_other_and_gives_the_rest_back(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM while the worker inside `sinal serve` runs step one of two: step one finishes
+    and is recorded, step two does not start (it used to, ~20 s later, then the ledger was
+    closed under it and, after a restart, it ran again); the execution is given back, so
+    the next server goes on with step two at once, not after the (ten-minute) lease."""
+    from tests.servers import webhook_receiver
+
+    env = {**env, "SINAL_ALLOW_PRIVATE_WEBHOOKS": "true", "SINAL_WORKER_POLL_INTERVAL": "0.2",
+           "SINAL_WORKER_LEASE": "600"}  # fmt: skip
+    with webhook_receiver() as (hook_url, hook):
+        base, proc = start_serve(env, tmp_path, subprocess.DEVNULL)
+        try:
+            headers = _two_webhooks(env, base, hook_url)
+            hook.behaviour.delay = 2.0
+            ping = {"metric": "Ping", "contact": {"phone": "+5511987654321"}}
+            sent = httpx.post(f"{base}/v1/events", headers=headers, json=ping)
+            assert sent.status_code == 201, sent.text
+            wait_until(lambda: hook.requests, timeout=30)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        url = env["SINAL_DATABASE_URL"]
+        assert [r["path"] for r in hook.requests] == ["/one"]
+        assert sql(url, "SELECT status, next_step, claimed_by FROM executions") == [
+            ("pending", 1, None)
+        ]
+        assert sql(url, "SELECT step_index, status FROM execution_steps") == [(0, "completed")]
+
+        hook.behaviour.delay = 0
+        with serving(env, tmp_path):
+            wait_until(lambda: len(hook.requests) == 2, timeout=30)
+            wait_until(lambda: sql(url, "SELECT status FROM executions") == [("completed",)])
+        assert [r["path"] for r in hook.requests] == ["/one", "/two"]
+        assert sql(url, "SELECT status FROM executions") == [("completed",)]
+
+
+@pytest.mark.slow
+def test_worker_stops_after_the_running_step_and_at_once_on_a_second_signal(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM: `sinal worker` finishes the step running (one thread: the other execution
+    waits for it), starts no other and gives both executions back; a second SIGTERM ends
+    it at once, as a kill would, where it used to wait for every execution in hand."""
+    from tests.servers import webhook_receiver
+
+    env = {**env, "SINAL_ALLOW_PRIVATE_WEBHOOKS": "true", "SINAL_WORKER_POLL_INTERVAL": "0.2",
+           "SINAL_WORKER_LEASE": "600", "SINAL_SERVE_WORKER": "false",
+           "SINAL_WORKER_CONCURRENCY": "1"}  # fmt: skip
+    with webhook_receiver() as (hook_url, hook), serving(env, tmp_path) as base:
+        headers = _two_webhooks(env, base, hook_url)
+        for n in range(2):
+            ping = {"metric": "Ping", "source_id": str(n), "contact": {"phone": "+5511987654321"}}
+            sent = httpx.post(f"{base}/v1/events", headers=headers, json=ping)
+            assert sent.status_code == 201, sent.text
+        url = env["SINAL_DATABASE_URL"]
+        ended = []
+        for delay, signals in ((1.0, 1), (60.0, 2)):
+            hook.behaviour.delay = delay
+            seen = len(hook.requests)
+            worker = subprocess.Popen(
+                [SINAL, "worker"], env=env, cwd=tmp_path, stderr=subprocess.DEVNULL
+            )
+            try:
+                wait_until(lambda: len(hook.requests) > seen, timeout=30)  # noqa: B023
+                began = time.monotonic()
+                for _ in range(signals):
+                    time.sleep(0.3)
+                    worker.send_signal(signal.SIGTERM)
+                ended.append((worker.wait(timeout=30), time.monotonic() - began < 10))
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait(timeout=10)
+            if signals == 1:  # the step ran to its end; the next did not start
+                assert [r["path"] for r in hook.requests] == ["/one"]
+                assert sql(url, "SELECT count(*) FROM executions WHERE claimed_by IS NULL "
+                                "AND status = 'pending'") == [(2,)]  # fmt: skip
+    assert ended == [(0, True), (-signal.SIGTERM, True)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,6 +37,8 @@ from sinal.config import Settings
 from sinal.errors import SinalError
 from sinal.ledger import connect
 
+log = logging.getLogger("sinal.api")
+
 DESCRIPTION = """\
 sinal records every activity of a commerce + WhatsApp CRM platform as one standardized
 event. Authenticate with `Authorization: Bearer <key>` (from `sinal keys create`); the
@@ -58,17 +61,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.service = svc
         worker = None
         if settings.serve_worker:  # automations run in the server unless turned off
-            from sinal.worker import start_worker_thread
+            from sinal.worker import start_worker_thread, stop_timeout
 
             worker = start_worker_thread(ledger, settings, metrics.registry)
         try:
             yield
         finally:
+            if worker is not None:
+                worker[1].set()  # no step starts from now on
             await svc.committer.drain()  # every accepted event is committed before exit
             if worker is not None:
-                thread, stop = worker
-                stop.set()
-                await asyncio.to_thread(thread.join, 30)
+                # the steps running finish (bounded): the ledger closes under none of them
+                await asyncio.to_thread(worker[0].join, stop_timeout(settings))
+                if worker[0].is_alive():
+                    log.warning("the worker is still running a step: closing all the same")
             svc.close()
             await asyncio.to_thread(ledger.close)
 

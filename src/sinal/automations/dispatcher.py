@@ -87,6 +87,9 @@ AnswerT = TypeVar("AnswerT")
 INTEGRATION_TTL = 5.0
 # Seconds a stopping worker waits for a housekeeping task in progress.
 HOUSEKEEPING_GRACE = 10.0
+# Seconds the loop pauses after an unexpected error (a bug) before it tries again, at least:
+# a bug that fails every turn logs a traceback a second, not one per poll.
+UNEXPECTED_PAUSE = 1.0
 # A running step's claim is renewed for at most this many HTTP timeouts plus one lease: a
 # request may wait for a pooled connection, for its host's turn to connect, to connect, to
 # write and to read, each up to the timeout. A step running longer is stuck; its claim is
@@ -124,6 +127,9 @@ class DispatchSettings:
     hold_interval: float = 60.0
     housekeeping_interval: float = 20.0  # seconds between housekeeping passes; 0: none
     housekeeping: tuple[str | Task, ...] | None = None  # None: sinal.housekeeping.TASKS
+    # Seconds a stopping worker waits for the steps running to finish (no step starts once
+    # it is told to stop): a step past it is left running, its claim to expire.
+    stop_grace: float = 35.0
 
     def with_worker_id(self) -> DispatchSettings:
         """These settings with a worker id (host:pid:random) if none was set."""
@@ -209,6 +215,8 @@ class Dispatcher:
         self._starts = _Combiner(self.store.start_steps)
         self._finishes = _Combiner(self.store.finish_steps)
         self._held = _HeldClaims()  # the executions in hand, whose leases are renewed
+        self._stopping = threading.Event()  # `run`'s stop: no step starts once it is set
+        self._late = False  # steps were still running when `run` returned
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -244,13 +252,17 @@ class Dispatcher:
         """Work until `stop` is set; sleep on NOTIFY (PostgreSQL) or the poll interval.
 
         Claims are handed to `concurrency` threads as they free up (a slow webhook holds
-        one thread, not the worker); on stop, the executions in hand are finished."""
+        one thread, not the worker). On stop, no step starts: the steps running finish
+        (for up to `stop_grace` seconds), and every execution in hand with steps left,
+        started or still queued for a thread, is released, due at once, for another
+        worker to go on with."""
+        self._stopping = stop
         listener = self._start_listener(stop)
         housekeeper = self._start_housekeeping(stop)
         # a stop wakes the loop at once, not at its next poll
         threading.Thread(target=self._wake_on, args=(stop,), daemon=True).start()
         log.info("worker %s started", self.settings.worker_id)
-        running: set[Future[None]] = set()
+        running: dict[Future[None], Claim] = {}
         with self._renewing():  # until the executions in hand are finished, after a stop
             while not stop.is_set():
                 try:
@@ -260,13 +272,28 @@ class Dispatcher:
                     self.metrics.error("database")
                     busy = False
                     stop.wait(self.settings.poll_interval)
+                except Exception:  # a bug must not end the worker unseen: logged, tried again
+                    log.exception("worker %s: dispatch failed", self.settings.worker_id)
+                    self.metrics.error("unexpected")
+                    busy = False
+                    stop.wait(max(self.settings.poll_interval, UNEXPECTED_PAUSE))
                 if not busy:
                     timeout = self.settings.poll_interval
                     if self._outbox_due.is_set():  # held back by fan_out_interval
                         timeout = min(timeout, max(self._fan_out_wait(), 0.001))
                     self._wake.wait(timeout)
                     self._wake.clear()
-            wait(running)
+            for future, claim in running.items():
+                if future.cancel():  # still waiting for a thread: given back at once
+                    self._give_back(claim)
+            _, late = wait(running, timeout=self.settings.stop_grace)
+            if late:
+                self._late = True
+                log.warning(
+                    "worker %s: %d execution(s) still running a step after %.0f s; their "
+                    "claims expire and another worker resumes them",
+                    self.settings.worker_id, len(late), self.settings.stop_grace,
+                )  # fmt: skip
         if listener is not None:
             listener.join(timeout=2)
         if self._notices is not None:
@@ -325,10 +352,11 @@ class Dispatcher:
             done.set()
             thread.join()
 
-    def _feed(self, running: set[Future[None]]) -> bool:
+    def _feed(self, running: dict[Future[None], Claim]) -> bool:
         """One turn of the loop: fan out (when the outbox was notified, or on every turn
         without LISTEN), then top the threads up; whether more work is likely waiting."""
-        running.difference_update([f for f in running if f.done()])
+        for future in [f for f in running if f.done()]:
+            del running[future]
         more = False
         if (self._outbox_due.is_set() or self._notices is None) and self._fan_out_wait() <= 0:
             self._outbox_due.clear()  # before: a NOTIFY from now on sets it again
@@ -369,7 +397,7 @@ class Dispatcher:
             self._held.begin(claim)  # renewed from now, while it waits for a thread too
             future = self._threads().submit(self._run_claim_logged, claim)
             future.add_done_callback(lambda _: self._wake.set())  # a thread freed up
-            running.add(future)
+            running[future] = claim
         return more or len(claims) == room  # fewer than asked: none due until woken
 
     def _fan_out_wait(self) -> float:
@@ -483,6 +511,9 @@ class Dispatcher:
     def _run_step(self, claim: Claim, index: int, spec: AutomationSpec) -> StepOutcome | None:
         """Run one step; its outcome when the execution goes on to the next step, None when
         the step settled it (waiting, stopped, completed, failed, unknown) or lost it."""
+        if self._stopping.is_set():  # the worker is stopping: another one runs the rest
+            self._release(claim, index)
+            return None
         step = spec.steps[index]
         self._held.begin(claim)  # the step's time starts
         began = time.monotonic()
@@ -583,6 +614,27 @@ class Dispatcher:
         else:
             self.metrics.settle(advance.status)
 
+    def _give_back(self, claim: Claim) -> None:
+        """Release a claim no thread took up (the worker is stopping)."""
+        try:
+            self._release(claim, claim.execution.next_step)
+        except StoreError as exc:  # its lease runs out instead
+            log.warning("execution %s: %s", claim.execution.id, exc)
+            self.metrics.error("database")
+        finally:
+            self._held.end(claim)
+            self.metrics.running.dec()
+
+    def _release(self, claim: Claim, index: int) -> None:
+        """Give back an execution whose step `index` has not started, due now: claimed by
+        no one, unchanged otherwise (its status, attempts and last error)."""
+        e = claim.execution
+        advance = Advance(e.status, index, run_at=self.ledger.clock(), last_error=e.last_error)
+        if not self.store.advance(claim, advance):
+            self._lost(claim)
+        else:
+            log.info("execution %s released at step %d: the worker is stopping", e.id, index)
+
     def _lost(self, claim: Claim) -> None:
         log.warning("lost the claim on execution %s", claim.execution.id)
         self.metrics.lost.inc()
@@ -616,11 +668,13 @@ class Dispatcher:
         )
 
     def close(self) -> None:
-        """Release the threads and the HTTP client."""
+        """Release the threads and the HTTP client; a step still running after `run`'s
+        grace keeps both and is not waited for."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=not self._late, cancel_futures=True)
             self._pool = None
-        self.http.close()
+        if not self._late:
+            self.http.close()
 
 
 def _settles(outcome: StepOutcome, index: int, steps: int) -> Advance | None:

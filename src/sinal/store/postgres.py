@@ -697,6 +697,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         self._pool = self._new_pool(min_size, max_size)
         self._open_lock = threading.Lock()
         self._opened = False
+        self._closed = False
         self._open_failed: tuple[float, StoreUnavailable] | None = None  # when, and why
 
     def _new_pool(self, min_size: int, max_size: int) -> ConnectionPool[_PooledConnection]:
@@ -722,6 +723,8 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         """A connection of the pool for a `with` block (the pool opened on first use)."""
         if not self._opened:
             with self._open_lock:
+                if self._closed:  # a thread still working after close opens no new pool
+                    raise StoreError("the PostgreSQL store is closed")
                 if not self._opened:
                     failed = self._open_failed
                     if failed is not None and time.monotonic() < failed[0] + OPEN_RETRY:
@@ -759,9 +762,11 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             yield conn
 
     def close(self) -> None:
-        """Close the pool."""
-        self._pool.close()
-        self._opened = False
+        """Close the pool, for good: calls made after it raise `StoreError`."""
+        with self._open_lock:
+            self._closed = True
+            self._opened = False
+            self._pool.close()
 
     # -- schema ------------------------------------------------------------------------
 
