@@ -4,6 +4,7 @@ the environment to the store."""
 from __future__ import annotations
 
 import fcntl
+import os
 
 import pytest
 
@@ -64,3 +65,44 @@ def test_a_sqlite_writer_gives_up_after_the_setting(
 async def test_the_setting_reaches_the_servers_store(database_url: str, ledger_at: Ledger) -> None:
     async for api in running_api(database_url, ledger_at, database_wait=2.5):
         assert _wait(api.app.state.service.ledger) == 2.5
+
+
+@pytest.mark.postgres
+@pytest.mark.anyio
+async def test_a_postgres_lock_wait_gives_up_after_the_setting_and_starves_no_read(
+    pg_url: str,
+) -> None:
+    """A session holding a table lock (a long DDL, a stuck transaction): writes needing it
+    answer 503 with Retry-After once the wait has passed, instead of waiting for the lock
+    however long; and while they wait, a read needing no such lock is answered (their
+    threads used to fill asyncio's default executor, min(32, cpus + 4), queueing it)."""
+    import asyncio
+    import time
+
+    import psycopg
+
+    blocked = min(6, (os.cpu_count() or 1) + 4)  # the default executor's threads, up to 6
+    with connect(pg_url) as ledger:
+        async for api in running_api(pg_url, ledger, database_wait=3):
+            contact = {"phone": "+5511987654321"}
+            warm = await api.post("/v1/events", {"metric": "Ping", "contact": contact})
+            assert warm.status_code == 201, warm.text
+            with psycopg.connect(pg_url) as holder:
+                holder.execute("LOCK TABLE contact_metrics_summary IN ACCESS EXCLUSIVE MODE")
+                began = time.monotonic()
+                items = [{"metric": "Ping", "source_id": str(n), "contact": contact}
+                         for n in range(blocked)]  # fmt: skip
+                writes = [
+                    asyncio.create_task(api.post("/v1/events/batch", {"events": [item]}))
+                    for item in items
+                ]
+                await asyncio.sleep(0.5)  # the writes wait for the lock
+                read = await asyncio.wait_for(api.client.get("/v1/events?limit=1"), 2.5)
+                answers = await asyncio.wait_for(asyncio.gather(*writes), 20)
+                took = time.monotonic() - began
+                holder.rollback()
+
+    assert read.status_code == 200
+    assert [a.status_code for a in answers] == [503] * blocked
+    assert {a.headers["retry-after"] for a in answers} == {"2"}
+    assert 2.5 < took < 15  # the wait (3 s), not the lock's

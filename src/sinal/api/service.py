@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ _MAX_CACHED_KEYS = 10_000
 # queued behind them would time out in the orchestrator or in Prometheus (10 s by
 # default): the probe says "not ready" and the scrape keeps the service's own figures.
 PROBE_TIMEOUT = 2.0
+# Threads for the requests' blocking calls, at least (see `Service.__init__`).
+MIN_CALL_THREADS = 32
 
 
 class ProbeTimeout(StoreUnavailable):
@@ -72,6 +75,14 @@ class Service:
         self.metrics = metrics
         self.keys = KeyCache(settings.auth_cache_ttl)
         self._probes = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sinal-probe")
+        # The requests' blocking calls get threads of their own, more than the store has
+        # connections: each call then waits for a connection, or a lock, at most the
+        # database wait (503 after it). On asyncio's default executor, min(32, cpus + 4)
+        # threads, six calls waiting on a lock held every other request queued behind them.
+        connections = getattr(ledger.store, "max_connections", 0)
+        self._calls = ThreadPoolExecutor(
+            max_workers=max(MIN_CALL_THREADS, 2 * connections), thread_name_prefix="sinal-call"
+        )
         self.committer = GroupCommitter(
             ledger,
             max_batch=settings.group_commit_max_batch,
@@ -86,7 +97,8 @@ class Service:
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run blocking ledger work in a worker thread: the event loop never waits on I/O."""
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._calls, call)
 
     async def probe(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn` for a health probe or a scrape: on threads of its own, never queued
@@ -100,8 +112,10 @@ class Service:
             raise ProbeTimeout(f"the database did not answer within {PROBE_TIMEOUT:g} s") from None
 
     def close(self) -> None:
-        """Let the probes' threads go (one still waiting on the database ends on its own)."""
+        """Let the probes' and calls' threads go (one still waiting on the database ends on
+        its own)."""
         self._probes.shutdown(wait=False, cancel_futures=True)
+        self._calls.shutdown(wait=False, cancel_futures=True)
 
     async def authorize(self, request: Request, scope: Scope | None) -> ApiKey:
         """The request's key, which must hold `scope` (None: any valid key)."""

@@ -46,6 +46,7 @@ the event and its summary.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import struct
@@ -421,7 +422,7 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     raise StoreError(str(exc)) from exc
 
 
-def _configure(conn: psycopg.Connection[TupleRow]) -> None:
+def _configure(conn: psycopg.Connection[TupleRow], lock_wait: float = DEFAULT_WAIT) -> None:
     set_json_loads(orjson.loads, conn)
     set_json_dumps(dumps_json, conn)
     # Whatever the database's or the role's defaults: read committed, which sinal's writes
@@ -435,6 +436,10 @@ def _configure(conn: psycopg.Connection[TupleRow]) -> None:
         "set_config('datestyle', 'ISO', false), set_config('intervalstyle', 'postgres', false), "
         "set_config('timezone', 'UTC', false)"
     )
+    # A lock not granted within the wait (a table locked by a long DDL, a stuck session)
+    # fails the call with 55P03 (StoreUnavailable: 503, Retry-After) instead of holding a
+    # request, and a thread and a connection of this process, for as long as the lock.
+    conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{lock_wait * 1000:.0f}ms",))
     conn.adapters.register_dumper(_UuidArray, _UuidArrayDumper)
     conn.adapters.register_dumper(_TextArray, _TextArrayDumper)
     if isinstance(conn, _PooledConnection):
@@ -709,7 +714,7 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
             # UTF-8 whatever the server's or the environment's default (PGCLIENTENCODING):
             # sinal's own dumpers write text as UTF-8 (`_TextArrayDumper`, `_JsonbTextDumper`).
             kwargs={"autocommit": True, "client_encoding": "UTF8", **self._network},
-            configure=_configure,
+            configure=functools.partial(_configure, lock_wait=self._wait),
             open=False,
             name="sinal",
             timeout=self._wait,
@@ -761,6 +766,11 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         with self._conn() as conn, conn.transaction():
             yield conn
 
+    @property
+    def max_connections(self) -> int:
+        """The most connections the pool holds (callers size their threads by it)."""
+        return self._pool.max_size
+
     def close(self) -> None:
         """Close the pool, for good: calls made after it raise `StoreError`."""
         with self._open_lock:
@@ -775,6 +785,9 @@ class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, Po
         applied: list[int] = []
         with self._tx() as conn:
             _check_encoding(conn)
+            # a migration waits for another process's and for its tables' locks as long
+            # as it takes: the connections' lock_timeout is for calls
+            conn.execute("SET LOCAL lock_timeout = 0")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, "
