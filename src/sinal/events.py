@@ -203,7 +203,7 @@ def _properties_differ(one: str, other: str) -> bool:
         return True
     # Python's == takes true for 1: only texts that may hold a boolean need the strict look
     # (the recursive one cost emit_many ×500 ~10% on PostgreSQL, whose jsonb reorders keys)
-    maybe_bool = any(word in text for text in (one, other) for word in ("true", "false"))
+    maybe_bool = "true" in one or "false" in one or "true" in other or "false" in other
     return maybe_bool and not _same_json(parsed, other_parsed)
 
 
