@@ -8,6 +8,7 @@ zone's offset at that instant (so the repeated hour of a DST fall-back is two bu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -57,6 +58,18 @@ def parse_zone(name: str, field: str = "timezone") -> ZoneInfo:
             [FieldError(field, "invalid_timezone", f"{name!r} is not an IANA time zone")]
         )
     return zone
+
+
+# A property to group by: a key both stores can address (SQLite's JSON path breaks on a
+# quote or a dot, which PostgreSQL's `->` would take); the API's `by` parameter says so too.
+BY_PATTERN = re.compile(r"[\w\-]{1,64}")
+
+
+def check_by(by: str | None) -> None:
+    """`InvalidQuery` naming `by` unless it is None or a plain property key."""
+    if by is not None and BY_PATTERN.fullmatch(by) is None:
+        message = "by must be a property key of 1 to 64 letters, digits, '_' or '-'"
+        raise InvalidQuery([FieldError("by", "invalid_property", message)])
 
 
 def check_range(since: datetime, until: datetime) -> None:

@@ -15,7 +15,15 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from sinal.aggregates import Aggregate, Interval, bucket_starts, check_range, densify, parse_zone
+from sinal.aggregates import (
+    Aggregate,
+    Interval,
+    bucket_starts,
+    check_by,
+    check_range,
+    densify,
+    parse_zone,
+)
 from sinal.auth import DEFAULT_SCOPES, generate_key, hash_key, key_account
 from sinal.catalog import (
     METRIC_CONTACT_CREATED,
@@ -535,6 +543,7 @@ class Ledger:
         zone_name = timezone or account.timezone
         zone = parse_zone(zone_name)
         check_range(since, until)
+        check_by(by)
         if not _could_name_metric(metric_name) or not self.store.list_metrics(
             account.id, metric_name
         ):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from sinal.errors import InvalidQuery
 from tests.integration.conftest import Api
 
 pytestmark = pytest.mark.anyio
@@ -273,3 +275,17 @@ async def test_by_labels_groups_alike_on_both_backends(api: Api, ana: str) -> No
         '[1, "x", {"y": "a\\nb"}]': 1, "{}": 1,
     }  # fmt: skip
     assert {r["group"]: r["value"] for r in people.json()["data"]}["1"] == 1
+
+
+@pytest.mark.parametrize("by", ['a"b', "a.b", "", "x" * 65, "a b"])
+async def test_by_a_key_no_store_can_address_is_invalid_from_the_library_too(
+    api: Api, ana: str, by: str
+) -> None:
+    await emit(api, ana, "2026-11-02T12:00:00Z", "10", "1", g="x")
+    with pytest.raises(InvalidQuery) as raised:
+        api.ledger.aggregate(
+            api.account.id, "Order Paid", measurement="count", interval="day",
+            since=datetime(2026, 11, 1, tzinfo=UTC), until=datetime(2026, 11, 3, tzinfo=UTC),
+            by=by,
+        )  # fmt: skip
+    assert [(e.field, e.code) for e in raised.value.errors] == [("by", "invalid_property")]

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response
 
-from sinal.aggregates import Interval
+from sinal.aggregates import BY_PATTERN, Interval
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.models import AggregateOut, MetricList
 from sinal.api.service import service
@@ -17,7 +17,7 @@ from sinal.errors import FieldError, InvalidQuery
 from sinal.store.base import Measurement
 
 router = APIRouter(tags=["metrics"])
-_BY = r"^[\w\-]{1,64}$"
+_BY = f"^{BY_PATTERN.pattern}$"
 
 
 @router.get(
