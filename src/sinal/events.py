@@ -49,7 +49,7 @@ _CONTROL_OR_SURROGATE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 # number is written (the API schema's pattern); and the texts Decimal reads as NaN or
 # Infinity, refused as not_finite.
 _DECIMAL_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_VALUE_QUANTUM = Decimal(1).scaleb(-VALUE_PLACES)  # 0.0001
+VALUE_QUANTUM = Decimal(1).scaleb(-VALUE_PLACES)  # 0.0001: a value's smallest step
 _NON_FINITE_TEXT = re.compile(r"[+-]?(?:s?nan|inf|infinity)", re.IGNORECASE)
 
 Status = Literal["created", "duplicate", "rejected"]
@@ -705,7 +705,7 @@ def fits_value(number: Decimal) -> bool:
 def _to_places(number: Decimal) -> Decimal:
     """`number` at VALUE_PLACES decimal places (rounded when it has more digits than
     zeros there; exact below 10^14, far inside the context's 28 digits)."""
-    return number.quantize(_VALUE_QUANTUM)
+    return number.quantize(VALUE_QUANTUM)
 
 
 def _places(number: Decimal) -> int:

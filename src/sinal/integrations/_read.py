@@ -20,14 +20,13 @@ import orjson
 
 from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone
 from sinal.currencies import is_currency
-from sinal.events import MAX_ABS_VALUE, MAX_ID_TEXT, VALUE_PLACES, decimal_from_text
+from sinal.events import MAX_ABS_VALUE, MAX_ID_TEXT, VALUE_PLACES, VALUE_QUANTUM, decimal_from_text
 from sinal.integrations.base import UnmappablePayload
 from sinal.zones import iana_zone
 
 _T = TypeVar("_T")
 
 _CENT = Decimal("0.01")
-_VALUE_QUANTUM = Decimal(1).scaleb(-VALUE_PLACES)  # 0.0001
 _MAX_QUANTIZE = Decimal("1e20")  # beyond this, cents would exceed Decimal's 28 digits
 # Far beyond any real order total, short enough to keep Decimal parsing cheap.
 _MAX_AMOUNT_TEXT = 40
@@ -156,7 +155,7 @@ def _decimal(raw: object) -> Decimal | None:
             # is 0.30000000000000004): a float stands for an amount, so it is read at the
             # places an amount has. Half-even, Decimal's default and ABNT NBR 5891's rule:
             # noise is never a tie, and a true fifth-place 5 is rounded without bias.
-            amount = amount.quantize(_VALUE_QUANTUM, ROUND_HALF_EVEN).normalize()
+            amount = amount.quantize(VALUE_QUANTUM, ROUND_HALF_EVEN).normalize()
         return amount if _places(amount) >= 2 else amount.quantize(_CENT)
     if isinstance(raw, str) and len(raw) <= _MAX_AMOUNT_TEXT:
         return decimal_from_text(raw)  # written as a JSON number, as an event's value is

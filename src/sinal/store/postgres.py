@@ -430,16 +430,16 @@ def _configure(conn: psycopg.Connection[TupleRow], lock_wait: float = DEFAULT_WA
     # serializable default, racing writers failed more often than they retried); and
     # dates in ISO, the only style psycopg reads back (with 'SQL, DMY' every read of a
     # timestamp failed); and times in UTC, as sinal stores them: a timestamptz turned into
-    # text in SQL (a rejection's payload) took the database's zone.
+    # text in SQL (a rejection's payload) took the database's zone. And a lock not granted
+    # within the wait (a table locked by a long DDL, a stuck session) fails the call with
+    # 55P03 (StoreUnavailable: 503, Retry-After) instead of holding a request, and a thread
+    # and a connection of this process, for as long as the lock. One round trip for all.
     conn.execute(
         "SELECT set_config('default_transaction_isolation', 'read committed', false), "
         "set_config('datestyle', 'ISO', false), set_config('intervalstyle', 'postgres', false), "
-        "set_config('timezone', 'UTC', false)"
+        "set_config('timezone', 'UTC', false), set_config('lock_timeout', %s, false)",
+        (f"{lock_wait * 1000:.0f}ms",),
     )
-    # A lock not granted within the wait (a table locked by a long DDL, a stuck session)
-    # fails the call with 55P03 (StoreUnavailable: 503, Retry-After) instead of holding a
-    # request, and a thread and a connection of this process, for as long as the lock.
-    conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{lock_wait * 1000:.0f}ms",))
     conn.adapters.register_dumper(_UuidArray, _UuidArrayDumper)
     conn.adapters.register_dumper(_TextArray, _TextArrayDumper)
     if isinstance(conn, _PooledConnection):
