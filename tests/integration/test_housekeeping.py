@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import cast
 from uuid import UUID
 
 import pytest
@@ -20,6 +21,7 @@ from sinal.commerce import derive_all_abandoned
 from sinal.errors import StoreError
 from sinal.housekeeping import TASKS, resolve
 from sinal.store.base import EventQuery
+from sinal.store.commerce import CommerceStore
 from sinal.webhooks import process_deferred
 from tests.helpers import save_checkouts
 
@@ -100,6 +102,28 @@ def test_derive_all_abandoned_drains_the_backlog_in_batches(ledger: Ledger) -> N
     assert derive_all_abandoned(ledger, due, limit=3) == 0
 
     assert abandoned_tokens(ledger, account.id) == [f"checkout-{i:04d}" for i in range(7)]
+
+
+def test_a_checkout_no_event_can_abandon_stops_being_due_once_and_holds_back_none(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    account = ledger.create_account("Loja")
+    # Updated in 1999 (a snapshot no check refused): its Checkout Abandoned would occur
+    # before 2000, out of the accepted window, on every pass. A page of them came first.
+    save_checkouts(ledger, account.id, 3, updated_at=datetime(1999, 12, 1, tzinfo=UTC))
+    save_checkouts(ledger, account.id, 2, updated_at=T0)
+    due = T0 + timedelta(minutes=30)
+
+    with caplog.at_level(logging.WARNING, logger="sinal.commerce"):
+        assert derive_all_abandoned(ledger, due, limit=3) == 2
+        assert derive_all_abandoned(ledger, due + timedelta(days=1), limit=3) == 0
+
+    assert abandoned_tokens(ledger, account.id) == ["checkout-0000", "checkout-0001"]
+    assert cast(CommerceStore, ledger.store).due_checkouts(due + timedelta(days=1)) == []
+    dropped = [r for r in caplog.records if r.name == "sinal.commerce"]
+    assert len(dropped) == 3  # once each, not on every pass
+    assert all(r.levelname == "WARNING" and not r.exc_info for r in dropped)
+    assert all("no longer due" in r.getMessage() for r in dropped)
 
 
 def abandoned_tokens(ledger: Ledger, account_id: UUID) -> list[str]:

@@ -145,7 +145,8 @@ class CheckoutUpdate:
     abandoned: bool = False
 
 
-BuildCheckoutEvent = Callable[[Checkout], PreparedEvent]
+# None: no valid event can say this checkout is abandoned (the row stops being due).
+BuildCheckoutEvent = Callable[[Checkout], PreparedEvent | None]
 
 
 class CommerceStore(Protocol):
@@ -185,7 +186,8 @@ class CommerceStore(Protocol):
         build: BuildCheckoutEvent,
     ) -> Outcome | None:
         """Record `build(checkout)` and mark it abandoned, if it still is due and no order
-        completed it (else mark it completed); None when nothing was recorded."""
+        completed it (else mark it completed; and when `build` gives None, no longer due);
+        None when nothing was recorded."""
         ...
 
     def get_checkout(self, account_id: UUID, integration_id: UUID, token: str) -> Checkout | None:

@@ -176,7 +176,11 @@ class PostgresCommerce:
                     (now, *key),
                 )
                 return None
-            [outcome] = _record_in(conn, [build(checkout)])
+            event = build(checkout)
+            if event is None:
+                conn.execute(f"UPDATE checkouts SET due_at = NULL WHERE {_CHECKOUT_KEY}", key)
+                return None
+            [outcome] = _record_in(conn, [event])
             conn.execute(
                 f"UPDATE checkouts SET abandoned_at = %s WHERE {_CHECKOUT_KEY}", (now, *key)
             )

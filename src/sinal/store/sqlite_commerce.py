@@ -135,7 +135,11 @@ class SQLiteCommerce:
                     (_ts(now), *key),
                 )
                 return None
-            [outcome] = _record_in(conn, [build(checkout)])
+            event = build(checkout)
+            if event is None:
+                conn.execute(f"UPDATE checkouts SET due_at = NULL WHERE {_CHECKOUT_KEY}", key)
+                return None
+            [outcome] = _record_in(conn, [event])
             conn.execute(
                 f"UPDATE checkouts SET abandoned_at = ? WHERE {_CHECKOUT_KEY}", (_ts(now), *key)
             )
