@@ -530,6 +530,29 @@ async def test_a_verified_unmappable_payload_is_200_and_kept_with_its_reason(
     assert count(api.url, "events") == 0
 
 
+async def test_a_signed_order_body_sent_again_under_another_topic_records_nothing(
+    api: Api, shopify: Shop
+) -> None:
+    # The signature covers the body only: whoever holds one signed orders/create body
+    # (a log, a proxy) can send it again with any X-Shopify-Topic and a new webhook id.
+    order = fixture("shopify", "orders_create")
+    order["token"] = "9a8b7c6d5e4f30211203f4e5d6c7b8a9"  # Shopify orders carry one
+    body = json.dumps(order).encode()
+    assert (await shopify.send(body, "orders/create")).json()["status"] == "processed"
+
+    for topic in ("orders/paid", "orders/cancelled", "orders/fulfilled", "checkouts/create",
+                  "customers/create"):  # fmt: skip
+        answer = (await shopify.send(body, topic)).json()
+        assert answer["status"] == "unmappable", topic
+        assert answer["reason"].startswith("topic_mismatch"), topic
+
+    assert metrics(api) == {"Order Placed": 1}
+    assert order_row(api, ANA_ORDER)["status"] == "pending"
+    assert count(api.url, "checkouts") == 0
+    later = datetime(2024, 6, 1, tzinfo=UTC)
+    assert derive_abandoned(api.ledger, now=later) == 0
+
+
 # -- abandoned carts ---------------------------------------------------------------------
 
 

@@ -492,6 +492,44 @@ def test_malformed_payloads_are_unmappable_with_a_reason(
     assert str(caught.value).startswith(reason)
 
 
+@pytest.mark.parametrize(
+    ("fixture", "topic", "change"),
+    [
+        # X-Shopify-Topic is not signed: a captured body sent again under another topic
+        ("orders_create", "orders/paid", {}),  # financial_status "pending"
+        ("orders_create", "orders/paid", {"financial_status": "authorized"}),
+        ("orders_create", "orders/cancelled", {}),  # cancelled_at null
+        ("orders_create", "orders/fulfilled", {}),  # fulfillment_status null
+        ("orders_create", "checkouts/create", {"token": "a1b2c3"}),  # orders carry a token too
+        ("orders_create", "checkouts/update", {"token": "a1b2c3"}),
+        ("orders_create", "customers/create", {}),
+        ("customers_create", "orders/create", {}),
+        ("fulfillments_create", "orders/create", {}),
+        ("refunds_create_partial_1", "orders/paid", {}),
+        ("orders_paid", "refunds/create", {"order_id": ORDER_ID}),
+        ("orders_paid", "fulfillments/update", {"order_id": ORDER_ID}),
+    ],
+)  # fmt: skip
+def test_a_body_that_cannot_be_its_topics_is_unmappable(
+    fixture: str, topic: str, change: dict[str, Any]
+) -> None:
+    payload = load(fixture)
+    payload.update(change)
+    with pytest.raises(UnmappablePayload) as caught:
+        normalize_shopify(topic, payload)
+    assert caught.value.reason == "topic_mismatch"
+
+
+def test_a_body_without_the_fields_a_topic_check_reads_still_maps() -> None:
+    # A subscription may leave fields out (its `fields` list): only what is said is checked.
+    payload = load("orders_paid")
+    for field in ("admin_graphql_api_id", "financial_status"):
+        del payload[field]
+    assert one("orders/paid", payload).metric_name == METRIC_ORDER_PAID
+    paid_back = load("orders_paid") | {"financial_status": "partially_refunded"}
+    assert one("orders/paid", paid_back).metric_name == METRIC_ORDER_PAID
+
+
 def test_a_blank_amount_is_absent_as_blank_text_is() -> None:
     payload = load("orders_create")
     payload["current_total_price"] = "   "

@@ -21,6 +21,7 @@ token records `recovered_checkout(order_event, token)`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any, Final
@@ -81,6 +82,25 @@ SHIPMENT_METRICS: Final[Mapping[str, str]] = {
     "failure": METRIC_SHIPMENT_EXCEPTION,
 }
 
+# The resource each topic's body is, by the type in its admin_graphql_api_id
+# ("gid://shopify/Order/5829371002921"); checkouts carry none of these types.
+_GID_FIELD: Final = "admin_graphql_api_id"
+_GID: Final = re.compile(r"gid://shopify/(?P<type>[A-Za-z]+)/[^/]+")
+_TOPIC_RESOURCES: Final[Mapping[str, str]] = {
+    "orders": "Order", "refunds": "Refund", "customers": "Customer", "fulfillments": "Fulfillment",
+}  # fmt: skip
+_RESOURCES: Final = frozenset(_TOPIC_RESOURCES.values())
+# Order states a topic's body cannot be in, when it names them: an order that was paid is
+# never again pending, authorized, voided or expired; a cancelled one has cancelled_at;
+# a fulfilled one has a fulfillment_status.
+_TOPIC_STATES: Final[Mapping[str, tuple[tuple[str, frozenset[str | None]], ...]]] = {
+    "orders/paid": (
+        ("financial_status", frozenset({"pending", "authorized", "voided", "expired"})),
+    ),
+    "orders/cancelled": (("cancelled_at", frozenset({None})),),
+    "orders/fulfilled": (("fulfillment_status", frozenset({None})),),
+}
+
 # orders/* topics: metric, entity_type, the timestamps to read occurred_at from (first found).
 _ORDER_TOPICS: Final[Mapping[str, tuple[str, str, tuple[str, ...]]]] = {
     "orders/create": (METRIC_ORDER_PLACED, "order_placed", ("created_at",)),
@@ -119,12 +139,31 @@ def normalize_shopify(topic: str, payload: Mapping[str, Any]) -> Normalized:
     if not isinstance(payload, Mapping):
         raise UnmappablePayload("invalid_json", "the payload is not a JSON object")
     name = topic.strip().lower()
+    if name not in TOPICS:
+        raise UnmappablePayload("unsupported_topic", f"topic {topic[:64]!r} is not mapped")
+    _check_topic(name, payload)
     if name in _ORDER_TOPICS:
         return _order_event(name, payload)
-    handler = _HANDLERS.get(name)
-    if handler is None:
-        raise UnmappablePayload("unsupported_topic", f"topic {topic[:64]!r} is not mapped")
-    return handler(payload)
+    return _HANDLERS[name](payload)
+
+
+def _check_topic(topic: str, payload: Mapping[str, Any]) -> None:
+    """Refuse a body that cannot be this topic's. The signature covers the body, not the
+    X-Shopify-Topic header: a signed orders/create body sent again as orders/paid or
+    checkouts/create would otherwise record a payment, or an abandoned cart, that never
+    happened. Only what the body says is checked (a subscription may leave fields out)."""
+    kind = _GID.fullmatch(r.text(payload, _GID_FIELD) or "")
+    expected = _TOPIC_RESOURCES.get(topic.partition("/")[0])
+    if kind is not None and kind["type"] in _RESOURCES and kind["type"] != expected:
+        raise UnmappablePayload(
+            "topic_mismatch", f"a {kind['type']} is no {topic} payload ({_GID_FIELD})"
+        )
+    for field, refused in _TOPIC_STATES.get(topic, ()):
+        if field in payload and r.text(payload, field) in refused:
+            state = r.text(payload, field) or "null"
+            raise UnmappablePayload(
+                "topic_mismatch", f"an order with {field} {state[:64]!r} is no {topic} payload"
+            )
 
 
 # --- orders ------------------------------------------------------------------------------
