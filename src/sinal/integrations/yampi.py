@@ -182,12 +182,16 @@ def _order_ref(order: Mapping[str, Any], status: OrderStatus | None) -> OrderRef
     return OrderRef(
         provider=SOURCE,
         external_id=r.required_text(order, "id"),
-        number=r.text(order, "number"),
+        # read as ids: a status with no event keeps them in the row unchecked (a NUL, which
+        # PostgreSQL refuses; a token no cart can have, past its index's limit)
+        number=r.id_text(order, "number"),
         status=status,
         provider_status=alias,
         total=r.money(order, "value_total"),
         currency="BRL",  # Yampi sells in reais only
-        cart_token=r.first(r.text(order, "cart_token"), r.text(order, "cart", "data", "token")),
+        cart_token=r.first(
+            r.id_text(order, "cart_token"), r.id_text(order, "cart", "data", "token")
+        ),
         updated_at=_yampi_time(r.get(order, "updated_at")),
     )
 
