@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final, cast
@@ -77,6 +77,8 @@ log = logging.getLogger("sinal.commerce")
 # `Normalized.ignored` codes that mean "not yet mappable": kept as unmappable for replay
 # once the mapping knows them (a new Yampi status alias), instead of processed-as-nothing.
 _REPLAYABLE: Final = frozenset({"unknown_status_alias"})
+# Validating an event looks the contact up nowhere: any id checks the rest of it.
+_ANY_CONTACT: Final = UUID(int=0)
 # Order status an event implies beyond its order snapshot (shipments carry none).
 _IMPLIED_STATUS: Final = {"shipment_delivered": "delivered"}
 
@@ -226,6 +228,8 @@ def _save_checkout(
             raise UnmappablePayload("no_contact", "the checkout has no phone, email or id")
         prepared = [_prepare(ledger, e, integration, contact_id) for e in events]
     is_reminder = checkout.provider == "yampi"  # cart.reminder: the abandonment itself
+    if not is_reminder and not checkout.is_completed:
+        _check_abandonment(ledger, integration, checkout, contact_id)
     update = CheckoutUpdate(
         account_id=integration.account_id,
         integration_id=integration.id,
@@ -242,6 +246,19 @@ def _save_checkout(
         abandoned=is_reminder,
     )
     commerce_store(ledger).save_checkout(update, prepared)
+
+
+def _check_abandonment(
+    ledger: Ledger, integration: Integration, checkout: CheckoutRef, contact_id: UUID | None
+) -> None:
+    """Refuse a snapshot whose Checkout Abandoned no pass could record (an item or recovery
+    URL holding a NUL, items past the properties' 64 kB, a last update before 2000): no
+    event checks a checkouts/update, and its row would be refused by PostgreSQL (a NUL)
+    and kept by SQLite, due for an abandonment that fails."""
+    if checkout.contact.is_empty:  # the row's contact says who then (see `_abandonment`)
+        checkout = replace(checkout, contact=ContactRef(external_id="sinal:contact:row"))
+    event = abandoned_checkout(checkout, occurred_at=checkout.updated_at)
+    _prepare(ledger, event, integration, contact_id or _ANY_CONTACT)
 
 
 def abandon_delay(integration: Integration) -> timedelta:

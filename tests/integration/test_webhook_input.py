@@ -251,6 +251,40 @@ async def test_yampi_a_status_with_no_event_ends_alike_with_texts_no_row_can_kee
     assert {"number": number, "cart_token": cart_token}[next(iter(change))] is None
 
 
+def _checkout_update(**fields: Any) -> dict[str, Any]:
+    update = fixture("shopify", "checkouts_update")
+    if "title" in fields:
+        update["line_items"][0]["title"] = fields.pop("title")
+    if "items" in fields:
+        line = update["line_items"][0]
+        update["line_items"] = [{**line, "title": f"{i:04d} " + "x" * 200} for i in range(400)]
+        del fields["items"]
+    return {**update, **fields}
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        _checkout_update(title=f"Camiseta{NUL}"),
+        _checkout_update(abandoned_checkout_url=f"https://loja.example/r{NUL}"),
+        _checkout_update(items=True),  # past the 64 kB of an event's properties
+        _checkout_update(updated_at="1999-12-01T10:00:00Z"),  # abandoned before 2000
+    ],
+    ids=["nul-in-an-item", "nul-in-the-recovery-url", "400-long-items", "updated-in-1999"],
+)
+async def test_shopify_a_checkout_no_abandonment_could_say_is_unmappable_on_both_backends(
+    api: Api, update: dict[str, Any]
+) -> None:
+    shop = _shop(api, "shopify")
+    body = json.dumps(update).encode()
+    answer = await _shopify(api, shop, body, "checkouts/update")
+    assert (answer.status_code, answer.json()["status"]) == (200, "unmappable")
+    assert answer.json()["reason"].startswith("invalid_event")
+    [(_, status, _, kept)] = _kept(api)
+    assert (status, kept) == ("unmappable", body)
+    assert count(api.url, "checkouts") == 0  # nothing due that no pass could abandon
+
+
 async def test_whatsapp_a_nul_in_a_change_field_is_kept_with_the_nul_escaped(api: Api) -> None:
     wa = connect_whatsapp(api)
     payload = text_message(TEXT, PHONE, "Oi")
