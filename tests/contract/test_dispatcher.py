@@ -927,6 +927,26 @@ def test_an_ai_answer_holding_a_nul_is_sent_and_recorded_without_it(world: World
     assert world.executions()[0].status == "completed"
 
 
+def test_an_ai_endpoint_that_does_not_answer_in_time_is_asked_again(world: World) -> None:
+    """Only the send is a side effect: a question the AI endpoint did not answer in time is
+    a failed attempt, asked again, never "may have been sent" (nothing went to the contact)."""
+    with ai_server() as (ai_url, ai):
+        ai.behaviour.before_answer = lambda body, n: time.sleep(1.0) if n == 0 else None
+        world.automations.create_integration(
+            world.account.id, {"kind": "ai", "base_url": ai_url, "model": "m", "api_key": "k"}
+        )
+        world.automations.create(world.account.id, {
+            "name": "ia", "trigger_type": "order_paid", "steps": [{"type": "ai_respond"}],
+        })  # fmt: skip
+        world.order_paid()
+        _run_until(world, world.dispatcher(), "completed", "dead", "unknown")
+
+    [execution] = world.executions()
+    assert (execution.status, execution.attempts) == ("completed", 1)
+    assert len(ai.requests) == 2
+    assert len(world.whatsapp.bodies()) == 1
+
+
 def test_a_sent_message_whose_event_is_refused_keeps_its_wamid(world: World) -> None:
     """After the send nothing may lose it: a WAMID no event can carry (an entity id is at
     most 255 characters) still completes the step, its result holding the WAMID, and the

@@ -7,7 +7,9 @@ Failures are sorted by what a retry can do:
 - `StepFailed(retry=True)`: definitely not done (connection refused, 429, 5xx): retry later.
 - `StepFailed(retry=False)`: will never work as configured (no WhatsApp connection, 400).
 - `OutcomeUnknown`: the request left and no answer came back (timeout). It may have been
-  delivered, so it is never resent blindly: the execution stops as `unknown`.
+  delivered, so it is never resent blindly: the execution stops as `unknown`. Not for
+  `ai_respond`'s question to the AI endpoint, which is harmless to ask again: only its
+  send to WhatsApp can be unknown.
 
 Whatever else goes wrong in a step (a host name IDNA refuses, a header value that is not
 ASCII, a database error, a bug) happened before its request could leave, or `_post` says
@@ -227,7 +229,10 @@ def _ai_respond(step: Any, ctx: StepContext) -> StepOutcome:
     if step.max_tokens:
         body["max_tokens"] = step.max_tokens
     base = str(ai.settings.get("base_url", "")).rstrip("/")
-    answer = _post_json(ctx, f"{base}/chat/completions", body, ai.secrets.get("api_key"))
+    try:
+        answer = _post_json(ctx, f"{base}/chat/completions", body, ai.secrets.get("api_key"))
+    except OutcomeUnknown as exc:  # a question, not a send: nothing went to the contact
+        raise StepFailed(str(exc), retry=True) from exc
     try:
         # a NUL shows nothing to the contact, and no event may hold one
         reply = str(answer["choices"][0]["message"]["content"]).replace("\x00", "").strip()
