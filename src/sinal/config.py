@@ -125,7 +125,9 @@ class Settings:
         30.0, "seconds a step waits for WhatsApp, AI or a webhook", within=(0.1, 3_600)
     )
     allow_private_webhooks: bool = _setting(
-        False, "let webhook steps call private and loopback addresses"
+        False,
+        "let webhook steps, and the WhatsApp and AI connections steps send with, call private "
+        "and loopback addresses",
     )
 
     def __post_init__(self) -> None:

@@ -276,7 +276,7 @@ def test_completed_step_is_not_repeated_when_the_execution_resumes(world: World)
     # a lease long enough for step 0 to finish on a loaded machine, short enough to expire
     claim = world.claim_thanks("doomed-worker", 2.0)
     doomed = world.dispatcher()
-    doomed.settings = DispatchSettings(worker_id="doomed-worker", http_timeout=0.5)
+    doomed.settings = replace(doomed.settings, worker_id="doomed-worker")
     outcome = doomed._run_step(claim, 0, spec_of(claim.automation))
     assert outcome is not None  # step 0 sent and recorded; the worker dies before step 1
     time.sleep(2.2)
@@ -585,6 +585,27 @@ def test_webhook_to_a_private_address_is_refused_by_default(world: World) -> Non
     [execution] = world.executions()
     assert execution.status == "dead"
     assert "private or local address" in (execution.last_error or "")
+
+
+@pytest.mark.parametrize("kind", ["whatsapp", "ai"])
+def test_a_connection_to_a_private_address_is_refused_by_default(world: World, kind: str) -> None:
+    """A connection's base URL is the account's to set, as a webhook's URL is: one on a
+    loopback address (the local servers here) is refused as the step runs, unless allowed,
+    and nothing reaches it."""
+    with ai_server() as (ai_url, ai):
+        world.automations.create_integration(
+            world.account.id, {"kind": "ai", "base_url": ai_url, "model": "m", "api_key": "k"}
+        )
+        step = {"type": "ai_respond"} if kind == "ai" else THANKS["steps"][0]
+        world.automations.create(world.account.id, {
+            "name": kind, "trigger_type": "order_paid", "steps": [step],
+        })  # fmt: skip
+        world.order_paid()
+        world.drain(world.dispatcher(allow_private_webhooks=False))
+    assert (ai.requests, world.whatsapp.requests) == ([], [])
+    [execution] = world.executions()
+    assert execution.status == "dead"
+    assert "127.0.0.1, a private or local address" in (execution.last_error or "")
 
 
 PUBLIC = "8.8.8.8"  # global, as `ipaddress` sees it; nothing of this test listens there

@@ -658,7 +658,8 @@ async def test_the_worker_derives_the_abandonment_on_its_own_and_the_cart_automa
     checkout["updated_at"] = clock().isoformat()  # a live checkout: due in 30 minutes
     checkout["phone"] = "+55 11 98765-4321"
     worker_settings = Settings(database_url=api.url, housekeeping_interval=0.05,
-                               worker_poll_interval=0.05, http_timeout=5)  # fmt: skip
+                               worker_poll_interval=0.05, http_timeout=5,
+                               allow_private_webhooks=True)  # fmt: skip
     with whatsapp_server() as (wa_url, wa):
         Automations(api.ledger).create_integration(api.account.id, {
             "kind": "whatsapp", "secret": "app-secret", "phone_number_id": "1234567890",

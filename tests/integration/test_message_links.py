@@ -37,7 +37,10 @@ def linking_dispatcher(ledger: Ledger, public_url: str) -> Dispatcher:
     return Dispatcher(
         ledger,
         DispatchSettings(
-            http_timeout=5, retry=RetryPolicy(3, base=0.01, cap=0.02), public_url=public_url
+            http_timeout=5,
+            retry=RetryPolicy(3, base=0.01, cap=0.02),
+            public_url=public_url,
+            allow_private_webhooks=True,  # the local WhatsApp server
         ),
     )
 

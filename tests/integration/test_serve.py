@@ -183,7 +183,7 @@ def test_serve_demo_prints_a_key_and_a_curl_line_that_works(tmp_path: Path) -> N
 def test_serve_runs_automations_in_its_own_worker(env: dict[str, str], tmp_path: Path) -> None:
     from tests.servers import whatsapp_server
 
-    env = {**env, "SINAL_WORKER_POLL_INTERVAL": "0.2"}
+    env = {**env, "SINAL_ALLOW_PRIVATE_WEBHOOKS": "true", "SINAL_WORKER_POLL_INTERVAL": "0.2"}
     account = cli(env, "accounts", "create", "--name", "Loja")
     key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "ingest,read,admin")
     headers = {"Authorization": f"Bearer {key['key']}"}

@@ -458,7 +458,8 @@ async def _template_automation(api: Api) -> UUID:
 
 
 def _dispatch(api: Api) -> None:
-    dispatcher = Dispatcher(api.ledger, DispatchSettings(http_timeout=5, retry=RetryPolicy(2)))
+    settings = DispatchSettings(http_timeout=5, retry=RetryPolicy(2), allow_private_webhooks=True)
+    dispatcher = Dispatcher(api.ledger, settings)
     try:
         while dispatcher.run_once():
             pass

@@ -386,7 +386,9 @@ def _whatsapp_send(
                                   sent_by=(e.automation_id, e.id))  # fmt: skip
     body = {"messaging_product": "whatsapp", "recipient_type": "individual",
             "to": phone.lstrip("+"), **message, "biz_opaque_callback_data": callback}  # fmt: skip
-    answer = _post_json(ctx, url, body, wa.secrets.get("access_token"))
+    # Meta's own API (the default) is no address of the account's choosing: not looked up
+    is_meta = base == DEFAULT_WHATSAPP_API
+    answer = _post_json(ctx, url, body, wa.secrets.get("access_token"), is_trusted=is_meta)
     try:
         return str(answer["messages"][0]["id"]), phone
     except (KeyError, IndexError, TypeError) as exc:
@@ -394,11 +396,19 @@ def _whatsapp_send(
         raise OutcomeUnknown("the WhatsApp API answered without messages[0].id") from exc
 
 
-def _post_json(ctx: StepContext, url: str, body: dict[str, Any], token: Any) -> Any:
+def _post_json(
+    ctx: StepContext, url: str, body: dict[str, Any], token: Any, *, is_trusted: bool = False
+) -> Any:
+    """POST `body` to a connection's URL, its answer parsed. The account sets a connection's
+    base URL as it sets a webhook's: unless `is_trusted`, it is checked alike as the request
+    leaves (`refuse_private_target`), and a new connection goes to the address checked."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    response = _post(ctx, url, orjson.dumps(body), headers)
+    addresses = None
+    if not (is_trusted or ctx.allow_private_webhooks):
+        addresses = refuse_private_target(url)
+    response = _post(ctx, url, orjson.dumps(body), headers, addresses)
     try:
         return orjson.loads(response.content)
     except orjson.JSONDecodeError as exc:
@@ -522,8 +532,9 @@ class _NewConnectionGate:
 
 
 def refuse_private_target(url: str) -> list[str]:
-    """Refuse URLs whose host resolves to a private, loopback, link-local or reserved address;
-    the addresses it resolves to, every one checked."""
+    """Refuse URLs whose host resolves to a private, loopback, link-local or reserved address
+    (webhooks, and the base URLs of WhatsApp and AI connections); the addresses it resolves
+    to, every one checked."""
     host = urlsplit(url).hostname or ""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
@@ -535,8 +546,8 @@ def refuse_private_target(url: str) -> list[str]:
         address = ipaddress.ip_address(info[4][0])
         if not address.is_global or address.is_multicast:
             raise StepFailed(
-                f"{host} resolves to {address}, a private or local address; webhooks there are "
-                "refused (SINAL_ALLOW_PRIVATE_WEBHOOKS=true allows them)",
+                f"{host} resolves to {address}, a private or local address; requests there "
+                "are refused (SINAL_ALLOW_PRIVATE_WEBHOOKS=true allows them)",
                 retry=False,
             )
     return [str(info[4][0]) for info in infos]
