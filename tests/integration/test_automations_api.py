@@ -311,6 +311,28 @@ async def test_connection_no_request_could_be_sent_with_is_422(
     assert [e["field"] for e in response.json()["errors"]] == [field]
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"kind": "ai", "base_url": "https://ai.example.com", "model": "m", "name": {"a": 1}},
+         "name"),
+        ({"kind": "whatsapp", "secret": "s", "phone_number_id": "1", "access_token": "t",
+          "name": 5}, "name"),
+        ({"kind": "shopify", "secret": "s", "shop_domain": ["loja.myshopify.com"]},
+         "shop_domain"),
+        ({"kind": "yampi", "secret": "s", "alias": "a" * 201}, "alias"),
+    ],
+)  # fmt: skip
+async def test_a_connection_setting_that_is_no_text_is_422(
+    api: Api, body: dict[str, Any], field: str
+) -> None:
+    """Names and the like are text: anything else is refused naming the field, never
+    stored as given (an int) nor failed on in the database (an object: 503, "retry")."""
+    response = await api.post("/v1/integrations", body)
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+
+
 async def test_configuration_needs_the_admin_scope(api: Api) -> None:
     key = await api.key_for("ingest", "read")
     response = await api.client.post("/v1/automations", json=AUTOMATION, headers=api.auth(key))

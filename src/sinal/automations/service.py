@@ -14,6 +14,7 @@ from uuid import UUID
 
 from sinal.automations.matching import explain_match
 from sinal.automations.model import (
+    MAX_NAME,
     InvalidAutomation,
     apply_patch,
     host_problem,
@@ -57,6 +58,8 @@ _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
     ),
     "yampi": ((), {"alias": None, "name": None}, ("secret",)),
 }
+# Optional settings that are text (at most MAX_NAME characters) when given.
+_TEXT_SETTINGS = ("name", "shop_domain", "alias")
 # The secrets sent as `Authorization: Bearer …` (header values are ASCII).
 _BEARER_SECRETS = frozenset({"access_token", "api_key"})
 _REQUIRED_SECRETS = {"whatsapp": ("secret", "access_token"), "shopify": ("secret",),
@@ -211,6 +214,11 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
             settings[name] = value.strip()
     for name, default in optional.items():
         settings[name] = data.get(name, default)
+    for name in _TEXT_SETTINGS:
+        text = settings.get(name)
+        if text is not None and (not isinstance(text, str) or len(text) > MAX_NAME):
+            message = f"{name} must be a string of at most {MAX_NAME} characters"
+            errors.append(FieldError(name, "invalid_type", message))
     secrets = {name: data.get(name) for name in secret_fields if data.get(name) is not None}
     for name in _REQUIRED_SECRETS.get(kind, ()):
         if not isinstance(secrets.get(name), str) or not secrets[name]:
