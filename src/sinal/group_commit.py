@@ -7,6 +7,11 @@ are in flight. Otherwise it keeps filling, and the first transaction to finish t
 under load, batches grow instead of queueing up as many small transactions, each with
 its own round trips, commit and NOTIFY. Every caller is answered only after the
 transaction holding its event has committed, so an acknowledged event is durable.
+
+A transaction that fails fails every caller in it when the database is away or busy
+(`StoreUnavailable`: each may retry). One the database refuses (a `StoreError`, rolled
+back whole) is tried again in halves, down to the events it refuses: only their callers
+get the error, and the others are stored as if those were not there.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from sinal.errors import StoreError, StoreUnavailable
 from sinal.events import EmitEvent, EmitResult, PreparedEvent, prepare
 from sinal.ledger import MAX_BATCH, Ledger
 
@@ -95,14 +101,28 @@ class GroupCommitter:
     async def _commit(self, batch: _Pending) -> None:
         try:
             results = await asyncio.to_thread(self.ledger.record_prepared, batch.events)
+        except StoreError as exc:
+            if isinstance(exc, StoreUnavailable) or len(batch.events) == 1:
+                _fail(batch, exc)
+            else:
+                await self._isolate(batch)
+            return
         except Exception as exc:  # every waiter must hear about the failure
-            for future in batch.futures:
-                if not future.done():
-                    future.set_exception(exc)
+            _fail(batch, exc)
             return
         for future, result in zip(batch.futures, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+    async def _isolate(self, batch: _Pending) -> None:
+        """Record a batch the database refused in halves, one after the other, down to the
+        events it refuses: a statement refused for one event (a value, a text, a constraint
+        no validation foresaw) fails that event's caller alone, not every caller who
+        shared its transaction. The refused transaction was rolled back whole, so nothing
+        is stored twice; the halves go in order, so a repeat still follows its first."""
+        half = len(batch.events) // 2
+        for part in (slice(None, half), slice(half, None)):
+            await self._commit(_Pending(batch.events[part], batch.futures[part]))
 
     async def drain(self) -> None:
         """Flush what is queued and wait for every transaction in flight (at shutdown)."""
@@ -110,3 +130,10 @@ class GroupCommitter:
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             self._flush()
+
+
+def _fail(batch: _Pending, exc: Exception) -> None:
+    """Every caller still waiting in `batch` gets `exc`."""
+    for future in batch.futures:
+        if not future.done():
+            future.set_exception(exc)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import sinal
-from sinal import EmitEvent, InvalidEvent, Ledger
+from sinal import EmitEvent, EmitResult, InvalidEvent, Ledger
 from sinal.group_commit import GroupCommitter
 from sinal.ids import new_id
 from tests.helpers import BAD_LIMITS, WatchedLedger, count, fail_recording, sql
@@ -105,6 +105,41 @@ async def test_a_failed_transaction_fails_every_caller_in_it(
 
     assert all(isinstance(o, sinal.StoreError) for o in outcomes), outcomes
     assert count(database_url, "events") == 0  # and nothing of it was written
+
+
+# A refusal no validation foresaw (a value, a text, a constraint): the database refuses
+# any statement that inserts an event with source_id "13".
+_REFUSE_13 = {
+    "sqlite": "CREATE TRIGGER refuse_13 BEFORE INSERT ON events WHEN NEW.source_id = '13' "
+              "BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    "postgres": "ALTER TABLE events ADD CONSTRAINT refuse_13 CHECK (source_id <> '13')",
+}  # fmt: skip
+
+
+async def test_an_event_the_database_refuses_fails_its_caller_alone(
+    ledger: Ledger, account: sinal.Account, database_url: str
+) -> None:
+    """The others sharing its transaction are stored and answered as if it were not there
+    (a transaction the database refuses is tried again in halves)."""
+    contact = ledger.create_contact(account.id, phone="+5511987654321")
+    sql(database_url, _REFUSE_13["sqlite" if database_url.startswith("sqlite") else "postgres"])
+    watched = WatchedLedger(ledger)
+    committer = GroupCommitter(watched, max_delay=0.05)
+
+    answers = await asyncio.gather(
+        *(committer.emit(paid(account, contact, n)) for n in range(20)),
+        committer.emit(paid(account, contact, 5)),  # a repeat, in the other half
+        return_exceptions=True,
+    )
+
+    assert watched.sizes[0] == 21  # all in one transaction first, which was refused
+    refused = answers.pop(13)
+    assert type(refused) is sinal.StoreError, refused
+    results = [a for a in answers if isinstance(a, EmitResult)]
+    assert [r.status for r in results] == ["created"] * 19 + ["duplicate"], answers
+    assert (results[-1].event_id, results[-1].differs) == (results[5].event_id, False)
+    assert count(database_url, "events") == 19
+    assert sql(database_url, "SELECT event_count FROM contact_metrics_summary") == [(19,)]
 
 
 @pytest.mark.parametrize(("settings", "message"), BAD_LIMITS)
