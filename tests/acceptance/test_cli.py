@@ -137,6 +137,21 @@ def test_cli_on_an_unreachable_postgresql_is_one_line_with_the_reason() -> None:
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", ["worker", "migrate"])
+def test_cli_on_a_url_libpq_cannot_read_is_one_line_at_once(command: str) -> None:
+    """A query parameter libpq does not know (other tools' URLs carry `?schema=public`)
+    can never connect: `sinal worker` used to wait for the database for ever, logging
+    the reason every second, where `sinal migrate` stopped."""
+    env = {**os.environ, "SINAL_DATABASE_URL": "postgresql://127.0.0.1/sinal?schema=public"}
+    result = subprocess.run(
+        [*SINAL, command], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+    assert result.returncode == 1
+    reason = 'invalid URI query parameter: "schema"'
+    assert result.stderr == f"error: malformed PostgreSQL URL: {reason}\n"
+
+
 def test_cli_worker_metrics_port_taken_is_one_line(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'sinal.db'}"
     assert run(url, "migrate").returncode == 0

@@ -31,6 +31,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from sinal.errors import ConfigurationError
+
 NETWORK_DEFAULTS: dict[str, str] = {
     "connect_timeout": "10",
     "keepalives": "1",
@@ -47,11 +49,15 @@ _ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
 def network_defaults(url: str) -> dict[str, Any]:
     """The parameters of `NETWORK_DEFAULTS` that neither `url` nor the environment sets:
     keyword arguments for `psycopg.connect` (which override the URL's own; `Any`, as those of
-    `psycopg.connect` are). None for a URL libpq cannot read: connecting says why."""
+    `psycopg.connect` are). `ConfigurationError` for a URL libpq cannot read (a query
+    parameter it does not know, as `?schema=public`): no connection can ever be made with
+    it, so the store refuses it when made, not each time it tries to connect (a worker
+    tried for ever, as if the database were only away)."""
     try:
         given = conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return {}
+    except psycopg.ProgrammingError as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigurationError(f"malformed PostgreSQL URL: {reason}") from None
     if "service" in given or os.environ.get("PGSERVICE"):
         return {}
     return {
