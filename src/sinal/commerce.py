@@ -45,7 +45,7 @@ from decimal import Decimal
 from typing import Any, Final, cast
 from uuid import UUID
 
-from sinal.errors import InvalidContact, InvalidEvent
+from sinal.errors import InvalidContact, InvalidEvent, StoreError, StoreUnavailable
 from sinal.events import PreparedEvent, fits_value, prepare
 from sinal.integrations import _read as r
 from sinal.integrations.base import (
@@ -333,12 +333,29 @@ def _derive_pass(ledger: Ledger, now: datetime, limit: int) -> _Pass:
     due = store.due_checkouts(now, limit)
     recorded = 0
     for checkout in due:
-        outcome = store.abandon_checkout(
-            checkout.account_id, checkout.integration_id, checkout.token, now, build
-        )
+        key = (checkout.account_id, checkout.integration_id, checkout.token)
+        try:
+            outcome = store.abandon_checkout(*key, now, build)
+        except StoreUnavailable:  # the database is away or busy: the next run tries again
+            raise
+        except StoreError:
+            # The database refused its event (a constraint, a value, a text no check
+            # foresaw): oldest due first, it would come first and be refused on every pass.
+            # It stops being due, once, said here, as a checkout no valid event can say.
+            log.exception(
+                "checkout %s of account %s: the database refused its abandonment, no longer due",
+                checkout.token, checkout.account_id,
+            )  # fmt: skip
+            store.abandon_checkout(*key, now, _no_event)
+            continue
         if outcome is not None and outcome.kind == "created":
             recorded += 1
     return _Pass(len(due), recorded)
+
+
+def _no_event(checkout: Checkout) -> None:
+    """The build of a checkout that stops being due without an event."""
+    return None
 
 
 def _abandonment(ledger: Ledger, checkout: Checkout) -> PreparedEvent:

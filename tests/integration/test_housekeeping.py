@@ -23,7 +23,7 @@ from sinal.housekeeping import TASKS, resolve
 from sinal.store.base import EventQuery
 from sinal.store.commerce import CommerceStore
 from sinal.webhooks import process_deferred
-from tests.helpers import save_checkouts
+from tests.helpers import save_checkouts, sql
 
 T0 = datetime(2026, 3, 2, 15, 0, tzinfo=UTC)
 
@@ -124,6 +124,39 @@ def test_a_checkout_no_event_can_abandon_stops_being_due_once_and_holds_back_non
     assert len(dropped) == 3  # once each, not on every pass
     assert all(r.levelname == "WARNING" and not r.exc_info for r in dropped)
     assert all("no longer due" in r.getMessage() for r in dropped)
+
+
+# The database refuses the abandonment of the first checkout due (a refusal no validation
+# foresaw: a constraint, a value, a text).
+_REFUSE_FIRST = {
+    "sqlite": "CREATE TRIGGER refuse_first BEFORE INSERT ON events "
+              "WHEN json_extract(NEW.properties, '$.checkout_token') = 'checkout-0000' "
+              "BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    "postgres": "ALTER TABLE events ADD CONSTRAINT refuse_first "
+                "CHECK (properties ->> 'checkout_token' IS DISTINCT FROM 'checkout-0000')",
+}  # fmt: skip
+
+
+def test_a_checkout_the_database_refuses_stops_being_due_once_and_holds_back_none(
+    ledger: Ledger, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, its StoreError ended the pass, and the next one, oldest due first, met it
+    first again: no other checkout was ever abandoned. A page of one (limit=1) holding it
+    must not hold back the rest, nor be met again."""
+    account = ledger.create_account("Loja")
+    save_checkouts(ledger, account.id, 4, updated_at=T0)
+    sql(database_url, _REFUSE_FIRST["sqlite" if database_url.startswith("sqlite") else "postgres"])
+    due = T0 + timedelta(minutes=30)
+
+    with caplog.at_level(logging.ERROR, logger="sinal.commerce"):
+        assert derive_all_abandoned(ledger, due, limit=1) == 3
+        assert derive_all_abandoned(ledger, due, limit=1) == 0
+
+    assert abandoned_tokens(ledger, account.id) == [f"checkout-{i:04d}" for i in range(1, 4)]
+    assert cast(CommerceStore, ledger.store).due_checkouts(due) == []
+    refused = [r for r in caplog.records if "checkout-0000" in r.getMessage()]
+    assert len(refused) == 1  # once, not on every pass
+    assert "no longer due" in refused[0].getMessage()
 
 
 def abandoned_tokens(ledger: Ledger, account_id: UUID) -> list[str]:
