@@ -18,6 +18,7 @@ from rich.text import Text
 from sinal.config import Settings
 from sinal.errors import AccountNotFound, SchemaOutOfDate, SinalError, StoreError
 from sinal.ledger import Ledger, connect
+from sinal.store.base import latest_schema_version
 
 app = typer.Typer(
     name="sinal",
@@ -65,9 +66,14 @@ def migrate(database_url: DatabaseOption = None) -> None:
     with open_ledger(database_url, is_migrating=True) as ledger:
         applied = ledger.migrate()
         version = ledger.schema_version()
+        latest = latest_schema_version(getattr(ledger.store, "backend", "sqlite"))
     if applied:
         console.print(
             f"applied migrations {', '.join(map(str, applied))}; schema version {version}"
+        )
+    elif version > latest:  # newer code migrated it (a rolling deploy); this code runs on it
+        console.print(
+            f"schema version {version} is newer than this code's ({latest}): nothing to apply"
         )
     else:
         console.print(f"schema is up to date (version {version})")

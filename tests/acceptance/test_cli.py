@@ -233,6 +233,21 @@ def test_cli_on_a_database_behind_this_code_says_to_run_migrate(tmp_path: Path) 
     )
 
 
+def test_cli_migrate_on_a_database_ahead_of_this_code_says_so(tmp_path: Path) -> None:
+    """Left at that version (newer code migrated it in a rolling deploy): not "up to date"."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    assert run(url, "migrate").returncode == 0
+    latest = latest_schema_version("sqlite")
+    sql(url, "INSERT INTO schema_migrations VALUES (?, 'next', '2026-12-01')", latest + 1)
+
+    result = run(url, "migrate")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        f"schema version {latest + 1} is newer than this code's ({latest}): nothing to apply\n"
+    )
+
+
 @pytest.mark.parametrize("zone", ["America", "Etc", "a" * 300], ids=["dir", "etc", "long"])
 def test_cli_accounts_create_with_a_zone_that_is_not_iana_is_one_line(
     database_url: str, zone: str
