@@ -28,6 +28,9 @@ class Behaviour:
     refusal: bytes | None = None  # the body of an answer of 400 or more, as sent
     # Called with (request body, request number) for the answer, instead of the server's own.
     answer: Callable[[Any, int], Any] | None = None
+    # Seconds the answer's body takes to arrive: padded with spaces, a byte every 50 ms
+    # (each read well within a client's timeout, their sum not).
+    trickle: float = 0.0
 
 
 @dataclass
@@ -53,7 +56,12 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
             body = json.loads(raw) if raw else None
             with recorder.lock:
                 recorder.requests.append(
-                    {"path": self.path, "headers": dict(self.headers), "body": body}
+                    {
+                        "path": self.path,
+                        "headers": dict(self.headers),
+                        "body": body,
+                        "raw_headers": list(self.headers.keys()),
+                    }
                 )
                 behaviour = recorder.behaviour
                 failing = behaviour.fail_times > 0
@@ -72,12 +80,17 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
             ).encode()
             if status >= 400 and not failing and behaviour.refusal is not None:
                 payload = behaviour.refusal
+            trickled = b" " * int(behaviour.trickle / 0.05)
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("Content-Length", str(len(payload) + len(trickled)))
             self.end_headers()
             with suppress(OSError):  # the client gave up (a timeout): fine
                 self.wfile.write(payload)
+                for byte in trickled:
+                    self.wfile.flush()
+                    time.sleep(0.05)
+                    self.wfile.write(bytes([byte]))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -21,6 +21,7 @@ from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings, choose, spec_of
 from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
+from sinal.automations.steps import MAX_ANSWER
 from sinal.errors import InvalidIntegration, StoreError
 from sinal.store.automations import Advance, Claim, Integration, StepFinish, StepStart
 from sinal.store.base import EventQuery
@@ -606,6 +607,125 @@ def test_a_connection_to_a_private_address_is_refused_by_default(world: World, k
     [execution] = world.executions()
     assert execution.status == "dead"
     assert "127.0.0.1, a private or local address" in (execution.last_error or "")
+
+
+def _hook(world: World, url: str, **step: Any) -> None:
+    world.automations.create(world.account.id, {
+        "name": "crm", "trigger_type": "order_paid",
+        "steps": [{"type": "webhook", "url": url, **step}],
+    })  # fmt: skip
+
+
+def _until_settled(world: World, dispatcher: Dispatcher) -> Any:
+    """The one execution, once it is neither pending nor running (retries come due)."""
+    for _ in range(100):
+        dispatcher.run_once()
+        [execution] = world.executions()
+        if execution.status not in ("pending", "running"):
+            return execution
+        time.sleep(0.02)
+    raise AssertionError(f"the execution is still {execution.status}")
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_webhook_answered_with_a_redirect_was_not_delivered(world: World, status: int) -> None:
+    """Redirects are not followed (their target was never checked), so the receiver did not
+    take the event: the step fails saying so, not completed with {"status": 30x}."""
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.status = status
+        _hook(world, f"{hook_url}/hook")
+        world.order_paid()
+        execution = _until_settled(world, world.dispatcher())
+
+    assert execution.status == "dead"
+    assert f"answered {status}, a redirect" in (execution.last_error or "")
+    assert len(hook.requests) == 1  # never retried: it would be redirected again
+
+
+def test_webhook_that_times_out_is_sent_again_with_the_same_idempotency_key(
+    world: World,
+) -> None:
+    """Unlike a message, a webhook carries the key its receiver dedupes on, so one that
+    may or may not have arrived is retried, as one interrupted by its worker's death is."""
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.before_answer = lambda body, n: time.sleep(1.0 if n == 0 else 0)
+        _hook(world, f"{hook_url}/hook")
+        world.order_paid()
+        execution = _until_settled(world, world.dispatcher())
+
+    assert execution.status == "completed"
+    first, second = hook.requests
+    assert first["headers"]["Idempotency-Key"] == second["headers"]["Idempotency-Key"]
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    assert detail.steps[0].attempts == 2  # the first timed out
+
+
+def test_webhook_answer_trickling_in_holds_the_step_no_longer_than_the_timeout(
+    world: World,
+) -> None:
+    """The client's timeout bounds each read, not their sum: an answer whose body comes a
+    byte every 50 ms for 5 s held the step (and a worker thread) for those 5 s."""
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.trickle = 5.0
+        _hook(world, f"{hook_url}/hook")
+        world.order_paid()
+        began = time.monotonic()
+        execution = _until_settled(world, world.dispatcher())
+        took = time.monotonic() - began
+
+    assert (execution.status, len(hook.requests)) == ("completed", 1)
+    assert took < 3.0
+
+
+def test_send_whose_answer_trickles_in_is_unknown(world: World) -> None:
+    """The WhatsApp API's answer is read for at most the timeout once it began: past it,
+    whether the message left is unknown (it was not known for 5 s before either)."""
+    world.automations.create(world.account.id, THANKS)
+    world.whatsapp.behaviour.trickle = 5.0
+    world.order_paid()
+    began = time.monotonic()
+    execution = _until_settled(world, world.dispatcher())
+
+    assert time.monotonic() - began < 3.0
+    assert execution.status == "unknown"
+    assert "too slowly" in (execution.last_error or "")
+
+
+def test_send_whose_answer_is_larger_than_any_of_the_apis_is_unknown(world: World) -> None:
+    """At most `MAX_ANSWER` bytes of an answer are read: a server answering without end
+    never fills the worker's memory."""
+    world.automations.create(world.account.id, THANKS)
+    world.whatsapp.behaviour.answer = lambda body, n: {
+        "messages": [{"id": f"wamid.{n}"}], "padding": "x" * MAX_ANSWER,
+    }  # fmt: skip
+    world.order_paid()
+    execution = _until_settled(world, world.dispatcher())
+
+    assert execution.status == "unknown"
+    assert f"more than {MAX_ANSWER} bytes" in (execution.last_error or "")
+
+
+def test_webhook_header_named_like_sinals_own_is_sent_once_as_sinal_sets_it(
+    world: World,
+) -> None:
+    """Header names are case-insensitive: an `idempotency-key` of the step's own went out
+    beside sinal's `Idempotency-Key` (a receiver reading the first deduped every event of
+    the automation as one), and a `content-type` beside sinal's `Content-Type`."""
+    with webhook_receiver() as (hook_url, hook):
+        _hook(
+            world,
+            f"{hook_url}/hook",
+            headers={"idempotency-key": "fixo", "content-type": "application/json"},
+        )
+        world.order_paid()
+        _until_settled(world, world.dispatcher())
+
+    [request] = hook.requests
+    keys = [k for k in request["raw_headers"] if k.lower() == "idempotency-key"]
+    types = [k for k in request["raw_headers"] if k.lower() == "content-type"]
+    assert (len(keys), len(types)) == (1, 1)
+    assert request["headers"]["Idempotency-Key"].endswith(":0")
 
 
 PUBLIC = "8.8.8.8"  # global, as `ipaddress` sees it; nothing of this test listens there

@@ -26,10 +26,11 @@ import ipaddress
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Final, Literal, Protocol
 from urllib.parse import urlsplit
 from uuid import UUID
 
@@ -63,6 +64,9 @@ DEFAULT_WHATSAPP_API = "https://graph.facebook.com/v21.0"
 
 # Steps whose side effect happens outside sinal and cannot be repeated safely.
 EXTERNAL_SENDS = frozenset({"send_message", "send_template", "ai_respond"})
+# Bytes of an answer read at most. WhatsApp's and the AI endpoint's are far smaller, and a
+# webhook's is only quoted when it refuses: no server fills a worker's memory.
+MAX_ANSWER: Final = 1024 * 1024
 
 
 class StepFailed(SinalError):
@@ -296,9 +300,22 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
             "occurred_at": event.occurred_at.isoformat(), "properties": event.properties,
         },
     }  # fmt: skip
-    # The receiver dedupes on the key, which is what makes resending after a crash safe.
-    headers = {**dict(step.headers), "Idempotency-Key": f"{e.id}:{ctx.index}"}
-    status = _post(ctx, step.url, orjson.dumps(body), headers, addresses).status_code
+    # The receiver dedupes on the key, which is what makes resending safe: after a crash,
+    # and after a request that may or may not have arrived. Names are case-insensitive:
+    # the step's own `idempotency-key` would go out beside this one.
+    headers = httpx.Headers(dict(step.headers))
+    headers["Idempotency-Key"] = f"{e.id}:{ctx.index}"
+    try:
+        status = _post(ctx, step.url, orjson.dumps(body), headers, addresses).status_code
+    except OutcomeUnknown as exc:
+        raise StepFailed(f"{exc}; sent again with the same Idempotency-Key", retry=True) from exc
+    if 300 <= status < 400:
+        # not followed: where it points was never checked (a private address, say)
+        raise StepFailed(
+            f"{_host(step.url)} answered {status}, a redirect, which webhooks do not follow; "
+            "give the step the URL it points to",
+            retry=False,
+        )
     return StepOutcome(result={"status": status})
 
 
@@ -408,30 +425,67 @@ def _post_json(
     addresses = None
     if not (is_trusted or ctx.allow_private_webhooks):
         addresses = refuse_private_target(url)
-    response = _post(ctx, url, orjson.dumps(body), headers, addresses)
+    answer = _post(ctx, url, orjson.dumps(body), headers, addresses)
+    if not answer.complete:
+        raise OutcomeUnknown(
+            f"{url} answered {answer.status_code} with more than {MAX_ANSWER} bytes, or too "
+            "slowly; it was not read"
+        )
     try:
-        return orjson.loads(response.content)
+        return orjson.loads(answer.content)
     except orjson.JSONDecodeError as exc:
-        raise OutcomeUnknown(f"{url} answered {response.status_code} with no JSON") from exc
+        raise OutcomeUnknown(f"{url} answered {answer.status_code} with no JSON") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A response's status and the start of its body."""
+
+    status_code: int
+    content: bytes  # at most `MAX_ANSWER` bytes
+    encoding: str
+    complete: bool  # the whole body, read in the time it had
+
+    @property
+    def text(self) -> str:
+        """The body read, as text."""
+        return self.content.decode(self.encoding, "replace")
+
+
+def _read(response: httpx.Response, seconds: float | None) -> _Answer:
+    """The status and up to `MAX_ANSWER` bytes of the body, read for at most `seconds`: the
+    client's timeout bounds each read, not their sum, and a server trickling its answer
+    would hold the step (and a worker's thread) as long as it liked."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    body = bytearray()
+    complete = True
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > MAX_ANSWER or (deadline is not None and time.monotonic() > deadline):
+            complete = False
+            break
+    return _Answer(response.status_code, bytes(body[:MAX_ANSWER]), response.encoding or "utf-8",
+                   complete)  # fmt: skip
 
 
 def _post(
     ctx: StepContext,
     url: str,
     content: bytes,
-    headers: dict[str, str],
+    headers: Mapping[str, str],
     addresses: Sequence[str] | None = None,
-) -> httpx.Response:
+) -> _Answer:
     """POST, sorting every failure by whether the request may have been delivered; with
-    `addresses`, a new connection goes to the first of them (see `_NewConnectionGate`)."""
+    `addresses`, a new connection goes to the first of them (see `_NewConnectionGate`).
+    The answer is read up to `MAX_ANSWER` bytes, for at most the timeout once it began."""
     gate = _NewConnectionGate(url, ctx.http.timeout.connect, addresses)
+    sent = httpx.Headers({"Content-Type": "application/json"})
+    sent.update(headers)  # case-insensitively: a `content-type` given replaces ours
     try:
-        response = ctx.http.post(
-            url,
-            content=content,
-            headers={"Content-Type": "application/json", **headers},
-            extensions={"trace": gate.trace},
-        )
+        with ctx.http.stream(
+            "POST", url, content=content, headers=sent, extensions={"trace": gate.trace}
+        ) as response:
+            answer = _read(response, ctx.http.timeout.read)
     except StepFailed:  # the gate refused the address connected to, before anything was sent
         raise
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -447,14 +501,14 @@ def _post(
         raise StepFailed(f"could not send to {host}: {what}", retry=True) from exc
     finally:
         gate.release()
-    if response.status_code == 429 or response.status_code >= 500:
-        raise StepFailed(f"{_host(url)} answered {response.status_code}", retry=True)
-    if response.status_code >= 400:
+    if answer.status_code == 429 or answer.status_code >= 500:
+        raise StepFailed(f"{_host(url)} answered {answer.status_code}", retry=True)
+    if answer.status_code >= 400:
         raise StepFailed(
-            f"{_host(url)} refused the request ({response.status_code}): {response.text[:300]}",
+            f"{_host(url)} refused the request ({answer.status_code}): {answer.text[:300]}",
             retry=False,
         )
-    return response
+    return answer
 
 
 class _NewConnectionGate:
