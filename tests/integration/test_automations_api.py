@@ -298,6 +298,11 @@ async def test_webhook_host_no_client_can_connect_to_is_422_saying_why(api: Api)
     ("body", "field"),
     [
         ({"kind": "ai", "base_url": "https://a..b/v1", "model": "m"}, "base_url"),
+        ({"kind": "ai", "base_url": "https://ai.example.com:0/v1", "model": "m"}, "base_url"),
+        ({"kind": "ai", "base_url": "https://ai.example.com:99999/v1", "model": "m"},
+         "base_url"),
+        ({"kind": "whatsapp", "secret": "s", "phone_number_id": "1", "access_token": "t",
+          "api_base_url": "https://graph.example.com:0"}, "api_base_url"),
         ({"kind": "whatsapp", "secret": "s", "phone_number_id": "1",
           "access_token": "EAAG-ção", "api_base_url": "https://graph.example.com"},
          "access_token"),

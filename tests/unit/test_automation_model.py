@@ -392,6 +392,7 @@ def components(*items: object) -> dict[str, object]:
         ({**HOOK, "url": "https://"}, ".url", "invalid_url"),
         ({**HOOK, "url": "https://exa mple.com"}, ".url", "invalid_url"),
         ({**HOOK, "url": "https://example.com:99999/"}, ".url", "invalid_url"),
+        ({**HOOK, "url": "https://example.com:0/"}, ".url", "invalid_url"),
         ({**HOOK, "url": "https://user:pw@example.com/"}, ".url", "invalid_url"),
         ({**HOOK, "url": "https://example.com/" + "a" * 2048}, ".url", "too_long"),
         ({**HOOK, "url": "https://a..b/h"}, ".url", "invalid_url"),  # an empty label

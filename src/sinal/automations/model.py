@@ -939,7 +939,7 @@ def _url(c: _Checker, at: str, raw: object) -> str | None:
         return None
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
+        port = parts.port  # raises ValueError on a bad port
     except ValueError:
         c.fail(at, "invalid_url", "url is not a valid URL")
         return None
@@ -949,6 +949,8 @@ def _url(c: _Checker, at: str, raw: object) -> str | None:
         c.fail(at, "invalid_url", "url must be absolute, like https://example.com/hook")
     elif parts.username is not None or parts.password is not None:
         c.fail(at, "invalid_url", "put credentials in headers, not in the url")
+    elif port == 0:  # no server listens there: every attempt would fail to connect
+        c.fail(at, "invalid_url", "url's port must be a number from 1 to 65535")
     elif (problem := host_problem(parts.hostname)) is not None:
         c.fail(at, "invalid_url", f"url's host {parts.hostname!r} {problem}")
     else:

@@ -254,10 +254,13 @@ def _url_problem(name: str, url: object) -> str | None:
     """Why `url` cannot be the base URL `name` of a connection, or None."""
     try:
         parts = urlsplit(url) if isinstance(url, str) else None
+        port = None if parts is None else parts.port
     except ValueError:  # a bad port or IPv6 address
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{name} must be an http(s) URL"
+    if port == 0:
+        return f"{name}'s port must be a number from 1 to 65535"
     problem = host_problem(parts.hostname)
     return None if problem is None else f"{name}'s host {parts.hostname!r} {problem}"
 
