@@ -21,7 +21,7 @@ from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings, choose, spec_of
 from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
-from sinal.automations.steps import MAX_ANSWER
+from sinal.automations.steps import MAX_ANSWER, refuse_private_target
 from sinal.errors import InvalidIntegration, StoreError
 from sinal.store.automations import Advance, Claim, Integration, StepFinish, StepStart
 from sinal.store.base import EventQuery
@@ -576,10 +576,24 @@ def test_webhook_step_posts_the_event_with_an_idempotency_key(world: World) -> N
     assert request["headers"]["Idempotency-Key"].endswith(":0")
 
 
-def test_webhook_to_a_private_address_is_refused_by_default(world: World) -> None:
+@pytest.mark.parametrize(
+    "host",
+    [
+        "127.0.0.1",
+        "[::ffff:127.0.0.1]",
+        # IPv6 reaching IPv4 through a translator: NAT64 (to the metadata service, to a
+        # private address), local-use NAT64, 6to4, IPv4-compatible
+        "[64:ff9b::a9fe:a9fe]",
+        "[64:ff9b::a00:5]",
+        "[64:ff9b:1::a00:5]",
+        "[2002:7f00:1::]",
+        "[::7f00:1]",
+    ],
+)
+def test_webhook_to_a_private_address_is_refused_by_default(world: World, host: str) -> None:
     world.automations.create(world.account.id, {
         "name": "crm", "trigger_type": "order_paid",
-        "steps": [{"type": "webhook", "url": "http://127.0.0.1:9/hook"}],
+        "steps": [{"type": "webhook", "url": f"http://{host}:9/hook"}],
     })  # fmt: skip
     world.order_paid()
     world.drain(world.dispatcher(allow_private_webhooks=False))
@@ -726,6 +740,12 @@ def test_webhook_header_named_like_sinals_own_is_sent_once_as_sinal_sets_it(
     types = [k for k in request["raw_headers"] if k.lower() == "content-type"]
     assert (len(keys), len(types)) == (1, 1)
     assert request["headers"]["Idempotency-Key"].endswith(":0")
+
+
+@pytest.mark.parametrize("host", ["8.8.8.8", "[2606:4700::1111]", "[64:ff9b::808:808]"])
+def test_webhook_to_a_public_address_is_let_through(host: str) -> None:
+    """NAT64 to a public IPv4 address is public (an IPv6-only network reaches the web so)."""
+    assert refuse_private_target(f"http://{host}/hook") == [host.strip("[]")]
 
 
 PUBLIC = "8.8.8.8"  # global, as `ipaddress` sees it; nothing of this test listens there

@@ -598,13 +598,37 @@ def refuse_private_target(url: str) -> list[str]:
         raise StepFailed(f"cannot resolve {host}: {exc}", retry=True) from exc
     for info in infos:
         address = ipaddress.ip_address(info[4][0])
-        if not address.is_global or address.is_multicast:
+        if not _is_public(address):
             raise StepFailed(
                 f"{host} resolves to {address}, a private or local address; requests there "
                 "are refused (SINAL_ALLOW_PRIVATE_WEBHOOKS=true allows them)",
                 retry=False,
             )
     return [str(info[4][0]) for info in infos]
+
+
+# IPv6 prefixes that reach IPv4 addresses through a translator: NAT64's well-known prefix
+# (the address in the last 32 bits; on AWS it reaches the VPC's private IPv4 addresses), its
+# local-use prefix (never global), and IPv4-compatible addresses (deprecated).
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+
+
+def _is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether `address` is global unicast, and so is the IPv4 address it stands for (an
+    IPv6 one reaching IPv4 through NAT64 or 6to4: Python's `is_global` judges the prefix,
+    so 64:ff9b::a9fe:a9fe, which reaches 169.254.169.254, is "global")."""
+    if not address.is_global or address.is_multicast:
+        return False
+    if isinstance(address, ipaddress.IPv4Address):
+        return True
+    if address in _LOCAL_NAT64:
+        return False
+    if address in _NAT64 or address in _IPV4_COMPATIBLE:
+        return _is_public(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    embedded = address.ipv4_mapped or address.sixtofour
+    return embedded is None or _is_public(embedded)
 
 
 def _host(url: str) -> str:
