@@ -656,6 +656,23 @@ def test_webhook_answered_with_a_redirect_was_not_delivered(world: World, status
     assert len(hook.requests) == 1  # never retried: it would be redirected again
 
 
+def test_webhook_answered_408_is_retried(world: World) -> None:
+    """408 Request Timeout: the receiver (or its proxy) gave up waiting for the request and
+    did not take it, so a retry may succeed; it ended the execution dead."""
+
+    def first_408(body: Any, n: int) -> None:
+        hook.behaviour.status = 408 if n == 0 else 200
+
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.before_answer = first_408
+        _hook(world, f"{hook_url}/hook")
+        world.order_paid()
+        execution = _until_settled(world, world.dispatcher())
+
+    assert execution.status == "completed"
+    assert len(hook.requests) == 2
+
+
 def test_webhook_that_times_out_is_sent_again_with_the_same_idempotency_key(
     world: World,
 ) -> None:

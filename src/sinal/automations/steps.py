@@ -4,7 +4,8 @@ dispatcher records it.
 
 Failures are sorted by what a retry can do:
 
-- `StepFailed(retry=True)`: definitely not done (connection refused, 429, 5xx): retry later.
+- `StepFailed(retry=True)`: definitely not done (connection refused, 408, 429, 5xx): retry
+  later.
 - `StepFailed(retry=False)`: will never work as configured (no WhatsApp connection, 400).
 - `OutcomeUnknown`: the request left and no answer came back (timeout). It may have been
   delivered, so it is never resent blindly: the execution stops as `unknown`. Not for
@@ -501,7 +502,9 @@ def _post(
         raise StepFailed(f"could not send to {host}: {what}", retry=True) from exc
     finally:
         gate.release()
-    if answer.status_code == 429 or answer.status_code >= 500:
+    # 408: the server gave up waiting for the request (a proxy's client timeout), as 429 and
+    # 5xx say "not now" rather than "never"
+    if answer.status_code in (408, 429) or answer.status_code >= 500:
         raise StepFailed(f"{_host(url)} answered {answer.status_code}", retry=True)
     if answer.status_code >= 400:
         raise StepFailed(
