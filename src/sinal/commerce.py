@@ -2,7 +2,8 @@
 
 `process_shopify` / `process_yampi` are the processors `sinal.webhooks` runs on a kept raw
 delivery. For each: normalize the verified body (pure, `sinal.integrations`), find or
-create the contact, then write the events together with the row they change:
+create the contact (a new one with its Contact Created, source the integration's kind),
+then write the events together with the row they change:
 
 | payload                         | one transaction                                       |
 |---------------------------------|-------------------------------------------------------|
@@ -391,11 +392,15 @@ def _abandonment(ledger: Ledger, checkout: Checkout) -> PreparedEvent:
 
 
 def _contact_id(ledger: Ledger, integration: Integration, contact: ContactRef) -> UUID | None:
-    """Find or create the contact a payload names (phone, email, store customer id)."""
+    """Find or create the contact a payload names (phone, email, store customer id); a
+    contact created here records Contact Created (source: the integration's kind) in the
+    same transaction, as one first seen through any other source does."""
     if contact.is_empty:
         return None
     try:
-        found, _ = ledger.upsert_contact(integration.account_id, **contact.identities())
+        found, _ = ledger.resolve_contact(
+            integration.account_id, **contact.identities(), source=integration.kind
+        )
     except InvalidContact as exc:
         raise UnmappablePayload("invalid_contact", str(exc)) from exc
     return found.id

@@ -20,6 +20,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sinal import webhooks
+from sinal.automations.backoff import RetryPolicy
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
 from sinal.catalog import METRIC_ORDER_CANCELLED
 from sinal.cli import app as cli
@@ -131,6 +133,16 @@ def events(api: Api, metric: str | None = None) -> list[StoredEvent]:
     return sorted(found, key=lambda e: (e.occurred_at, e.metric_name))
 
 
+def run_automations(api: Api) -> None:
+    """Run the automations of every event recorded so far."""
+    dispatcher = Dispatcher(api.ledger, DispatchSettings(http_timeout=1, retry=RetryPolicy(2)))
+    try:
+        while dispatcher.run_once():
+            pass
+    finally:
+        dispatcher.close()
+
+
 def metrics(api: Api) -> dict[str, int]:
     counted: dict[str, int] = {}
     for event in events(api):
@@ -207,9 +219,9 @@ async def test_shopify_order_lifecycle_records_every_topic_once(api: Api, shopif
     assert metrics(api) == {
         "Order Placed": 1, "Order Paid": 1, "Order Fulfilled": 1, "Shipment Created": 1,
         "Shipment In Transit": 1, "Shipment Exception": 1, "Shipment Out For Delivery": 1,
-        "Shipment Delivered": 1, "Order Refunded": 2,
+        "Shipment Delivered": 1, "Order Refunded": 2, "Contact Created": 1,
     }  # fmt: skip
-    recorded = events(api)
+    recorded = [e for e in events(api) if e.metric_name != "Contact Created"]
     assert {e.integration_id for e in recorded} == {UUID(shopify.id)}
     assert len({e.contact_id for e in recorded}) == 1  # shipments and refunds: the buyer
     assert {e.source for e in recorded} == {"shopify"}
@@ -269,7 +281,7 @@ async def test_a_redelivered_payload_under_a_new_webhook_id_is_still_one_event(
     again = await shopify.deliver(fixture("shopify", "orders_paid"), "orders/paid")
     assert (first["status"], again["status"]) == ("processed", "processed")
     assert first["delivery_id"] != again["delivery_id"]  # two deliveries kept raw
-    assert metrics(api) == {"Order Paid": 1}
+    assert metrics(api) == {"Order Paid": 1, "Contact Created": 1}
 
 
 async def test_protected_customer_data_records_against_the_store_customer_id(
@@ -323,7 +335,9 @@ async def test_an_order_cancelled_before_its_created_webhook_ends_cancelled_with
     await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")
     await shopify.deliver(fixture("shopify", "orders_paid"), "orders/paid")  # late, too
 
-    assert metrics(api) == {"Order Cancelled": 1, "Order Placed": 1, "Order Paid": 1}
+    assert metrics(api) == {
+        "Order Cancelled": 1, "Order Placed": 1, "Order Paid": 1, "Contact Created": 1,
+    }  # fmt: skip
     [cancelled] = events(api, METRIC_ORDER_CANCELLED)
     assert cancelled.value == Decimal("297.90")  # what was ordered, not the 0.00 left
     row = order_row(api, ANA_ORDER)
@@ -405,6 +419,85 @@ async def test_a_shipment_of_an_order_that_never_comes_is_the_recipients_after_t
     assert count(api.url, "orders") == 0  # no row to move, and none made up
 
 
+# -- contacts first seen through a store ------------------------------------------------
+
+
+def another_order(kind: str, n: int) -> tuple[dict[str, Any], str | None]:
+    """Ana's fixture order under another id (the `n`th), with no checkout; its topic."""
+    if kind == "shopify":
+        order = fixture("shopify", "orders_create")
+        order["id"], order["name"] = 6000 + n, f"#{6000 + n}"
+        order["checkout_token"] = order["cart_token"] = None
+        return order, "orders/create"
+    order = fixture("yampi", "order_created")
+    order["resource"]["id"] = order["resource"]["number"] = 6000 + n
+    order["resource"]["cart_token"] = None
+    return order, None
+
+
+@pytest.mark.parametrize("kind", ["shopify", "yampi"])
+async def test_a_customer_first_seen_through_an_order_gets_contact_created_once(
+    api: Api, hooks: httpx.AsyncClient, kind: str
+) -> None:
+    shop = await connect(api, hooks, kind)
+    welcome = await api.post("/v1/automations", {
+        "name": "Boas-vindas", "trigger_type": "new_contact",
+        "steps": [{"type": "add_tag", "tag": "boas-vindas"}],
+    })  # fmt: skip
+    assert welcome.status_code == 201, welcome.text
+    first = another_order(kind, 1)
+    await shop.deliver(*first)
+    await shop.deliver(*first)  # sent again (Shopify: under a new webhook id)
+    await shop.deliver(*another_order(kind, 2))  # her next order
+    assert await asyncio.to_thread(webhooks.replay, api.ledger, ("processed",))
+
+    [created] = events(api, "Contact Created")
+    placed = events(api, "Order Placed")
+    assert len(placed) == 2
+    assert {e.contact_id for e in placed} == {created.contact_id}
+    contact = api.ledger.get_contact(api.account.id, created.contact_id)
+    assert contact is not None
+    # as a contact first seen through WhatsApp or the API gets it, with the store as source
+    assert (created.source, created.unique_event_id) == (kind, f"{kind}:contact:{contact.id}")
+    assert (created.entity_type, created.entity_id) == ("contact", str(contact.id))
+    assert created.properties["phone"] == contact.phone == "+5511987654321"
+    assert created.properties["email"] == contact.email == "ana.souza@exemplo.com.br"
+    run_automations(api)  # the new_contact automation runs for her, once
+    assert api.ledger.list_tags(api.account.id, contact.id) == ["boas-vindas"]
+    assert len(events(api, "Tag Added")) == 1
+
+
+@pytest.mark.parametrize("kind", ["shopify", "yampi"])
+async def test_a_customer_known_before_their_first_order_gets_no_second_contact_created(
+    api: Api, hooks: httpx.AsyncClient, kind: str
+) -> None:
+    shop = await connect(api, hooks, kind)
+    known = await api.post("/v1/contacts", {"phone": "+55 11 98765-4321", "name": "Ana"})
+    assert known.status_code == 201, known.text
+
+    await shop.deliver(*another_order(kind, 1))
+
+    [placed] = events(api, "Order Placed")
+    assert str(placed.contact_id) == known.json()["id"]
+    assert [e.source for e in events(api, "Contact Created")] == ["api"]
+
+
+@pytest.mark.parametrize("kind", ["shopify", "yampi"])
+async def test_concurrent_orders_of_a_new_customer_make_one_contact_and_one_contact_created(
+    api: Api, hooks: httpx.AsyncClient, kind: str
+) -> None:
+    shop = await connect(api, hooks, kind)
+    orders = [another_order(kind, n) for n in range(8)]
+
+    answers = await asyncio.gather(*(shop.send(*order) for order in orders))
+
+    assert {a.json()["status"] for a in answers} == {"processed"}
+    assert len(events(api, "Order Placed")) == 8
+    assert count(api.url, "contacts") == 1
+    [created] = events(api, "Contact Created")
+    assert created.source == kind
+
+
 # -- redeliveries, signatures, integrations ----------------------------------------------
 
 
@@ -427,12 +520,14 @@ async def test_a_storm_of_20_concurrent_redeliveries_records_one_event(
     assert [a.status_code for a in answers] == [200] * 20
     assert {a.json()["status"] for a in answers} <= {"processed", "duplicate"}
     assert len({a.json()["delivery_id"] for a in answers}) == 1
-    assert metrics(api) == {"Order Placed": 1}
+    assert metrics(api) == {"Order Placed": 1, "Contact Created": 1}
     assert count(api.url, "webhook_deliveries") == 1
     assert count(api.url, "orders") == 1
     assert count(api.url, "contacts") == 1
     summary = api.ledger.get_summary(api.account.id)
-    assert [(s.metric_name, s.event_count) for s in summary] == [("Order Placed", 1)]
+    assert sorted((s.metric_name, s.event_count) for s in summary) == [
+        ("Contact Created", 1), ("Order Placed", 1),
+    ]  # fmt: skip
     later = await shop.send(body, topic, webhook_id=webhook_id)
     assert later.json()["status"] == "duplicate"
 
@@ -546,7 +641,7 @@ async def test_a_signed_order_body_sent_again_under_another_topic_records_nothin
         assert answer["status"] == "unmappable", topic
         assert answer["reason"].startswith("topic_mismatch"), topic
 
-    assert metrics(api) == {"Order Placed": 1}
+    assert metrics(api) == {"Order Placed": 1, "Contact Created": 1}
     assert order_row(api, ANA_ORDER)["status"] == "pending"
     assert count(api.url, "checkouts") == 0
     later = datetime(2024, 6, 1, tzinfo=UTC)
@@ -725,7 +820,7 @@ async def test_yampi_events_map_with_sao_paulo_times(api: Api, yampi_shop: Shop)
 
     assert metrics(api) == {
         "Order Placed": 2, "Order Paid": 1, "Order Refunded": 1, "Order Cancelled": 1,
-        "Customer Created": 1,
+        "Customer Created": 1, "Contact Created": 2,  # Ana, then João
     }  # fmt: skip
     placed = events(api, "Order Placed")[0]
     # "2024-05-10 14:32:10" has no offset: America/Sao_Paulo (UTC-3)
@@ -748,7 +843,7 @@ async def test_a_yampi_status_with_no_event_only_moves_the_order_row(
     await yampi_shop.deliver(fixture("yampi", "order_created"))
 
     assert invoiced["status"] == "processed"
-    assert metrics(api) == {"Order Placed": 1}
+    assert metrics(api) == {"Order Placed": 1, "Contact Created": 1}
     row = order_row(api, "31874526")
     assert (row["status"], row["total"], row["number"]) == ("paid", Decimal("297.90"), "1000417")
     assert row["contact_id"] == str(events(api, "Order Placed")[0].contact_id)
@@ -786,7 +881,8 @@ async def test_a_yampi_cart_reminder_after_its_order_records_no_abandonment(
     await yampi_shop.deliver(fixture("yampi", "order_paid"))
 
     assert late["status"] == "processed"
-    assert metrics(api) == {"Order Placed": 1, "Order Paid": 1}  # nothing abandoned, recovered
+    # nothing abandoned, nothing recovered
+    assert metrics(api) == {"Order Placed": 1, "Order Paid": 1, "Contact Created": 1}
     assert checkout_state(api) == (True, False)
 
 
@@ -821,11 +917,12 @@ async def test_a_yampi_order_racing_its_cart_reminder_ends_recovered_or_never_ab
 
     assert [(await running).json()["status"], answer.json()["status"]] == ["processed"] * 2
     if first == "order":  # the reminder waited for it, and saw it
-        assert metrics(api) == {"Order Placed": 1}
+        assert metrics(api) == {"Order Placed": 1, "Contact Created": 1}
         assert checkout_state(api) == (True, False)
     else:  # the order waited for the abandonment, and recovered it
         assert metrics(api) == {
             "Checkout Abandoned": 1, "Order Placed": 1, "Checkout Recovered": 1,
+            "Contact Created": 1,
         }  # fmt: skip
         assert checkout_state(api) == (True, True)
 

@@ -125,7 +125,7 @@ class ContactRef:
         return self.phone is None and self.email is None and self.external_id is None
 
     def identities(self) -> dict[str, str | None]:
-        """Keyword arguments for `Ledger.upsert_contact` (phone, email, external_id, name)."""
+        """Keyword arguments for `Ledger.resolve_contact` (phone, email, external_id, name)."""
         return {
             "phone": self.phone,
             "email": self.email,
