@@ -70,9 +70,12 @@ def count(url: str, table: str) -> int:
     return int(sql(url, f"SELECT count(*) FROM {table}")[0][0])
 
 
-def save_checkouts(ledger: Ledger, account_id: UUID, n: int, updated_at: datetime) -> UUID:
-    """`n` Shopify checkouts of `n` contacts, last updated at `updated_at` and due 30
-    minutes later, as checkout webhooks leave them; the integration's id."""
+def save_checkouts(
+    ledger: Ledger, account_id: UUID, n: int, updated_at: datetime, prefix: str = "checkout"
+) -> UUID:
+    """`n` Shopify checkouts (tokens `{prefix}-0000`, ...) of `n` contacts, last updated at
+    `updated_at` and due 30 minutes later, as checkout webhooks leave them, of a new
+    integration; its id."""
     integration = Automations(ledger).create_integration(
         account_id, {"kind": "shopify", "secret": "s", "abandon_after_minutes": 30}
     )
@@ -82,7 +85,7 @@ def save_checkouts(ledger: Ledger, account_id: UUID, n: int, updated_at: datetim
         contact = ledger.create_contact(account_id, email=email)
         store.save_checkout(CheckoutUpdate(
             account_id=account_id, integration_id=integration.id, provider="shopify",
-            token=f"checkout-{i:04d}", contact_id=contact.id,
+            token=f"{prefix}-{i:04d}", contact_id=contact.id,
             recovery_url=f"https://loja.example/checkouts/{i}/recover", total=Decimal("99.90"),
             currency="BRL", details={"contact": {"email": email}}, updated_at=updated_at,
             abandon_after=timedelta(minutes=30),

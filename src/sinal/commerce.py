@@ -28,10 +28,10 @@ move, and a refund, which names no one, is kept ``unmappable: unknown_order`` fo
 
 Abandoned carts: Shopify sends none, so `derive_abandoned(ledger, now)` records Checkout
 Abandoned for every checkout with no order `abandon_after_minutes` (per integration,
-default 60) after its last update; every worker calls it through `derive_all_abandoned`,
-a `sinal.housekeeping` task, and any number may at once (the store abandons each
-checkout once, under its row lock). Yampi's
-`cart.reminder` is the abandonment itself, unless an order carrying its token came first.
+default 60) after its last update (one of a deleted integration stops being due instead);
+every worker calls it through `derive_all_abandoned`, a `sinal.housekeeping` task, and
+any number may at once (the store abandons each checkout once, under its row lock).
+Yampi's `cart.reminder` is the abandonment itself, unless an order carrying its token came first.
 An order carrying an abandoned checkout's token records Checkout Recovered, with the
 order's value, once.
 """

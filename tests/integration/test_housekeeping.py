@@ -159,6 +159,27 @@ def test_a_checkout_the_database_refuses_stops_being_due_once_and_holds_back_non
     assert "no longer due" in refused[0].getMessage()
 
 
+def test_the_checkouts_of_a_deleted_integration_are_never_abandoned_and_hold_back_none(
+    ledger: Ledger,
+) -> None:
+    account = ledger.create_account("Loja")
+    # The store the user disconnected had a page of checkouts due first.
+    gone = save_checkouts(ledger, account.id, 3, T0 - timedelta(hours=1), prefix="gone")
+    kept = save_checkouts(ledger, account.id, 2, updated_at=T0)
+    assert Automations(ledger).store.delete_integration(account.id, gone)
+    due = T0 + timedelta(minutes=30)
+
+    assert derive_all_abandoned(ledger, due, limit=3) == 2
+
+    found = ledger.list_events(EventQuery(account.id, metric_name="Checkout Abandoned"))
+    assert sorted((e.integration_id, e.properties["checkout_token"]) for e in found) == [
+        (kept, "checkout-0000"), (kept, "checkout-0001"),
+    ]  # fmt: skip
+    later = due + timedelta(days=1)
+    assert cast(CommerceStore, ledger.store).due_checkouts(later) == []  # no longer due
+    assert derive_all_abandoned(ledger, later, limit=3) == 0
+
+
 def abandoned_tokens(ledger: Ledger, account_id: UUID) -> list[str]:
     found = ledger.list_events(EventQuery(account_id, metric_name="Checkout Abandoned"))
     return sorted(e.properties["checkout_token"] for e in found)

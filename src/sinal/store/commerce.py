@@ -9,8 +9,9 @@ functions both backends call (`merge_order`, `merge_checkout`):
   the provider's `updated_at`);
 - a refund adds to the refunded amount only when its event was new (a redelivery adds
   nothing);
-- a checkout is due for abandonment at `due_at` unless an order completed it first, and a
-  reminder (Yampi's cart.reminder) of a checkout an order completed first abandons nothing
+- a checkout is due for abandonment at `due_at` unless an order completed it first or its
+  integration was deleted (it then stops being due), and a reminder (Yampi's
+  cart.reminder) of a checkout an order completed first abandons nothing
   (`checkout_events`).
 """
 
@@ -186,8 +187,8 @@ class CommerceStore(Protocol):
         build: BuildCheckoutEvent,
     ) -> Outcome | None:
         """Record `build(checkout)` and mark it abandoned, if it still is due and no order
-        completed it (else mark it completed; and when `build` gives None, no longer due);
-        None when nothing was recorded."""
+        completed it (else mark it completed; and when its integration was deleted or
+        `build` gives None, no longer due); None when nothing was recorded."""
         ...
 
     def get_checkout(self, account_id: UUID, integration_id: UUID, token: str) -> Checkout | None:

@@ -45,6 +45,8 @@ _HAS_ORDER = (
     "SELECT 1 FROM orders WHERE account_id = %s AND integration_id = %s "
     "AND (checkout_token = %s OR cart_token = %s) LIMIT 1"
 )
+# Is the checkout's integration still connected (not deleted)?
+_IS_LIVE = "SELECT 1 FROM integrations WHERE account_id = %s AND id = %s AND deleted_at IS NULL"
 # A cart reminder (the abandonment itself) and the order carrying its token can race with
 # neither row there to lock yet: both lock (account, integration, token) first, so the
 # reminder sees the order, or the order the abandonment it then recovers. (A checkout that
@@ -176,7 +178,9 @@ class PostgresCommerce:
                     (now, *key),
                 )
                 return None
-            event = build(checkout)
+            # A store the user disconnected abandons nothing: the checkout stops being due.
+            is_live = conn.execute(_IS_LIVE, key[:2]).fetchone() is not None
+            event = build(checkout) if is_live else None
             if event is None:
                 conn.execute(f"UPDATE checkouts SET due_at = NULL WHERE {_CHECKOUT_KEY}", key)
                 return None

@@ -35,6 +35,8 @@ _HAS_ORDER = (
     "SELECT 1 FROM orders WHERE account_id = ? AND integration_id = ? "
     "AND (checkout_token = ? OR cart_token = ?) LIMIT 1"
 )
+# Is the checkout's integration still connected (not deleted)?
+_IS_LIVE = "SELECT 1 FROM integrations WHERE account_id = ? AND id = ? AND deleted_at IS NULL"
 
 
 class SQLiteCommerce:
@@ -135,7 +137,9 @@ class SQLiteCommerce:
                     (_ts(now), *key),
                 )
                 return None
-            event = build(checkout)
+            # A store the user disconnected abandons nothing: the checkout stops being due.
+            is_live = conn.execute(_IS_LIVE, key[:2]).fetchone() is not None
+            event = build(checkout) if is_live else None
             if event is None:
                 conn.execute(f"UPDATE checkouts SET due_at = NULL WHERE {_CHECKOUT_KEY}", key)
                 return None
