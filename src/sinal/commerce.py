@@ -15,7 +15,8 @@ then write the events together with the row they change:
 Everything is idempotent: events dedup on their unique ids, and a row only changes as
 `sinal.store.commerce.merge_order` / `merge_checkout` say (status never moves back). A
 payload that verified but cannot be mapped raises `UnmappablePayload`; it is kept and
-`sinal webhooks replay` processes it again.
+`sinal webhooks replay` processes it again. A Yampi body whose ``merchant.alias`` is not
+the integration's ``alias`` (when both are there) is another store's: `merchant_mismatch`.
 
 Refunds and shipments are about the order's buyer (a shipment's recipient may be someone
 else) and move the order's row. One of an order sinal does not know yet waits for it:
@@ -39,7 +40,7 @@ order's value, once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -101,8 +102,23 @@ def process_shopify(ledger: Ledger, integration: Integration, delivery: StoredDe
 
 def process_yampi(ledger: Ledger, integration: Integration, delivery: StoredDelivery) -> None:
     """Turn a kept Yampi delivery (event name in the body) into events and rows."""
+    payload = r.parse_body(delivery.body)
+    _check_merchant(integration, payload)
     # every Yampi event carries its order's snapshot: none waits for the order
-    _apply(ledger, integration, normalize_yampi(r.parse_body(delivery.body)), None)
+    _apply(ledger, integration, normalize_yampi(payload), None)
+
+
+def _check_merchant(integration: Integration, payload: Mapping[str, Any]) -> None:
+    """Refuse a body from another Yampi store: its signed ``merchant.alias`` is not the
+    integration's `alias` setting (one secret shared by two stores' webhooks, or a store's
+    webhook pointed at another integration's URL). No check when either is absent."""
+    expected = r.text(integration.settings, "alias")
+    named = r.text(payload, "merchant", "alias")
+    if expected is not None and named is not None and named.casefold() != expected.casefold():
+        raise UnmappablePayload(
+            "merchant_mismatch",
+            f"the body is from Yampi store {named!r}, this integration's alias is {expected!r}",
+        )
 
 
 def order_grace(integration: Integration) -> timedelta:

@@ -927,6 +927,36 @@ async def test_a_yampi_order_racing_its_cart_reminder_ends_recovered_or_never_ab
         assert checkout_state(api) == (True, True)
 
 
+@pytest.mark.parametrize(
+    ("alias", "merchant", "status"),
+    [
+        ("outraloja", "lojadaana", "unmappable"),  # another store's body
+        ("lojadaana", "lojadaana", "processed"),
+        (" LojaDaAna ", "lojadaana", "processed"),  # as typed: trimmed, any case
+        ("lojadaana", None, "processed"),  # the body names no store: no check
+        (None, "outraloja", "processed"),  # no alias set: no check
+    ],
+)
+async def test_a_yampi_body_naming_another_merchant_than_the_alias_set_records_nothing(
+    api: Api, hooks: httpx.AsyncClient, alias: str | None, merchant: str | None, status: str
+) -> None:
+    shop = await connect(api, hooks, "yampi", **({} if alias is None else {"alias": alias}))
+    order = fixture("yampi", "order_created")
+    order["merchant"]["alias"] = merchant
+
+    answer = await shop.deliver(order)
+
+    assert answer["status"] == status
+    if status == "unmappable":
+        assert answer["reason"].startswith("merchant_mismatch")
+        assert "'lojadaana'" in answer["reason"]
+        assert [count(api.url, t) for t in ("events", "contacts", "orders", "checkouts")] == [
+            0, 0, 0, 0,
+        ]  # fmt: skip
+    else:
+        assert metrics(api) == {"Order Placed": 1, "Contact Created": 1}
+
+
 def checkout_state(api: Api) -> tuple[bool, bool]:
     """The one checkout's (completed, abandoned)."""
     [(completed, abandoned)] = sql(
