@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -23,6 +24,7 @@ from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
 from sinal.automations.steps import MAX_ANSWER, refuse_private_target
 from sinal.errors import InvalidIntegration, StoreError
+from sinal.events import utcnow
 from sinal.store.automations import Advance, Claim, Integration, StepFinish, StepStart
 from sinal.store.base import EventQuery
 from sinal.store.postgres import PostgresStore
@@ -1188,7 +1190,9 @@ def test_a_stored_definition_failing_todays_checks_stops_nothing_else(world: Wor
     world.order_paid(source_id="1001")
     store = world.automations.store
     store.fan_out(choose, 10)  # its execution is made while its definition passes
-    assert store.update_automation(replace(old, spec={**old.spec, "steps": []}))
+    assert store.update_automation(
+        world.account.id, old.id, lambda row: replace(row, spec={**row.spec, "steps": []})
+    )
     dispatcher = world.dispatcher()
 
     world.drain(dispatcher)
@@ -1322,6 +1326,49 @@ def test_a_held_execution_runs_after_the_hold_even_if_its_resume_was_missed(
 
     assert _detail(world).status == "completed"
     assert len(world.whatsapp.bodies()) == 1
+
+
+def test_racing_patches_of_different_fields_each_keep_the_others_change(world: World) -> None:
+    """Two PATCHes of one automation at once, a rename and a pause (or a resume): both
+    changes survive, every time. In the held rounds the first one's clock (read between
+    its read of the row and its write) waits for the second to finish, at most 0.3 s: the
+    second waits for the first's write instead, so it cannot have finished by then; a
+    PATCH read before another committed and written after it would undo it."""
+    row = world.automations.create(world.account.id, THANKS)
+    second_done, first_read = threading.Event(), threading.Event()
+    finished_under_hold: list[bool] = []
+
+    def clock() -> datetime:
+        if threading.current_thread().name == "first":
+            first_read.set()
+            finished_under_hold.append(second_done.wait(0.3))
+        return utcnow()
+
+    automations = Automations(Ledger(world.ledger.store, clock=clock))
+
+    def patch(patch: dict[str, Any]) -> None:
+        automations.update(world.account.id, row.id, patch)
+        if threading.current_thread().name != "first":
+            second_done.set()
+
+    for n in range(30):
+        rename, status = {"name": f"nome {n}"}, {"status": ("paused", "active")[n % 2]}
+        held = n < 6
+        first, second = (rename, status) if n % 2 else (status, rename)
+        second_done.clear()
+        first_read.clear()
+        threads = [threading.Thread(target=patch, args=(first,), name="first" if held else "a"),
+                   threading.Thread(target=patch, args=(second,), name="second")]  # fmt: skip
+        threads[0].start()
+        assert not held or first_read.wait(10)
+        threads[1].start()
+        for thread in threads:
+            thread.join(10)
+
+        stored = world.automations.store.get_automation(world.account.id, row.id)
+        assert stored is not None
+        assert (stored.name, stored.status) == (rename["name"], status["status"]), n
+    assert finished_under_hold == [False] * 6
 
 
 def test_a_step_running_when_its_automation_is_paused_finishes_and_the_next_waits(

@@ -98,14 +98,14 @@ class Automations:
 
     def update(self, account_id: UUID, automation_id: UUID, patch: object) -> AutomationRow | None:
         """Apply a partial update (re-validated); None when there is no such automation."""
-        row = self.store.get_automation(account_id, automation_id)
-        if row is None:
-            return None
-        spec = apply_patch(row.spec, patch)  # as stored: a patch may repair what fails
-        updated = replace(row, name=spec.name, status=spec.status,
-                          trigger_metric=spec.metric_name, spec=spec.to_dict(),
-                          updated_at=self.ledger.clock())  # fmt: skip
-        return updated if self.store.update_automation(updated) else None
+
+        def change(row: AutomationRow) -> AutomationRow:  # under the row's write lock
+            spec = apply_patch(row.spec, patch)  # as stored: a patch may repair what fails
+            return replace(row, name=spec.name, status=spec.status,
+                           trigger_metric=spec.metric_name, spec=spec.to_dict(),
+                           updated_at=self.ledger.clock())  # fmt: skip
+
+        return self.store.update_automation(account_id, automation_id, change)
 
     def trace(self, event: StoredEvent) -> list[dict[str, Any]]:
         """For every automation of the event's account: triggered (with the execution) or why

@@ -195,6 +195,9 @@ StepStarted = tuple[StepRecord, bool] | Halt | None
 # Given a conversation's id, the event of its closing (`close_open_conversation`).
 BuildCloseEvent = Callable[[UUID], PreparedEvent]
 
+# Given an automation as stored, the automation to store (`update_automation`).
+ChangeAutomation = Callable[[AutomationRow], AutomationRow]
+
 # Given an event and its account's automations listening to its metric, the ids to run.
 Chooser = Callable[[StoredEvent, Sequence[AutomationRow]], list[UUID]]
 
@@ -232,10 +235,15 @@ class AutomationStore(Protocol):
         """The account's live automations, oldest first."""
         ...
 
-    def update_automation(self, row: AutomationRow) -> bool:
-        """Replace name, status, trigger and spec; False when there was none. Setting a
-        paused automation active moves its held executions (`HELD_WHILE_PAUSED`) up to
-        now, in the same transaction."""
+    def update_automation(
+        self, account_id: UUID, automation_id: UUID, change: ChangeAutomation
+    ) -> AutomationRow | None:
+        """Replace name, status, trigger and spec with what `change` makes of the live row,
+        read under the row's write lock in the transaction that writes: no update commits
+        between its read and its write, so concurrent ones each see the other's (a rename
+        cannot undo a pause). The row written; None when there was none; what `change`
+        raises, nothing written. Setting a paused automation active moves its held
+        executions (`HELD_WHILE_PAUSED`) up to now, in the same transaction."""
         ...
 
     def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
@@ -400,6 +408,7 @@ __all__ = [
     "AutomationRow",
     "AutomationStore",
     "BuildCloseEvent",
+    "ChangeAutomation",
     "Chooser",
     "Claim",
     "Execution",

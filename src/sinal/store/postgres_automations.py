@@ -37,6 +37,7 @@ from sinal.store.automations import (
     AutomationRow,
     Backlog,
     BuildCloseEvent,
+    ChangeAutomation,
     Chooser,
     Claim,
     Execution,
@@ -349,29 +350,34 @@ class PostgresAutomations:
             ).fetchall()
         return [AutomationRow(*r) for r in rows]
 
-    def update_automation(self, row: AutomationRow) -> bool:
-        """Replace name, status, trigger and spec; a paused automation set active has its
-        held executions moved up to now (one transaction)."""
-        keys = {"account": row.account_id, "automation": row.id}
+    def update_automation(
+        self, account_id: UUID, automation_id: UUID, change: ChangeAutomation
+    ) -> AutomationRow | None:
+        """Read the row `FOR UPDATE`, change it and write it, in one transaction (a
+        concurrent update waits for it, then reads what it wrote); a paused automation set
+        active has its held executions moved up to now."""
+        keys = {"account": account_id, "automation": automation_id}
         with self._tx() as conn:
-            was = conn.execute(
-                "SELECT status FROM automations WHERE account_id = %(account)s "
+            found = conn.execute(
+                f"SELECT {AUTOMATION_COLUMNS} FROM automations WHERE account_id = %(account)s "
                 "AND id = %(automation)s AND deleted_at IS NULL FOR UPDATE",
                 keys,
             ).fetchone()
-            if was is None:
-                return False
+            if found is None:
+                return None
+            was = AutomationRow(*found)
+            row = change(was)
             conn.execute(
                 "UPDATE automations SET name = %s, status = %s, trigger_metric = %s, spec = %s, "
                 "updated_at = %s WHERE account_id = %s AND id = %s",
                 (row.name, row.status, row.trigger_metric, Jsonb(row.spec), row.updated_at,
-                 row.account_id, row.id),
+                 account_id, automation_id),
             )  # fmt: skip
-            if was[0] == "paused" and row.status == "active":
+            if was.status == "paused" and row.status == "active":
                 resumed = conn.execute(_RESUME_HELD_SQL, {**keys, "reason": HELD_WHILE_PAUSED})
                 if resumed.rowcount:
                     conn.execute("SELECT pg_notify('sinal_executions', '')")
-            return True
+            return row
 
     def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
         """Soft-delete an automation and stop its unfinished executions, in one

@@ -26,6 +26,7 @@ from sinal.store.automations import (
     AutomationRow,
     Backlog,
     BuildCloseEvent,
+    ChangeAutomation,
     Chooser,
     Claim,
     Execution,
@@ -155,25 +156,30 @@ class SQLiteAutomations:
             ).fetchall()
         return [_automation(r) for r in rows]
 
-    def update_automation(self, row: AutomationRow) -> bool:
-        """Replace name, status, trigger and spec; a paused automation set active has its
-        held executions moved up to now (one transaction)."""
-        account, ident = str(row.account_id), str(row.id)
+    def update_automation(
+        self, account_id: UUID, automation_id: UUID, change: ChangeAutomation
+    ) -> AutomationRow | None:
+        """Read, change and write the row in one write transaction (`BEGIN IMMEDIATE`:
+        no other writer between the read and the write); a paused automation set active
+        has its held executions moved up to now."""
+        account, ident = str(account_id), str(automation_id)
         with self._write() as conn:
-            was = conn.execute(
-                "SELECT status FROM automations "
+            found = conn.execute(
+                f"SELECT {AUTOMATION_COLUMNS} FROM automations "
                 "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
                 (account, ident),
             ).fetchone()
-            if was is None:
-                return False
+            if found is None:
+                return None
+            was = _automation(found)
+            row = change(was)
             conn.execute(
                 "UPDATE automations SET name = ?, status = ?, trigger_metric = ?, spec = ?, "
                 "updated_at = ? WHERE account_id = ? AND id = ?",
                 (row.name, row.status, row.trigger_metric, dumps_json(row.spec),
                  _ts(row.updated_at), account, ident),
             )  # fmt: skip
-            if was[0] == "paused" and row.status == "active":
+            if was.status == "paused" and row.status == "active":
                 now = _ts(_now())
                 conn.execute(
                     "UPDATE executions SET run_at = ?, last_error = NULL, updated_at = ? "
@@ -181,7 +187,7 @@ class SQLiteAutomations:
                     "AND last_error = ?",
                     (now, now, account, ident, HELD_WHILE_PAUSED),
                 )
-            return True
+            return row
 
     def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
         """Soft-delete an automation and stop its unfinished executions (one transaction;
