@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -406,6 +406,25 @@ def test_a_stuck_step_is_renewed_no_longer(world: World, caplog: pytest.LogCaptu
 
     dispatcher._held.begin(claim)  # its next step begins: renewed again
     assert dispatcher.renew_leases() == 1
+
+
+def test_the_end_of_a_claim_leaves_a_new_claim_of_its_execution_renewed(world: World) -> None:
+    """A thread settles its execution (a retry due at once) and, before it ends its claim,
+    the worker claims the execution again for another thread: ending the first claim
+    leaves the new one held, its lease renewed while its step runs."""
+    first = world.claim_thanks("worker-a", 30.0)
+    dispatcher = world.dispatcher(worker_id="worker-a", lease=30.0)
+    dispatcher._held.begin(first)
+    store = world.automations.store
+    assert store.advance(first, Advance("pending", 0, run_at=utcnow() - timedelta(seconds=1)))
+    [second] = store.claim_executions("worker-a", 10, 30.0)
+    dispatcher._held.begin(second)
+
+    dispatcher._held.end(first)
+
+    assert dispatcher.renew_leases() == 1
+    dispatcher._held.end(second)
+    assert dispatcher.renew_leases() == 0
 
 
 def _counted(dispatcher: Dispatcher, name: str, **labels: str) -> float:

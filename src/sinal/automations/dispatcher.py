@@ -702,9 +702,13 @@ class _HeldClaims:
             self._claims[claim.execution.id] = (claim, time.monotonic())
 
     def end(self, claim: Claim) -> None:
-        """Stop holding `claim` (it was settled, or lost)."""
+        """Stop holding `claim` (it was settled, or lost), and only it: once settled, its
+        execution may have been claimed again (a retry due at once) and begun by another
+        thread before this one ends it; that claim stays held."""
         with self._lock:
-            self._claims.pop(claim.execution.id, None)
+            held = self._claims.get(claim.execution.id)
+            if held is not None and held[0] is claim:
+                del self._claims[claim.execution.id]
 
     def split(self, since: float) -> tuple[list[Claim], list[Claim]]:
         """The claims whose step began at `since` or later, and those whose step began
