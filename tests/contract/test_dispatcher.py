@@ -25,7 +25,14 @@ from sinal.automations.service import Automations
 from sinal.automations.steps import MAX_ANSWER, refuse_private_target
 from sinal.errors import InvalidIntegration, StoreError
 from sinal.events import utcnow
-from sinal.store.automations import Advance, Claim, Integration, StepFinish, StepStart
+from sinal.store.automations import (
+    Advance,
+    Claim,
+    Integration,
+    StepFinish,
+    StepStart,
+    too_deep,
+)
 from sinal.store.base import EventQuery
 from sinal.store.postgres import PostgresStore
 from tests.helpers import count, cut_connections, sql, wait_until
@@ -206,6 +213,48 @@ def test_events_emitted_by_steps_never_trigger_automations(world: World) -> None
     world.drain(world.dispatcher())
     assert len(world.whatsapp.bodies()) == 1
     assert len(world.executions()) == 1
+
+
+def test_a_chain_continues_only_from_an_execution_of_the_events_own_account(
+    world: World,
+) -> None:
+    """An event names the execution whose message it is a status of (any event may: the
+    API takes any properties). Naming one of its account's executions, it continues that
+    one's chain (here too deep: stopped); naming another account's execution, or anything
+    else, it starts a chain and runs. None of them stops the fan-out."""
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    world.drain(world.dispatcher())
+    [deep] = world.executions()
+    sql(world.url, "UPDATE executions SET chain_depth = 20 WHERE id = ?", str(deep.id))
+    other = world.ledger.create_account("Outra Loja")
+    contact = world.ledger.create_contact(other.id, external_id="c1")
+    named: dict[str, Any] = {"own": str(deep.id), "uuid": str(uuid.uuid4()),
+                             "text": "not-an-id", "number": 5, "null": None}  # fmt: skip
+    ping = {"name": "ping", "trigger_metric": "Ping", "steps": [{"type": "add_tag", "tag": "p"}]}
+    for account, contact_id, names in ((world.account, world.contact.id, named),
+                                       (other, contact.id, {"other": str(deep.id)})):  # fmt: skip
+        world.automations.create(account.id, ping)
+        for key, value in names.items():
+            world.ledger.emit_event(
+                account_id=account.id, contact_id=contact_id, metric_name="Ping",
+                source="api", source_id=key,
+                properties={"sent_by_automation_execution_id": value},
+            )  # fmt: skip
+
+    world.drain(world.dispatcher())
+
+    store = world.automations.store
+    statuses = {}
+    for account in (world.account, other):
+        for x in store.list_executions(account.id):
+            event = world.ledger.get_event(account.id, x.event_id)
+            assert event is not None
+            statuses[event.source_id] = (x.status, x.last_error)
+    assert statuses.pop("own") == ("stopped", too_deep(21))
+    assert statuses.pop("1001") == ("completed", None)  # the order's
+    assert statuses == dict.fromkeys(["uuid", "text", "number", "null", "other"],
+                                     ("completed", None))  # fmt: skip
 
 
 def test_transient_failures_retry_with_backoff_then_succeed(world: World) -> None:

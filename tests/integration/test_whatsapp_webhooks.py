@@ -21,7 +21,7 @@ from sinal.integrations.signatures import sign_whatsapp
 from sinal.integrations.whatsapp import whatsapp_delivery
 from sinal.ledger import Ledger
 from sinal.messaging import messaging_store
-from sinal.store.automations import Integration
+from sinal.store.automations import MAX_CHAIN_DEPTH, Integration, too_deep
 from sinal.worker import start_worker_thread
 from tests.helpers import DrivenClock, count, settle, sql
 from tests.integration.conftest import Api
@@ -535,6 +535,44 @@ async def test_whatsapp_delivery_of_its_own_message_never_re_triggers_the_automa
     assert outcomes == {again: "own_message", other: "triggered"}
     executions = Automations(api.ledger).store.list_executions(api.account.id, event_id=own.id)
     assert [x.automation_id for x in executions] == [other]  # another automation still runs
+
+
+async def test_automations_answering_each_others_deliveries_stop_at_the_chain_limit(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two automations on Message Delivered, each sending a message: the delivery of each
+    one's message (never re-triggering it) triggers the other, for ever. Each chain of
+    executions, one per delivery, runs MAX_CHAIN_DEPTH + 1 deep (depths 0 to 8); the next
+    execution is recorded stopped, unrun, saying why, and the worker logs it."""
+    with whatsapp_server() as (wa_url, server):
+        wa = connect_whatsapp(api, api_base_url=wa_url)
+        await _automation(api, "Entregue: agradeça", {"type": "send_message", "text": "Valeu!"})
+        await _send_on_delivery(api)  # and a person's message's delivery: both run for it
+        _outcomes, report = _meta_reports_before_answering(api, wa, echoes_callback=True)
+        server.behaviour.before_answer = report  # each message's delivery, as Meta reports it
+        settings = DispatchSettings(http_timeout=5, retry=RetryPolicy(2),
+                                    allow_private_webhooks=True)  # fmt: skip
+        dispatcher = Dispatcher(api.ledger, settings)
+        try:
+            rounds = 0
+            while dispatcher.run_once() and rounds < 60:  # bounded: a loop never ends
+                rounds += 1
+        finally:
+            dispatcher.close()
+        sent = len(server.bodies("/messages"))
+
+    runs = MAX_CHAIN_DEPTH + 1
+    assert sent == 2 * runs
+    executions = Automations(api.ledger).store.list_executions(api.account.id, limit=1000)
+    assert sorted(x.status for x in executions) == ["completed"] * 2 * runs + ["stopped"] * 2
+    stopped = [x for x in executions if x.status == "stopped"]
+    assert [(x.last_error, x.steps) for x in stopped] == [(too_deep(runs), ())] * 2
+    assert "9 executions before it each sent a message" in too_deep(runs)
+    for x in stopped:
+        assert f"execution {x.id} stopped: {too_deep(runs)}" in caplog.text
+        event = api.ledger.get_event(api.account.id, x.event_id)
+        assert event is not None
+        assert event.metric_name == "Message Delivered"
 
 
 def _meta_reports_before_answering(

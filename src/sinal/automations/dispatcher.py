@@ -240,6 +240,8 @@ class Dispatcher:
         fanned = self.store.fan_out(choose, self.settings.fan_out_batch)
         self.metrics.fanned_out.inc(fanned.events)
         self.metrics.executions_created.inc(fanned.executions)
+        for execution_id, why in fanned.skipped:
+            log.warning("execution %s stopped: %s", execution_id, why)
         return fanned
 
     def _claim(self, limit: int) -> list[Claim]:

@@ -75,6 +75,9 @@ _MAX_ERROR_CODE: Final = 2**31 - 1
 # The status events' property naming the automation that sent the message: that automation
 # never runs for them (`sinal.automations.matching`, outcome ``own_message``).
 SENT_BY_AUTOMATION: Final = "sent_by_automation_id"
+# ... and the execution that sent it: an execution made for them is one deeper in a chain
+# of automations (`sinal.store.automations.MAX_CHAIN_DEPTH`).
+SENT_BY_EXECUTION: Final = "sent_by_automation_execution_id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +267,7 @@ def status_event(
         "conversation_category": update.conversation_category,
         "pricing_category": update.pricing_category,
         SENT_BY_AUTOMATION: None if automation_id is None else str(automation_id),
-        "sent_by_automation_execution_id": None if execution_id is None else str(execution_id),
+        SENT_BY_EXECUTION: None if execution_id is None else str(execution_id),
     }
     return Mapped(
         metric_name=metric,

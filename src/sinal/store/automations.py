@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from sinal.events import PreparedEvent
+from sinal.integrations.whatsapp import SENT_BY_EXECUTION
 from sinal.store.base import Contact, StoredEvent
 
 # Column lists both backends select, in the order the records' fields take them.
@@ -43,6 +44,36 @@ Halt = Literal["paused", "deleted", "stopped"]
 HELD_WHILE_PAUSED = "the automation is paused: held until it is active again"
 # The `last_error` of an execution stopped because its automation was deleted.
 STOPPED_BY_DELETE = "the automation was deleted"
+
+# The deepest an execution may be in a chain of automations and still run. An execution
+# made for a status of a message another execution's step sent (the event names it:
+# `SENT_BY_EXECUTION`) is one deeper than that execution; one made for any other event is
+# at depth 0. Events emitted by steps never trigger automations, and a status never
+# triggers the automation that sent its message, but two automations could still answer
+# each other's statuses (Delivered → send a message) for ever: one deeper than this is
+# recorded `stopped` (`too_deep`) and runs no step.
+MAX_CHAIN_DEPTH = 8
+
+
+def too_deep(depth: int) -> str:
+    """The `last_error` of an execution stopped, unrun, at chain depth `depth`."""
+    return (
+        f"not run: {depth} executions before it each sent a message whose status triggered "
+        f"the next (at most {MAX_CHAIN_DEPTH} may); stopped so that automations cannot "
+        "trigger each other for ever"
+    )
+
+
+def chain_parent(event: StoredEvent) -> UUID | None:
+    """The execution that sent the message `event` is a status of, as the event names it;
+    None for any other event (the caller looks it up in the event's account only)."""
+    named = event.properties.get(SENT_BY_EXECUTION)
+    if not isinstance(named, str):
+        return None
+    try:
+        return UUID(named)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +213,8 @@ class Backlog:
 
 @dataclass(slots=True)
 class FanOut:
-    """What one fan-out pass did."""
+    """What one fan-out pass did; `skipped`: the executions it recorded `stopped`, unrun,
+    with why (`too_deep`)."""
 
     events: int = 0
     executions: int = 0
@@ -256,7 +288,8 @@ class AutomationStore(Protocol):
     def fan_out(self, choose: Chooser, limit: int) -> FanOut:
         """Take up to `limit` outbox rows, create one execution per chosen automation (unique
         per automation and event) and delete the rows — one transaction, so a crash anywhere
-        leaves the rows for another worker."""
+        leaves the rows for another worker. An execution deeper than `MAX_CHAIN_DEPTH` in
+        a chain of automations (see there) is created `stopped`, in `FanOut.skipped`."""
         ...
 
     def claim_executions(self, worker: str, limit: int, lease: float) -> list[Claim]:

@@ -31,6 +31,7 @@ from sinal.store.automations import (
     EXECUTION_COLUMNS,
     HELD_WHILE_PAUSED,
     INTEGRATION_COLUMNS,
+    MAX_CHAIN_DEPTH,
     STEP_COLUMNS,
     STOPPED_BY_DELETE,
     Advance,
@@ -49,8 +50,10 @@ from sinal.store.automations import (
     StepStart,
     StepStarted,
     StepStatus,
+    chain_parent,
     storable_json,
     storable_text,
+    too_deep,
 )
 from sinal.store.base import Contact, StoredEvent
 from sinal.store.libpq import network_defaults
@@ -416,22 +419,32 @@ class PostgresAutomations:
             listening = _listening(conn, {(k[0], k[2]) for k in keys})
             heard = [(k[0], k[1]) for k in keys if (k[0], k[2]) in listening]
             events = _events_of(conn, heard) if heard else []
-            rows: list[tuple[UUID, UUID, UUID, UUID, UUID]] = []
+            chosen: list[tuple[StoredEvent, list[UUID]]] = []
             for event in events:
                 candidates = listening.get((event.account_id, event.metric_name), [])
-                for automation_id in choose(event, candidates):
+                chosen.append((event, choose(event, candidates)))
+            depths = _chain_depths(conn, [event for event, ids in chosen if ids])
+            rows: list[tuple[UUID, UUID, UUID, UUID, UUID, str, str | None, int]] = []
+            for event, automation_ids in chosen:
+                depth = depths.get(event.id, 0)
+                status, why = "pending", None
+                if depth > MAX_CHAIN_DEPTH:
+                    status, why = "stopped", too_deep(depth)
+                for automation_id in automation_ids:
                     rows.append((event.account_id, new_id(), automation_id, event.id,
-                                 event.contact_id))  # fmt: skip
+                                 event.contact_id, status, why, depth))  # fmt: skip
             if rows:
                 inserted = conn.execute(
                     "INSERT INTO executions (account_id, id, automation_id, event_id, contact_id, "
-                    "status) SELECT a, i, au, ev, c, 'pending' FROM unnest(%s::uuid[], "
-                    "%s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[]) AS t(a, i, au, ev, c) "
+                    "status, last_error, chain_depth) SELECT a, i, au, ev, c, s, l, d "
+                    "FROM unnest(%s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[], "
+                    "%s::text[], %s::text[], %s::int[]) AS t(a, i, au, ev, c, s, l, d) "
                     "ORDER BY a, au, ev ON CONFLICT (account_id, automation_id, event_id) "
-                    "DO NOTHING",
+                    "DO NOTHING RETURNING id, last_error",
                     tuple(list(col) for col in zip(*rows, strict=True)),
-                )
-                report.executions = inserted.rowcount
+                ).fetchall()
+                report.executions = len(inserted)
+                report.skipped = [(i, why) for i, why in inserted if why is not None]
                 conn.execute("SELECT pg_notify('sinal_executions', '')")
             report.events = len(keys)
         return report
@@ -744,6 +757,21 @@ def _events_of(conn: Conn, keys: list[tuple[UUID, UUID]]) -> list[StoredEvent]:
             ([k[0] for k in keys], [k[1] for k in keys]),
         )
     ]
+
+
+def _chain_depths(conn: Conn, events: list[StoredEvent]) -> dict[UUID, int]:
+    """By event id, the depth in a chain of automations of an execution for it, when not
+    0: one more than the execution that sent the message it is a status of (in its
+    account; see `MAX_CHAIN_DEPTH`)."""
+    keys = [(e.id, e.account_id, parent) for e in events if (parent := chain_parent(e))]
+    if not keys:
+        return {}
+    rows = conn.execute(
+        "SELECT k.ev, x.chain_depth + 1 FROM unnest(%s::uuid[], %s::uuid[], %s::uuid[]) "
+        "AS k(ev, a, parent) JOIN executions x ON x.account_id = k.a AND x.id = k.parent",
+        tuple(list(col) for col in zip(*keys, strict=True)),
+    ).fetchall()
+    return dict(rows)
 
 
 def _listening(

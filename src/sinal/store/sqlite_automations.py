@@ -20,6 +20,7 @@ from sinal.store.automations import (
     EXECUTION_COLUMNS,
     HELD_WHILE_PAUSED,
     INTEGRATION_COLUMNS,
+    MAX_CHAIN_DEPTH,
     STEP_COLUMNS,
     STOPPED_BY_DELETE,
     Advance,
@@ -39,9 +40,12 @@ from sinal.store.automations import (
     StepStarted,
     StepStatus,
     automation_halt,
+    chain_parent,
     storable_json,
     storable_text,
+    too_deep,
 )
+from sinal.store.base import StoredEvent
 
 _HELD = "account_id = ? AND id = ? AND claimed_by = ? AND claimed_until > ?"
 
@@ -249,15 +253,24 @@ class SQLiteAutomations:
                 if row is None:
                     continue
                 event = _stored_event(row)
-                for automation_id in choose(event, candidates):
+                chosen = choose(event, candidates)
+                depth = _chain_depth(conn, account, event) if chosen else 0
+                status, why = "pending", None
+                if depth > MAX_CHAIN_DEPTH:
+                    status, why = "stopped", too_deep(depth)
+                for automation_id in chosen:
+                    ident = new_id()
                     cur = conn.execute(
                         "INSERT INTO executions (account_id, id, automation_id, event_id, "
-                        "contact_id, status, run_at, created_at, updated_at) "
-                        "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT DO NOTHING",
-                        (account, str(new_id()), str(automation_id), event_id,
-                         str(event.contact_id), now, now, now),
+                        "contact_id, status, last_error, chain_depth, run_at, created_at, "
+                        "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT DO NOTHING",
+                        (account, str(ident), str(automation_id), event_id,
+                         str(event.contact_id), status, why, depth, now, now, now),
                     )  # fmt: skip
                     report.executions += cur.rowcount
+                    if why is not None and cur.rowcount:
+                        report.skipped.append((ident, why))
         return report
 
     def claim_executions(self, worker: str, limit: int, lease: float) -> list[Claim]:
@@ -428,6 +441,19 @@ class SQLiteAutomations:
                 (_ts(now), _ts(now)),
             ).fetchone()
         return Backlog(outbox[0], _age(outbox[1], now), due[0], _age(due[1], now))
+
+
+def _chain_depth(conn: sqlite3.Connection, account: str, event: StoredEvent) -> int:
+    """The depth in a chain of automations of an execution for `event`: one more than the
+    execution that sent the message it is a status of, 0 without one (in this account)."""
+    parent = chain_parent(event)
+    if parent is None:
+        return 0
+    found = conn.execute(
+        "SELECT chain_depth FROM executions WHERE account_id = ? AND id = ?",
+        (account, str(parent)),
+    ).fetchone()
+    return 0 if found is None else int(found[0]) + 1
 
 
 def _extend_lease(conn: sqlite3.Connection, claim: Claim, now: datetime) -> bool:

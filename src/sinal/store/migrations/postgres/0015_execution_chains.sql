@@ -1,0 +1,11 @@
+-- sinal 0015: how deep in a chain of automations an execution is.
+--
+-- A status (Delivered, Read, Failed) of a message an automation step sent never triggers
+-- the automation that sent it, but it may trigger another: two automations on "Message
+-- Delivered" that each send a message answered each other's deliveries for ever. An
+-- execution made for such a status is one deeper than the execution that sent the
+-- message (0 for an event nothing automated caused); one deeper than the limit the code
+-- sets is recorded `stopped`, saying why, and runs no step.
+--
+-- A constant default: PostgreSQL adds the column without rewriting the table.
+ALTER TABLE executions ADD COLUMN chain_depth integer NOT NULL DEFAULT 0;
