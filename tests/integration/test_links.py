@@ -44,8 +44,11 @@ async def _link(api: Api, **fields: Any) -> dict[str, Any]:
     return body
 
 
-async def _follow(api: Api, token: str, agent: str = PERSON, **kw: Any) -> Any:
-    return await api.client.get(f"/l/{token}", headers={"User-Agent": agent}, **kw)
+async def _follow(
+    api: Api, token: str, agent: str = PERSON, headers: dict[str, str] | None = None, **kw: Any
+) -> Any:
+    headers = {"User-Agent": agent, **(headers or {})}
+    return await api.client.get(f"/l/{token}", headers=headers, **kw)
 
 
 async def test_link_is_made_with_an_unguessable_token_and_a_short_url(api: Api) -> None:
@@ -92,6 +95,27 @@ async def test_link_click_by_a_person_redirects_and_records_link_clicked(api: Ap
 async def test_link_preview_fetchers_are_redirected_but_not_counted(api: Api, agent: str) -> None:
     made = await _link(api, contact_id=await _contact(api))
     answer = await _follow(api, made["token"], agent)
+    assert (answer.status_code, answer.headers["location"]) == (302, TARGET)
+    assert events(api, "Link Clicked") == []
+
+
+@pytest.mark.parametrize(
+    "purpose",
+    [
+        {"Sec-Purpose": "prefetch"},
+        {"Sec-Purpose": "prefetch;prerender"},
+        {"Purpose": "prefetch"},
+        {"X-Purpose": "preview"},
+        {"X-Moz": "prefetch"},
+    ],
+)
+async def test_link_browser_prefetches_are_redirected_but_not_counted(
+    api: Api, purpose: dict[str, str]
+) -> None:
+    # A browser (or a mail app) fetching the link ahead: the person may never open it, and a
+    # Link Clicked would start their click automations.
+    made = await _link(api, contact_id=await _contact(api))
+    answer = await _follow(api, made["token"], headers=purpose)
     assert (answer.status_code, answer.headers["location"]) == (302, TARGET)
     assert events(api, "Link Clicked") == []
 

@@ -12,6 +12,7 @@ from sinal.events import prepare
 from sinal.integrations.links import (
     click_event,
     find_urls,
+    is_prefetch,
     is_preview_fetcher,
     is_token,
     new_token,
@@ -89,6 +90,26 @@ def test_target_url_must_be_absolute_http(url: str, ok: bool) -> None:
 )
 def test_preview_fetchers_are_told_from_people(agent: str | None, preview: bool) -> None:
     assert is_preview_fetcher(agent) == preview
+
+
+@pytest.mark.parametrize(
+    ("headers", "prefetch"),
+    [
+        ({"sec-purpose": "prefetch"}, True),
+        ({"sec-purpose": "prefetch;prerender"}, True),
+        ({"sec-purpose": "prefetch; anonymous-client-ip"}, True),
+        ({"purpose": "prefetch"}, True),
+        ({"purpose": "Prefetch"}, True),
+        ({"x-purpose": "preview"}, True),
+        ({"x-moz": "prefetch"}, True),
+        ({}, False),
+        ({"sec-purpose": ""}, False),
+        ({"sec-fetch-mode": "navigate", "sec-fetch-dest": "document"}, False),
+        ({"x-purpose": "navigate"}, False),
+    ],
+)
+def test_browser_prefetches_are_told_from_clicks(headers: dict[str, str], prefetch: bool) -> None:
+    assert is_prefetch(headers) == prefetch
 
 
 def _click(now: datetime, link_id: UUID | None = None) -> str | None:

@@ -13,9 +13,10 @@ leaving other schemes (``mailto:``, ``tel:``) alone.
 
 Link-preview fetchers (WhatsApp's ``WhatsApp/…``, Facebook's ``facebookexternalhit`` and
 ``Facebot``, and the other chat apps' bots) fetch a link as soon as it is sent: they are
-redirected like anyone, but they are not clicks. Two clicks are two events, except that
-one link's clicks within the same second are taken as one request fired twice (the
-event's unique id carries the second).
+redirected like anyone, but they are not clicks; nor is a browser's prefetch or prerender of
+the link (``Sec-Purpose: prefetch``), which the person may never open. Two clicks are two
+events, except that one link's clicks within the same second are taken as one request fired
+twice (the event's unique id carries the second).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import re
 import secrets
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Final
 from urllib.parse import urlsplit
@@ -39,6 +40,7 @@ __all__ = [
     "TOKEN_LENGTH",
     "click_event",
     "find_urls",
+    "is_prefetch",
     "is_preview_fetcher",
     "is_token",
     "new_token",
@@ -75,6 +77,11 @@ _PREVIEW_MARKERS: Final = (
     "linkedinbot",
     "skypeuripreview",
 )
+
+# A browser's speculative fetch: Sec-Purpose (a list: "prefetch", "prefetch;prerender"), and
+# the older Purpose / X-Purpose (Chrome, Safari: "prefetch", "preview") and X-Moz (Firefox).
+_PREFETCH_HEADERS: Final = ("sec-purpose", "purpose", "x-purpose", "x-moz")
+_PREFETCH_PURPOSES: Final = frozenset({"prefetch", "prerender", "preview"})
 
 
 def new_token() -> str:
@@ -180,6 +187,18 @@ def is_preview_fetcher(user_agent: str | None) -> bool:
     """Whether the request comes from a chat app's link-preview fetcher, not a person."""
     agent = (user_agent or "").strip().lower()
     return agent.startswith(_PREVIEW_PREFIXES) or any(m in agent for m in _PREVIEW_MARKERS)
+
+
+def is_prefetch(headers: Mapping[str, str]) -> bool:
+    """Whether the request is a browser's prefetch or prerender, not the person opening the
+    link (`headers` looked up by lowercase name, as Starlette's are)."""
+    for name in _PREFETCH_HEADERS:
+        value = headers.get(name)
+        if value and _PREFETCH_PURPOSES.intersection(
+            token.strip().lower() for token in re.split(r"[,;]", value)
+        ):
+            return True
+    return False
 
 
 def click_event(

@@ -14,7 +14,7 @@ from sinal.api.body import read_json, validate
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.service import service
 from sinal.api.views import json_response, opt_str, stamp
-from sinal.integrations.links import MAX_URL_LENGTH
+from sinal.integrations.links import MAX_URL_LENGTH, is_prefetch
 from sinal.store.messaging import Link
 
 router = APIRouter(tags=["links"])
@@ -90,9 +90,9 @@ async def create_link(request: Request) -> Response:
     },
 )
 async def follow_link(request: Request, token: str) -> Response:
-    """Unknown or malformed tokens answer 404. Link-preview fetchers are redirected too,
-    and not counted."""
-    return await _follow(request, token, is_click=True)
+    """Unknown or malformed tokens answer 404. Link-preview fetchers and browsers'
+    prefetches (`Sec-Purpose: prefetch`) are redirected too, and not counted."""
+    return await _follow(request, token, is_click=not is_prefetch(request.headers))
 
 
 @router.head("/l/{token}", include_in_schema=False)
