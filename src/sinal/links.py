@@ -120,13 +120,16 @@ def follow_link(
     ledger: Ledger, token: str, *, user_agent: str | None, is_click: bool = True
 ) -> Link | None:
     """The link a short URL names (None: unknown or malformed token). A click by a person
-    (`is_click`, not a preview fetcher) on a link with a contact records Link Clicked."""
+    (`is_click`, with a User-Agent, not a preview fetcher's) on a link with a contact records
+    Link Clicked."""
     if not is_token(token):
         return None
     link = _store(ledger).find_link(token)
     if link is None or link.contact_id is None or not is_click:
         return link
-    if is_preview_fetcher(user_agent):
+    # Every browser (WhatsApp's and the other apps' in-app ones too) names itself; a request
+    # without a User-Agent is a script or a scanner, and must not start click automations.
+    if not (user_agent or "").strip() or is_preview_fetcher(user_agent):
         return link
     event = click_event(
         account_id=link.account_id, contact_id=link.contact_id, link_id=link.id, url=link.url,

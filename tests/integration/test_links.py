@@ -120,6 +120,23 @@ async def test_link_browser_prefetches_are_redirected_but_not_counted(
     assert events(api, "Link Clicked") == []
 
 
+@pytest.mark.parametrize("agent", [None, "", "  "])
+async def test_link_requests_without_a_user_agent_are_redirected_but_not_counted(
+    api: Api, agent: str | None
+) -> None:
+    # Every browser names itself (WhatsApp's in-app one too); a fetch without a name is a
+    # script's or a scanner's, and a Link Clicked would start the contact's click automations.
+    made = await _link(api, contact_id=await _contact(api))
+    request = api.client.build_request("GET", f"/l/{made['token']}")
+    if agent is None:
+        del request.headers["user-agent"]
+    else:
+        request.headers["user-agent"] = agent
+    answer = await api.client.send(request)
+    assert (answer.status_code, answer.headers["location"]) == (302, TARGET)
+    assert events(api, "Link Clicked") == []
+
+
 async def test_link_redirects_to_the_stored_url_never_one_from_the_request(api: Api) -> None:
     made = await _link(api, contact_id=await _contact(api))
     answer = await api.client.get(

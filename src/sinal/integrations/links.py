@@ -14,7 +14,8 @@ leaving other schemes (``mailto:``, ``tel:``) alone.
 Link-preview fetchers (WhatsApp's ``WhatsApp/…``, Facebook's ``facebookexternalhit`` and
 ``Facebot``, and the other chat apps' bots) fetch a link as soon as it is sent: they are
 redirected like anyone, but they are not clicks; nor is a browser's prefetch or prerender of
-the link (``Sec-Purpose: prefetch``), which the person may never open. Two clicks are two
+the link (``Sec-Purpose: prefetch``), which the person may never open, nor a request
+without a User-Agent (every browser sends one; scripts and scanners may not). Two clicks are two
 events, except that one link's clicks within the same second are taken as one request fired
 twice (the event's unique id carries the second).
 """
