@@ -29,11 +29,14 @@ def _setting(
     doc: str,
     *,
     within: tuple[float, float] | None = None,
+    or_zero: bool = False,
     choices: tuple[str, ...] | None = None,
 ) -> Any:
     """A field: its default, what it means, and the values it takes (`within`: a closed
-    numeric range; `choices`: the strings, any case)."""
-    return field(default=default, metadata={"doc": doc, "within": within, "choices": choices})
+    numeric range, `or_zero`: and 0, which turns the thing off; `choices`: the strings, any
+    case)."""
+    metadata = {"doc": doc, "within": within, "or_zero": or_zero, "choices": choices}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,8 @@ class Settings:
     housekeeping_interval: float = _setting(
         20.0,
         "seconds between a worker's housekeeping passes (abandoned checkouts); 0: none",
-        within=(0, 86_400),
+        within=(1, 86_400),  # more often, every worker would query the database non-stop
+        or_zero=True,
     )
     max_attempts: int = _setting(
         8, "attempts of a failing execution before it is dead", within=(1, 100)
@@ -137,9 +141,10 @@ class Settings:
         for f in fields(self):
             value = getattr(self, f.name)
             within, choices = f.metadata.get("within"), f.metadata.get("choices")
-            if within is not None and not within[0] <= value <= within[1]:  # NaN fails too
+            off = f.metadata.get("or_zero") and value == 0
+            if within is not None and not off and not within[0] <= value <= within[1]:  # NaN too
                 raise ConfigurationError(
-                    f"{env_name(f.name)}={_number(value)} must be within {_range(within)}"
+                    f"{env_name(f.name)}={_number(value)} must be {_takes(f.metadata)}"
                 )
             if choices is not None and value.lower() not in choices:
                 raise ConfigurationError(
@@ -178,9 +183,17 @@ def describe() -> list[tuple[str, str, str]]:
     for f in fields(Settings):
         doc, within = f.metadata["doc"], f.metadata["within"]
         if within is not None:
-            doc = f"{doc} [{_range(within)}]"
+            zero = "0 or " if f.metadata["or_zero"] else ""
+            doc = f"{doc} [{zero}{_range(within)}]"
         described.append((env_name(f.name), str(f.default), doc))
     return described
+
+
+def _takes(metadata: Mapping[str, Any]) -> str:
+    """The numbers a field takes, as messages write them: "within 1..65535", or "0 or
+    within 1..86400"."""
+    within = f"within {_range(metadata['within'])}"
+    return f"0 or {within}" if metadata["or_zero"] else within
 
 
 def _range(within: tuple[float, float]) -> str:

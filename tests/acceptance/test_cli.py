@@ -105,8 +105,20 @@ def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
             "SINAL_LOG_LEVEL='verbose' must be one of critical, error, warning, info, debug, trace",
         ),
         ("SINAL_WORKER_CONCURRENCY", "0", "SINAL_WORKER_CONCURRENCY=0 must be within 1..1024"),
+        # every worker would have run its housekeeping queries non-stop
+        (
+            "SINAL_HOUSEKEEPING_INTERVAL",
+            "0.001",
+            "SINAL_HOUSEKEEPING_INTERVAL=0.001 must be 0 or within 1..86400",
+        ),
     ],
-    ids=["public_url", "group_commit_max_batch", "log_level", "worker_concurrency"],
+    ids=[
+        "public_url",
+        "group_commit_max_batch",
+        "log_level",
+        "worker_concurrency",
+        "housekeeping_interval",
+    ],
 )
 def test_cli_malformed_setting_is_one_line_naming_it(
     command: str, variable: str, raw: str, message: str, tmp_path: Path

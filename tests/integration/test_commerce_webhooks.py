@@ -752,7 +752,7 @@ async def test_the_worker_derives_the_abandonment_on_its_own_and_the_cart_automa
     checkout = fixture("shopify", "checkouts_create")
     checkout["updated_at"] = clock().isoformat()  # a live checkout: due in 30 minutes
     checkout["phone"] = "+55 11 98765-4321"
-    worker_settings = Settings(database_url=api.url, housekeeping_interval=0.05,
+    worker_settings = Settings(database_url=api.url, housekeeping_interval=1,
                                worker_poll_interval=0.05, http_timeout=5,
                                allow_private_webhooks=True)  # fmt: skip
     with whatsapp_server() as (wa_url, wa):
@@ -769,11 +769,12 @@ async def test_the_worker_derives_the_abandonment_on_its_own_and_the_cart_automa
         worker, stop = start_worker_thread(Ledger(api.ledger.store, clock=clock), worker_settings)
         try:
             await shopify.deliver(checkout, "checkouts/create")
-            await asyncio.sleep(0.5)  # ten housekeeping passes before it is due
+            await asyncio.sleep(1.5)  # two housekeeping passes before it is due
             assert events(api, "Checkout Abandoned") == []
 
             clock.advance(timedelta(minutes=30))
-            await settle(lambda: wa.bodies("/messages"))  # and more passes: still one
+            await settle(lambda: wa.bodies("/messages"))
+            await asyncio.sleep(1.2)  # and another pass: still one
         finally:
             stop.set()
             worker.join(timeout=15)

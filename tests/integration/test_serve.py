@@ -221,7 +221,7 @@ def test_serve_records_an_abandoned_checkout_with_no_command_run(
 
     from sinal.integrations import sign_shopify
 
-    env = {**env, "SINAL_HOUSEKEEPING_INTERVAL": "0.2"}
+    env = {**env, "SINAL_HOUSEKEEPING_INTERVAL": "1"}
     account = cli(env, "accounts", "create", "--name", "Loja")
     key = cli(env, "keys", "create", "--account", account["id"], "--scopes", "read,admin")
     headers = {"Authorization": f"Bearer {key['key']}"}

@@ -122,7 +122,23 @@ def test_settings_public_url_is_unset_by_default() -> None:
         (
             "SINAL_HOUSEKEEPING_INTERVAL",
             "-5",
-            "SINAL_HOUSEKEEPING_INTERVAL=-5 must be within 0..86400",
+            "SINAL_HOUSEKEEPING_INTERVAL=-5 must be 0 or within 1..86400",
+        ),
+        # 0 turns it off; a sliver above 0 had every worker querying the database non-stop
+        (
+            "SINAL_HOUSEKEEPING_INTERVAL",
+            "0.001",
+            "SINAL_HOUSEKEEPING_INTERVAL=0.001 must be 0 or within 1..86400",
+        ),
+        (
+            "SINAL_HOUSEKEEPING_INTERVAL",
+            "0.5",
+            "SINAL_HOUSEKEEPING_INTERVAL=0.5 must be 0 or within 1..86400",
+        ),
+        (
+            "SINAL_HOUSEKEEPING_INTERVAL",
+            "nan",
+            "SINAL_HOUSEKEEPING_INTERVAL=nan must be 0 or within 1..86400",
         ),
         ("SINAL_MAX_ATTEMPTS", "0", "SINAL_MAX_ATTEMPTS=0 must be within 1..100"),
         ("SINAL_RETRY_BASE", "-1", "SINAL_RETRY_BASE=-1 must be within 0..3600"),
@@ -154,6 +170,8 @@ def test_settings_out_of_range_is_refused_naming_the_variable_and_the_range(
         ("SINAL_WORKER_LEASE", "2", "worker_lease", 2.0),
         ("SINAL_WORKER_POLL_INTERVAL", "0.2", "worker_poll_interval", 0.2),
         ("SINAL_HOUSEKEEPING_INTERVAL", "0", "housekeeping_interval", 0.0),  # none
+        ("SINAL_HOUSEKEEPING_INTERVAL", "1", "housekeeping_interval", 1.0),
+        ("SINAL_HOUSEKEEPING_INTERVAL", "86400", "housekeeping_interval", 86_400.0),
         ("SINAL_RETRY_BASE", "0.05", "retry_base", 0.05),
         ("SINAL_SERVE_WORKER", "off", "serve_worker", False),
     ],
@@ -176,6 +194,7 @@ def test_settings_defaults_are_within_their_ranges_and_described_with_them() -> 
 
     assert described["SINAL_GROUP_COMMIT_MAX_DELAY"].endswith("[0..1]")
     assert described["SINAL_WORKER_POLL_INTERVAL"].endswith("[0.01..3600]")
+    assert described["SINAL_HOUSEKEEPING_INTERVAL"].endswith("[0 or 1..86400]")
     assert described["SINAL_DATABASE_URL"].endswith("postgresql://…")  # no range: text
 
 
