@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import shutil
+import socket
 import tempfile
 from typing import Annotated, Any, cast
 
@@ -16,7 +17,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from sinal.config import Settings
-from sinal.errors import AccountNotFound, SchemaOutOfDate, SinalError, StoreError
+from sinal.errors import (
+    AccountNotFound,
+    ConfigurationError,
+    SchemaOutOfDate,
+    SinalError,
+    StoreError,
+)
 from sinal.ledger import Ledger, connect
 from sinal.store.base import latest_schema_version
 
@@ -285,6 +292,7 @@ def serve(
     settings = Settings.from_env().with_overrides(
         database_url=database_url, host=host, port=port, workers=workers
     )
+    _check_host(settings.host)
     with connect(settings.database_url, wait=settings.database_wait) as ledger:
         if migrate_first:
             ledger.migrate()
@@ -303,6 +311,29 @@ def serve(
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _check_host(host: str) -> None:
+    """`ConfigurationError` naming SINAL_HOST if `host` is no address of this machine (a
+    name that does not resolve, another machine's address): uvicorn and the metrics server
+    say only "Name or service not known", and only after the database was opened."""
+    try:
+        addresses = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:  # socket.gaierror
+        raise ConfigurationError(
+            f"SINAL_HOST={host!r} is not an address of this machine: {exc.strerror}"
+        ) from None
+    # As the server does, one address that binds is enough (::1 of "localhost" may not, with
+    # IPv6 off); each is tried on a free port: the port is not the question here.
+    reason = "no address"
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(address)
+            return
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+    raise ConfigurationError(f"SINAL_HOST={host!r} is not an address of this machine: {reason}")
 
 
 def _run_uvicorn(settings: Settings, *, access_log: bool) -> None:
@@ -363,6 +394,8 @@ def worker(database_url: DatabaseOption = None) -> None:
     from sinal.worker import run_worker
 
     settings = Settings.from_env().with_overrides(database_url=database_url)
+    if settings.worker_metrics_port:  # its metrics are served at SINAL_HOST
+        _check_host(settings.host)
     # SINAL_LOG_LEVEL takes uvicorn's levels: its TRACE (5, below DEBUG) is not logging's
     logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(message)s")

@@ -52,7 +52,9 @@ class Settings:
         "before 503; once PostgreSQL has been unreachable that long, calls fail at once",
         within=(0.1, 3_600),
     )
-    host: str = _setting("127.0.0.1", "address `sinal serve` listens on")
+    host: str = _setting(
+        "127.0.0.1", "address `sinal serve` (and `sinal worker`'s metrics) listens on"
+    )
     port: int = _setting(8000, "port `sinal serve` listens on", within=(1, 65_535))
     public_url: str = _setting(
         "",

@@ -140,6 +140,48 @@ def test_cli_serve_port_out_of_range_is_one_line(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("args", "host", "reason"),
+    [
+        ([], "no such host", "Name or service not known"),
+        (["--host", "no such host"], "no such host", "Name or service not known"),
+        ([], "192.0.2.1", "Cannot assign requested address"),  # another machine's
+    ],
+)
+def test_cli_serve_host_not_of_this_machine_is_one_line_naming_it(
+    args: list[str], host: str, reason: str, tmp_path: Path
+) -> None:
+    """uvicorn said only "[Errno -2] Name or service not known", after the database was
+    made and migrated."""
+    env = {**os.environ, "SINAL_PORT": str(free_port())}
+    if not args:
+        env["SINAL_HOST"] = host
+    result = subprocess.run([*SINAL, "serve", *args], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert (
+        result.stderr == f"error: SINAL_HOST={host!r} is not an address of this machine: {reason}\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_worker_metrics_host_not_of_this_machine_is_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    """The worker blamed SINAL_WORKER_METRICS_PORT for SINAL_HOST's value."""
+    url = f"sqlite:///{tmp_path / 'sinal.db'}"
+    assert run(url, "migrate").returncode == 0
+    env = {**os.environ, "SINAL_DATABASE_URL": url, "SINAL_HOST": "no such host",
+           "SINAL_WORKER_METRICS_PORT": str(free_port())}  # fmt: skip
+    result = subprocess.run([*SINAL, "worker"], env=env, capture_output=True, text=True,
+                            timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr == (
+        "error: SINAL_HOST='no such host' is not an address of this machine: "
+        "Name or service not known\n"
+    )
+
+
 def test_cli_on_an_unreachable_postgresql_is_one_line_with_the_reason() -> None:
     result = run(f"postgresql://postgres@127.0.0.1:{free_port()}/test", "migrate")
 
