@@ -4,6 +4,9 @@ they stand in for Meta and an AI vendor, never for sinal's own code."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import itertools
 import json
 import threading
@@ -13,6 +16,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import standardwebhooks
 
 
 @dataclass
@@ -60,6 +65,8 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
                         "path": self.path,
                         "headers": dict(self.headers),
                         "body": body,
+                        "raw": raw,  # the body's bytes, as a signature covers them
+                        "received_at": time.time(),
                         "raw_headers": list(self.headers.keys()),
                     }
                 )
@@ -139,6 +146,20 @@ def whatsapp_server() -> Any:
 def ai_server() -> Any:
     """An OpenAI-compatible /chat/completions endpoint."""
     return _serve(_ai_answer)
+
+
+def verify_signature(secret: str, request: dict[str, Any]) -> tuple[str, int]:
+    """Check a received request's Standard Webhooks signature as a receiver does, by hand
+    (the spec's few lines) and with the reference library; its webhook-id and timestamp."""
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    message_id, timestamp = headers["webhook-id"], headers["webhook-timestamp"]
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{message_id}.{timestamp}.".encode() + request["raw"]
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    given = [entry.split(",", 1) for entry in headers["webhook-signature"].split(" ")]
+    assert any(v == "v1" and hmac.compare_digest(sig, expected) for v, sig in given), headers
+    standardwebhooks.Webhook(secret).verify(request["raw"], headers)  # raises if not
+    return message_id, int(timestamp)
 
 
 def webhook_receiver() -> Any:

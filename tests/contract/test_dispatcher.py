@@ -36,7 +36,13 @@ from sinal.store.automations import (
 from sinal.store.base import EventQuery
 from sinal.store.postgres import PostgresStore
 from tests.helpers import count, cut_connections, sql, wait_until
-from tests.servers import Recorder, ai_server, webhook_receiver, whatsapp_server
+from tests.servers import (
+    Recorder,
+    ai_server,
+    verify_signature,
+    webhook_receiver,
+    whatsapp_server,
+)
 
 
 @dataclass
@@ -644,6 +650,58 @@ def test_webhook_step_posts_the_event_with_an_idempotency_key(world: World) -> N
     assert request["body"]["event"]["id"] == str(event.event_id)
     assert request["body"]["event"]["value"] == "297.90"
     assert request["headers"]["Idempotency-Key"].endswith(":0")
+    # no secret, no signature: as before secrets existed
+    assert not [k for k in request["headers"] if k.lower().startswith("webhook-")]
+
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the spec's example: 24 bytes
+
+
+def test_signed_webhook_is_verified_by_its_receiver_with_one_id_and_a_fresh_timestamp(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a secret, each attempt is signed over the bytes sent (Standard Webhooks): its
+    webhook-id is the Idempotency-Key, the same when the step is retried, and its timestamp
+    the moment of that attempt; the secret shows in no log and no error."""
+
+    def slow_refusal_first(body: Any, n: int) -> None:
+        if n == 0:
+            time.sleep(1.1)  # the retry goes out in a later second
+        hook.behaviour.status = 503 if n == 0 else 200
+
+    caplog.set_level("DEBUG")
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.before_answer = slow_refusal_first
+        _hook(world, f"{hook_url}/hook", secret=SECRET, headers={"webhook-id": "mine"})
+        world.order_paid()
+        execution = _until_settled(world, world.dispatcher(http_timeout=5))
+
+    assert execution.status == "completed"
+    first, second = hook.requests
+    (id_1, at_1), (id_2, at_2) = verify_signature(SECRET, first), verify_signature(SECRET, second)
+    assert id_1 == id_2 == first["headers"]["Idempotency-Key"] == f"{execution.id}:0"
+    assert int(first["received_at"]) - 1 <= at_1 <= first["received_at"]
+    assert int(second["received_at"]) - 1 <= at_2 <= second["received_at"]
+    assert at_2 > at_1
+    assert [k.lower() for k in second["raw_headers"]].count("webhook-id") == 1  # not "mine"
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    secret_text = SECRET.removeprefix("whsec_")
+    assert secret_text not in caplog.text
+    assert secret_text not in str([detail.last_error, detail.steps[0].error])
+
+
+def test_signed_webhook_whose_body_changed_on_the_way_fails_verification(world: World) -> None:
+    """The signature covers the body's exact bytes: the receiver's check is no formality."""
+    with webhook_receiver() as (hook_url, hook):
+        _hook(world, f"{hook_url}/hook", secret=SECRET)
+        world.order_paid()
+        _until_settled(world, world.dispatcher())
+
+    [request] = hook.requests
+    verify_signature(SECRET, request)
+    with pytest.raises(AssertionError):
+        verify_signature(SECRET, {**request, "raw": request["raw"].replace(b"297.90", b"2.90")})
 
 
 @pytest.mark.parametrize(

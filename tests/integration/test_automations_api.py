@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import unicodedata
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,7 +14,7 @@ from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.ledger import Ledger
 from tests.integration.conftest import Api, running_api
-from tests.servers import whatsapp_server
+from tests.servers import verify_signature, webhook_receiver, whatsapp_server
 
 pytestmark = pytest.mark.anyio
 
@@ -467,3 +468,74 @@ async def test_a_contact_filter_value_no_contact_could_hold_is_422_naming_the_co
     assert response.status_code == 422, response.text
     errors = [e["field"] for e in response.json()["errors"]]
     assert errors == [f"steps[0].conditions[0]{field}"]
+
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks spec's example
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",  # no whsec_
+        "whsec_not base64!",
+        "whsec_" + base64.b64encode(b"k" * 16).decode(),  # too short to be a key
+        "whsec_" + base64.b64encode(b"k" * 65).decode(),
+        "whsec_********",  # the mask, with no secret of this step to keep
+        12345,
+    ],
+)
+async def test_a_webhook_secret_not_in_the_standard_form_is_422_naming_it(
+    api: Api, secret: object
+) -> None:
+    response = await api.post("/v1/automations", {
+        "name": "crm", "trigger_type": "order_paid",
+        "steps": [{"type": "webhook", "url": "https://hooks.example.com/h", "secret": secret}],
+    })  # fmt: skip
+    assert response.status_code == 422, response.text
+    [error] = response.json()["errors"]
+    assert error["field"] == "steps[0].secret"
+    assert error["code"] in {"invalid_type", "invalid_format", "out_of_range", "invalid_value"}
+    if secret != "whsec_********":  # a secret, even a bad one, is never quoted
+        assert str(secret).removeprefix("whsec_") not in error["message"]
+
+
+async def test_a_webhook_secret_is_never_shown_and_a_patch_sending_back_its_mask_keeps_it(
+    api: Api,
+) -> None:
+    with webhook_receiver() as (hook_url, hook):
+        step = {"type": "webhook", "url": f"{hook_url}/signed", "secret": SECRET}
+        made = await api.post("/v1/automations", {
+            "name": "crm", "trigger_type": "order_paid", "steps": [step],
+        })  # fmt: skip
+        assert made.status_code == 201, made.text
+        path = f"/v1/automations/{made.json()['id']}"
+        answers = [
+            made,
+            await api.client.get(path),
+            await api.client.get("/v1/automations"),
+            await api.client.patch(path, json={"name": "crm 2"}),
+        ]
+        for answer in answers:
+            assert answer.status_code == 200 or answer is made
+            assert SECRET.removeprefix("whsec_") not in answer.text
+            assert '"secret":"whsec_********"' in answer.text
+        # sent back as shown, after a step put before it: kept (by its url)
+        shown = answers[1].json()["steps"]
+        other = {"type": "webhook", "url": f"{hook_url}/unsigned"}
+        patched = await api.client.patch(path, json={"steps": [other, *shown]})
+        assert patched.status_code == 200, patched.text
+        assert [s.get("secret") for s in patched.json()["steps"]] == [None, "whsec_********"]
+        await _order(api, "297.90", "1001")
+        _drain(api)
+        # steps sent without the secret: the step is no longer signed, as the answer shows
+        dropped = await api.client.patch(path, json={"steps": [{**step, "secret": None}]})
+        assert dropped.status_code == 200, dropped.text
+        assert "secret" not in dropped.json()["steps"][0]
+        await _order(api, "297.90", "1002")
+        _drain(api)
+
+    unsigned, signed, last = hook.requests
+    assert (unsigned["path"], signed["path"], last["path"]) == ("/unsigned", "/signed", "/signed")
+    verify_signature(SECRET, signed)
+    assert "webhook-signature" not in {k.lower() for k in unsigned["headers"]}
+    assert "webhook-signature" not in {k.lower() for k in last["headers"]}

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sinal.automations.model import (
     MAX_STEPS,
     OPERATORS,
+    SECRET_MASK,
     STEP_TYPES,
     AddTag,
     AiRespond,
@@ -32,6 +33,7 @@ from sinal.automations.model import (
     Webhook,
     apply_patch,
     parse_automation,
+    redact_secrets,
 )
 from sinal.catalog import TRIGGER_TYPES
 from sinal.errors import SinalError
@@ -728,6 +730,52 @@ def test_apply_patch_rejects_a_result_that_is_not_valid(
     with pytest.raises(InvalidAutomation) as excinfo:
         apply_patch(spec, patch)
     assert [(e.field, e.code) for e in excinfo.value.errors] == expected
+
+
+A_KEY, B_KEY = "whsec_" + "A" * 32, "whsec_" + "B" * 32  # 24 bytes each
+
+
+def _hooks(*steps: tuple[str, str | None]) -> list[dict[str, Any]]:
+    return [
+        {"type": "webhook", "url": f"https://hooks.example.com/{url}"}
+        | ({} if secret is None else {"secret": secret})
+        for url, secret in steps
+    ]
+
+
+@pytest.mark.parametrize(
+    ("stored", "sent_back", "kept"),
+    [
+        # as shown, unchanged; moved behind another step; swapped; its url changed
+        ([("a", A_KEY)], [("a", SECRET_MASK)], [A_KEY]),
+        ([("a", A_KEY)], [("new", None), ("a", SECRET_MASK)], [None, A_KEY]),
+        ([("a", A_KEY), ("b", B_KEY)], [("b", SECRET_MASK), ("a", SECRET_MASK)],
+         [B_KEY, A_KEY]),
+        ([("a", A_KEY)], [("moved", SECRET_MASK)], [A_KEY]),
+        # sent without it: the step is given as it is to be
+        ([("a", A_KEY)], [("a", None)], [None]),
+    ],
+)  # fmt: skip
+def test_a_webhook_secret_sent_back_masked_keeps_the_one_stored_for_the_step(
+    stored: list[tuple[str, str | None]],
+    sent_back: list[tuple[str, str | None]],
+    kept: list[str | None],
+) -> None:
+    spec = parse_automation({"name": "n", "trigger_metric": "M", "steps": _hooks(*stored)})
+    assert redact_secrets(spec.to_dict())["steps"] == _hooks(
+        *((url, None if s is None else SECRET_MASK) for url, s in stored)
+    )
+    patched = apply_patch(spec.to_dict(), {"steps": _hooks(*sent_back)})
+    assert [getattr(step, "secret", None) for step in patched.steps] == kept
+
+
+def test_a_masked_webhook_secret_with_no_secret_to_keep_is_refused() -> None:
+    spec = parse_automation({"name": "n", "trigger_metric": "M", "steps": _hooks(("a", None))})
+    with pytest.raises(InvalidAutomation) as excinfo:
+        apply_patch(spec, {"steps": _hooks(("a", SECRET_MASK))})
+    assert [(e.field, e.code) for e in excinfo.value.errors] == [
+        ("steps[0].secret", "invalid_value")
+    ]
 
 
 # --------------------------------------------------------------------------- properties

@@ -14,6 +14,9 @@
   `"track_links": true` (default false): each http(s) URL of the rendered text is sent as
   the short URL of a tracked link made for the execution's contact, whose clicks record
   Link Clicked; `campaign` (default: the automation's name) names them.
+- `webhook` takes `"secret": "whsec_<base64 of 24 to 64 bytes>"` (optional): its requests
+  are then signed as Standard Webhooks sign (`steps`). The API shows it as `SECRET_MASK`
+  (`redact_secrets`), which a PATCH may send back to keep it (`apply_patch`).
 - Exactly one of `trigger_metric` (any metric name, custom too) and `trigger_type` (one of
   the seed's 8 event triggers, resolved through `TRIGGER_TO_METRIC`). `status` defaults
   to `active`; `filters` to none. 1 to 50 steps.
@@ -48,6 +51,9 @@ Every bad field is reported at once, as a `FieldError` whose `field` is a JSON p
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
 import ipaddress
 import re
 import unicodedata
@@ -78,6 +84,7 @@ __all__ = [
     "MAX_CONDITIONS",
     "MAX_STEPS",
     "OPERATORS",
+    "SECRET_MASK",
     "STEP_TYPES",
     "AddTag",
     "AiRespond",
@@ -101,6 +108,7 @@ __all__ = [
     "host_problem",
     "parse_automation",
     "parse_condition_field",
+    "redact_secrets",
     "to_moment",
 ]
 
@@ -132,6 +140,12 @@ MAX_TEMPLATE_NAME: Final = 512
 MAX_PARAMETERS: Final = 50
 MAX_COMPONENTS: Final = 10
 MAX_COMPONENT_DEPTH: Final = 8
+# A webhook step's signing secret: whsec_ and the base64 of its bytes (Standard Webhooks).
+SECRET_PREFIX: Final = "whsec_"
+MIN_SECRET_BYTES: Final = 24
+MAX_SECRET_BYTES: Final = 64
+SECRET_MASK: Final = "whsec_********"
+"""What the API shows for a webhook step's secret; sent back, it keeps the secret set."""
 
 _LANGUAGE: Final = re.compile(r"[a-z]{2,3}(_[A-Z]{2,3})?")
 _TEMPLATE_NAME: Final = re.compile(r"[a-z0-9_]+")
@@ -273,17 +287,27 @@ class AiRespond:
 
 @dataclass(frozen=True, slots=True)
 class Webhook:
-    """POST the event as JSON to `url` (private targets are refused when it runs)."""
+    """POST the event as JSON to `url` (private targets are refused when it runs); with a
+    `secret` (`whsec_<base64>`), signed as Standard Webhooks sign (`steps`)."""
 
     url: str
     headers: tuple[tuple[str, str], ...] = ()
+    secret: str | None = dataclasses.field(default=None, repr=False)
     type: ClassVar[Literal["webhook"]] = "webhook"
 
+    @property
+    def key(self) -> bytes | None:
+        """The HMAC key: the secret's bytes, or None when requests go unsigned."""
+        return None if self.secret is None else _secret_bytes(self.secret)
+
     def to_dict(self) -> dict[str, Any]:
-        """The step as JSON-like data."""
+        """The step as JSON-like data, its secret included (as stored; the API shows
+        `redact_secrets` of it)."""
         data: dict[str, Any] = {"type": self.type, "url": self.url}
         if self.headers:
             data["headers"] = dict(self.headers)
+        if self.secret is not None:
+            data["secret"] = self.secret
         return data
 
 
@@ -411,12 +435,55 @@ def apply_patch(spec: AutomationSpec | Mapping[str, Any], patch: object) -> Auto
     for given, other in (("trigger_metric", "trigger_type"), ("trigger_type", "trigger_metric")):
         if patch.get(given) is not None and other not in patch:
             data.pop(other, None)
+    stored_steps = data.get("steps")
     for key, value in patch.items():
         if value is None:
             data.pop(key, None)
         else:
             data[key] = value
+    if isinstance(patch.get("steps"), list) and isinstance(stored_steps, list):
+        data["steps"] = _keep_secrets(patch["steps"], stored_steps)
     return parse_automation(data)
+
+
+def redact_secrets(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A definition as stored, with each webhook step's secret shown as `SECRET_MASK`."""
+    steps = spec.get("steps")
+    if not isinstance(steps, list):
+        return dict(spec)
+    shown = [
+        {**step, "secret": SECRET_MASK} if _is_signed_webhook(step) else step for step in steps
+    ]
+    return {**spec, "steps": shown}
+
+
+def _keep_secrets(steps: list[Any], stored: list[Any]) -> list[Any]:
+    """A PATCH's `steps`, each webhook step whose secret is `SECRET_MASK` (as the API shows
+    it, sent back) given the secret stored for it: that of the stored signed webhook steps
+    of the same url (moved, others put before it), or of the stored signed webhook step at
+    the same index (its url changed, or several of the url have different secrets). A mask
+    matching no one secret stays, and fails the check."""
+    kept = []
+    for i, step in enumerate(steps):
+        if _is_webhook(step) and step.get("secret") == SECRET_MASK:
+            url = step.get("url")
+            same = stored[i] if i < len(stored) else None
+            found = {s["secret"] for s in stored if _is_signed_webhook(s) and s.get("url") == url}
+            if _is_signed_webhook(same) and (not found or same.get("url") == url):
+                found = {same["secret"]}
+            if len(found) == 1:
+                kept.append({**step, "secret": found.pop()})
+                continue
+        kept.append(step)
+    return kept
+
+
+def _is_webhook(step: object) -> TypeGuard[Mapping[str, Any]]:
+    return isinstance(step, Mapping) and step.get("type") == "webhook"
+
+
+def _is_signed_webhook(step: object) -> TypeGuard[Mapping[str, Any]]:
+    return _is_webhook(step) and isinstance(step.get("secret"), str)
 
 
 def parse_condition_field(text: str, *, allow_contact: bool) -> tuple[Path, FieldKind]:
@@ -930,7 +997,42 @@ def _ai_respond(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None
 def _webhook(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
     url = _url(c, f"{at}.url", body.get("url"))
     headers = _headers(c, f"{at}.headers", body.get("headers", {}))
-    return None if url is None else Webhook(url, headers)
+    secret = _secret(c, f"{at}.secret", body.get("secret"))
+    return None if url is None else Webhook(url, headers, secret)
+
+
+def _secret(c: _Checker, at: str, raw: object) -> str | None:
+    """A signing secret, checked; never quoted in an error (it is one)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        c.fail(at, "invalid_type", f"secret must be text: {SECRET_PREFIX} and base64")
+    elif raw == SECRET_MASK:
+        c.fail(at, "invalid_value",
+               f"{SECRET_MASK} keeps the secret a signed webhook step already has (at the same "
+               "position or url); give the secret itself for a new one")  # fmt: skip
+    elif not raw.startswith(SECRET_PREFIX) or (key := _secret_bytes(raw)) is None:
+        c.fail(at, "invalid_format",
+               f"secret must be {SECRET_PREFIX} followed by the base64 of "
+               f"{MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} random bytes")  # fmt: skip
+    elif not MIN_SECRET_BYTES <= len(key) <= MAX_SECRET_BYTES:
+        c.fail(at, "out_of_range",
+               f"secret's base64 must decode to {MIN_SECRET_BYTES} to {MAX_SECRET_BYTES} "
+               f"bytes, not {len(key)}")  # fmt: skip
+    else:
+        return raw
+    return None
+
+
+def _secret_bytes(secret: str) -> bytes | None:
+    """The bytes of `whsec_<base64>` (padding optional), or None when it is not so."""
+    encoded = secret.removeprefix(SECRET_PREFIX)
+    if not encoded.isascii():
+        return None
+    try:
+        return base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        return None
 
 
 def _url(c: _Checker, at: str, raw: object) -> str | None:
@@ -1053,7 +1155,7 @@ _STEP_PARSERS: Final[dict[str, tuple[tuple[str, ...], _StepParser]]] = {
     "remove_tag": (("tag",), _tag_step(RemoveTag)),
     "close_conversation": ((), _close_conversation),
     "ai_respond": (("system_prompt", "prompt", "max_tokens", *_TRACKING_KEYS), _ai_respond),
-    "webhook": (("url", "headers"), _webhook),
+    "webhook": (("url", "headers", "secret"), _webhook),
     "wait": (("seconds", "until"), _wait),
     "filter": (("conditions",), _filter_step),
 }

@@ -19,6 +19,7 @@ from sinal.automations.model import (
     apply_patch,
     host_problem,
     parse_automation,
+    redact_secrets,
 )
 from sinal.automations.steps import DEFAULT_WHATSAPP_API
 from sinal.errors import FieldError, InvalidIntegration
@@ -132,10 +133,11 @@ class Automations:
 
 
 def automation_view(row: AutomationRow) -> dict[str, Any]:
-    """An automation as the API shows it."""
+    """An automation as the API shows it: a webhook step's secret never, only that it is
+    set (`SECRET_MASK`, which a PATCH may send back to keep it)."""
     return {
         "id": str(row.id),
-        **row.spec,
+        **redact_secrets(row.spec),
         "resolved_metric": row.trigger_metric,
         "created_at": row.created_at.isoformat(),
         "updated_at": row.updated_at.isoformat(),

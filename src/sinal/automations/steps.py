@@ -23,6 +23,9 @@ before the send, through the context's `links` (`sinal.links.StepLinks`): keyed 
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import ipaddress
 import logging
 import socket
@@ -305,9 +308,13 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
     # and after a request that may or may not have arrived. Names are case-insensitive:
     # the step's own `idempotency-key` would go out beside this one.
     headers = httpx.Headers(dict(step.headers))
-    headers["Idempotency-Key"] = f"{e.id}:{ctx.index}"
+    key = f"{e.id}:{ctx.index}"
+    headers["Idempotency-Key"] = key
+    content = orjson.dumps(body)
+    if step.key is not None:
+        headers.update(sign_webhook(step.key, key, int(time.time()), content))
     try:
-        status = _post(ctx, step.url, orjson.dumps(body), headers, addresses).status_code
+        status = _post(ctx, step.url, content, headers, addresses).status_code
     except OutcomeUnknown as exc:
         raise StepFailed(f"{exc}; sent again with the same Idempotency-Key", retry=True) from exc
     if 300 <= status < 400:
@@ -318,6 +325,21 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
             retry=False,
         )
     return StepOutcome(result={"status": status})
+
+
+def sign_webhook(key: bytes, message_id: str, timestamp: int, content: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers of a request whose body is `content`: `webhook-id`
+    (the Idempotency-Key, the same on every attempt), `webhook-timestamp` (Unix seconds of
+    this attempt, by the wall clock the receiver compares it with) and `webhook-signature`,
+    `v1,` and the base64 of the HMAC-SHA256, keyed by the secret's bytes, of
+    `{id}.{timestamp}.{body}`."""
+    signed = f"{message_id}.{timestamp}.".encode() + content
+    digest = hmac.new(key, signed, hashlib.sha256).digest()
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": "v1," + base64.b64encode(digest).decode("ascii"),
+    }
 
 
 def _wait(step: Any, ctx: StepContext) -> StepOutcome:

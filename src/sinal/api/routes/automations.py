@@ -44,12 +44,15 @@ class AutomationIn(BaseModel):
 
     Steps: `send_message` {text}, `send_template` {name, language, parameters | components},
     `add_tag` / `remove_tag` {tag}, `close_conversation`, `ai_respond` {system_prompt,
-    prompt, max_tokens}, `webhook` {url, headers}, `wait` {seconds | until}, `filter`
+    prompt, max_tokens}, `webhook` {url, headers, secret}, `wait` {seconds | until}, `filter`
     {conditions}. Texts are templates: `{{ event.properties.order_number }}`,
     `{{ contact.name | first_name }}`, `{{ event.value | money }}`. `send_message`,
     `ai_respond` and `send_template` (its parameters) also take `track_links: true`: their
     http(s) URLs go out as tracked short links (on SINAL_PUBLIC_URL) whose clicks record
-    Link Clicked for the contact, named by `campaign` (default: the automation's name)."""
+    Link Clicked for the contact, named by `campaign` (default: the automation's name).
+    A webhook's `secret` (`whsec_` and the base64 of 24 to 64 bytes) signs its requests as
+    Standard Webhooks do (`webhook-id`, `webhook-timestamp`, `webhook-signature`); answers
+    show it as `whsec_********`, which a PATCH may send back to keep it."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -62,7 +65,8 @@ class AutomationIn(BaseModel):
 
 
 class AutomationPatch(BaseModel):
-    """Any fields of an automation; `null` removes an optional one."""
+    """Any fields of an automation; `null` removes an optional one. `steps` replaces them
+    all: a webhook step's `secret` sent back as `whsec_********` keeps its secret."""
 
     model_config = ConfigDict(extra="allow")
 
