@@ -1,9 +1,10 @@
 """Shopify and Yampi deliveries into events, order rows and checkouts; abandoned carts.
 
 `process_shopify` / `process_yampi` are the processors `sinal.webhooks` runs on a kept raw
-delivery. For each: normalize the verified body (pure, `sinal.integrations`), find or
-create the contact (a new one with its Contact Created, source the integration's kind),
-then write the events together with the row they change:
+delivery. For each: normalize the verified body (pure, `sinal.integrations`), check its
+events (one no validation accepts keeps the delivery ``unmappable: invalid_event`` before
+anything is written), find or create the contact (a new one with its Contact Created,
+source the integration's kind), then write the events together with the row they change:
 
 | payload                         | one transaction                                       |
 |---------------------------------|-------------------------------------------------------|
@@ -134,6 +135,10 @@ def _apply(
     if normalized.ignored in _REPLAYABLE:
         raise UnmappablePayload(normalized.ignored, "the payload is not mapped yet (replay later)")
     _check_totals(normalized)
+    # an event no validation accepts is refused before its contact is found or created:
+    # a delivery kept unmappable makes no contact (nor its Contact Created)
+    for event in [*normalized.events, *_recoveries(normalized).values()]:
+        _prepare(ledger, event, integration, _ANY_CONTACT)
     if normalized.checkout is not None:
         _save_checkout(ledger, integration, normalized.checkout, normalized.events)
         return
@@ -180,11 +185,8 @@ def _save_order(
     if normalized.events:  # a status change with no event only moves the row
         contact_id = _order_contact(ledger, integration, normalized, existing, order_id, wait=wait)
         events = [_prepare(ledger, e, integration, contact_id) for e in normalized.events]
-        order_events = [e for e in normalized.events if e.order is not None]
-        if normalized.order is not None and order_events:
-            for token in normalized.order.checkout_tokens:
-                won = recovered_checkout(order_events[0], token)
-                recoveries[token] = _prepare(ledger, won, integration, contact_id)
+        for token, won in _recoveries(normalized).items():
+            recoveries[token] = _prepare(ledger, won, integration, contact_id)
     implied = [_IMPLIED_STATUS[e.entity_type] for e in normalized.events
                if e.entity_type in _IMPLIED_STATUS]  # fmt: skip
     refunds = [e.value for e in normalized.events if e.entity_type == "refund" and e.value]
@@ -199,6 +201,15 @@ def _save_order(
         refund=sum(refunds, Decimal(0)) if refunds else None,
     )
     store.save_order(update, events, recoveries)
+
+
+def _recoveries(normalized: Normalized) -> dict[str, Mapped]:
+    """Checkout Recovered, by checkout token, for each checkout an order event won."""
+    order_events = [e for e in normalized.events if e.order is not None]
+    if normalized.order is None or not order_events:
+        return {}
+    tokens = normalized.order.checkout_tokens
+    return {token: recovered_checkout(order_events[0], token) for token in tokens}
 
 
 def _order_contact(
@@ -238,15 +249,15 @@ def _order_contact(
 def _save_checkout(
     ledger: Ledger, integration: Integration, checkout: CheckoutRef, events: Sequence[Mapped]
 ) -> None:
+    is_reminder = checkout.provider == "yampi"  # cart.reminder: the abandonment itself
+    if not is_reminder and not checkout.is_completed:
+        _check_abandonment(ledger, integration, checkout)
     contact_id = _contact_id(ledger, integration, checkout.contact)
     prepared: list[PreparedEvent] = []
     if events:
         if contact_id is None:
             raise UnmappablePayload("no_contact", "the checkout has no phone, email or id")
         prepared = [_prepare(ledger, e, integration, contact_id) for e in events]
-    is_reminder = checkout.provider == "yampi"  # cart.reminder: the abandonment itself
-    if not is_reminder and not checkout.is_completed:
-        _check_abandonment(ledger, integration, checkout, contact_id)
     update = CheckoutUpdate(
         account_id=integration.account_id,
         integration_id=integration.id,
@@ -265,9 +276,7 @@ def _save_checkout(
     commerce_store(ledger).save_checkout(update, prepared)
 
 
-def _check_abandonment(
-    ledger: Ledger, integration: Integration, checkout: CheckoutRef, contact_id: UUID | None
-) -> None:
+def _check_abandonment(ledger: Ledger, integration: Integration, checkout: CheckoutRef) -> None:
     """Refuse a snapshot whose Checkout Abandoned no pass could record (an item or recovery
     URL holding a NUL, items past the properties' 64 kB, a last update before 2000): no
     event checks a checkouts/update, and its row would be refused by PostgreSQL (a NUL)
@@ -275,7 +284,7 @@ def _check_abandonment(
     if checkout.contact.is_empty:  # the row's contact says who then (see `_abandonment`)
         checkout = replace(checkout, contact=ContactRef(external_id="sinal:contact:row"))
     event = abandoned_checkout(checkout, occurred_at=checkout.updated_at)
-    _prepare(ledger, event, integration, contact_id or _ANY_CONTACT)
+    _prepare(ledger, event, integration, _ANY_CONTACT)
 
 
 def abandon_delay(integration: Integration) -> timedelta:

@@ -498,6 +498,34 @@ async def test_concurrent_orders_of_a_new_customer_make_one_contact_and_one_cont
     assert created.source == kind
 
 
+@pytest.mark.parametrize("kind", ["shopify", "yampi"])
+async def test_an_order_no_event_validation_accepts_makes_no_contact_and_no_contact_created(
+    api: Api, hooks: httpx.AsyncClient, kind: str
+) -> None:
+    shop = await connect(api, hooks, kind)
+    order, topic = another_order(kind, 1)
+    if kind == "shopify":
+        order["created_at"] = "1999-12-01T10:00:00-03:00"
+    else:
+        order["resource"]["created_at"]["date"] = "1999-12-01 10:00:00.000000"
+
+    answer = await shop.deliver(order, topic)
+
+    assert answer["status"] == "unmappable"
+    assert answer["reason"].startswith("invalid_event")
+    # nothing half-written: no contact, so no Contact Created to fire new_contact
+    assert count(api.url, "contacts") == 0
+    assert count(api.url, "events") == 0
+    assert count(api.url, "orders") == 0
+
+    await shop.deliver(*another_order(kind, 2))  # a valid order of hers still makes her
+
+    assert count(api.url, "contacts") == 1
+    [created] = events(api, "Contact Created")
+    [placed] = events(api, "Order Placed")
+    assert (created.source, created.contact_id) == (kind, placed.contact_id)
+
+
 # -- redeliveries, signatures, integrations ----------------------------------------------
 
 
