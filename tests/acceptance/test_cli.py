@@ -206,6 +206,25 @@ def test_cli_on_a_url_libpq_cannot_read_is_one_line_at_once(command: str) -> Non
     assert result.stderr == f"error: malformed PostgreSQL URL: {reason}\n"
 
 
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("postgresql://postgres@127.0.0.1:99999/sinal", 'invalid port number: "99999"'),
+        ("postgresql://postgres@127.0.0.1/sinal?sslmode=bogus", 'invalid sslmode value: "bogus"'),
+    ],
+)
+def test_cli_worker_on_a_value_libpq_refuses_is_one_line_at_once(url: str, reason: str) -> None:
+    """libpq reads these but refuses them on every connection attempt: the worker logged
+    "cannot connect" every second for ever."""
+    env = {**os.environ, "SINAL_DATABASE_URL": url}
+    result = subprocess.run(
+        [*SINAL, "worker"], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+    assert result.returncode == 1
+    assert result.stderr == f"error: malformed PostgreSQL URL: {reason}\n"
+
+
 def test_cli_worker_metrics_port_taken_is_one_line(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'sinal.db'}"
     assert run(url, "migrate").returncode == 0

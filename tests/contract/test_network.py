@@ -58,6 +58,16 @@ def test_a_setting_of_the_url_or_the_environment_is_kept(monkeypatch: pytest.Mon
     [
         (f"{URL}?bogus=1", 'invalid URI query parameter: "bogus"'),
         ("postgresql://%zz@db.example/sinal", 'invalid percent-encoded token: "%zz"'),
+        # read, but refused by libpq on every connection attempt
+        ("postgresql://db.example:99999/sinal", 'invalid port number: "99999"'),
+        ("postgresql://db.example:0/sinal", 'invalid port number: "0"'),
+        (f"{URL}?port=abc", 'invalid port number: "abc"'),
+        ("postgresql://h1:5432,h2:70000/sinal", 'invalid port number: "70000"'),
+        (f"{URL}?sslmode=bogus", 'invalid sslmode value: "bogus"'),
+        (f"{URL}?sslmode=Require", 'invalid sslmode value: "Require"'),
+        (f"{URL}?gssencmode=always", 'invalid gssencmode value: "always"'),
+        (f"{URL}?channel_binding=yes", 'invalid channel_binding value: "yes"'),
+        (f"{URL}?target_session_attrs=writable", 'invalid target_session_attrs value: "writable"'),
     ],
 )
 def test_a_url_libpq_cannot_read_is_refused_with_its_reason(url: str, reason: str) -> None:
@@ -66,6 +76,21 @@ def test_a_url_libpq_cannot_read_is_refused_with_its_reason(url: str, reason: st
     with pytest.raises(sinal.ConfigurationError, match=r"^malformed PostgreSQL URL: ") as raised:
         sinal.connect(url)
     assert str(raised.value).endswith(reason)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://h1:5432,h2:5433/sinal",
+        "postgresql://h1,h2:,5433/sinal",  # an empty port is the default one
+        f"{URL}?port=%205432%20",
+        f"{URL}?port=%2B5432",
+        f"{URL}?sslmode=verify-full&gssencmode=disable&channel_binding=require",
+        f"{URL}?target_session_attrs=prefer-standby",
+    ],
+)
+def test_values_libpq_accepts_are_accepted(url: str) -> None:
+    network_defaults(url)
 
 
 def test_a_service_keeps_its_own_file(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ on a Unix socket.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import psycopg
@@ -45,6 +46,19 @@ NETWORK_DEFAULTS: dict[str, str] = {
 # the libpq parameters an environment variable sets (libpq reads it when a URL has none)
 _ENVIRONMENT = {"connect_timeout": "PGCONNECT_TIMEOUT"}
 
+# the values libpq accepts for a parameter that takes one of a list (libpq 18; exact case)
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": (
+        "any", "read-write", "read-only", "primary", "standby", "prefer-standby"
+    ),
+}  # fmt: skip
+
+# a port as libpq reads it (strtol in base 10, blanks around), empty for the default
+_PORT = re.compile(r"\s*([+-]?[0-9]+)?\s*", re.ASCII)
+
 
 def network_defaults(url: str) -> dict[str, Any]:
     """The parameters of `NETWORK_DEFAULTS` that neither `url` nor the environment sets:
@@ -52,12 +66,16 @@ def network_defaults(url: str) -> dict[str, Any]:
     `psycopg.connect` are). `ConfigurationError` for a URL libpq cannot read (a query
     parameter it does not know, as `?schema=public`): no connection can ever be made with
     it, so the store refuses it when made, not each time it tries to connect (a worker
-    tried for ever, as if the database were only away)."""
+    tried for ever, as if the database were only away). So is a value libpq reads but
+    refuses when connecting: a port outside 1..65535, an `sslmode` not among its own."""
     try:
         given = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         reason = str(exc).strip().splitlines()[0]
         raise ConfigurationError(f"malformed PostgreSQL URL: {reason}") from None
+    refused = _refused_value(given)
+    if refused is not None:
+        raise ConfigurationError(f"malformed PostgreSQL URL: {refused}")
     if "service" in given or os.environ.get("PGSERVICE"):
         return {}
     return {
@@ -65,6 +83,19 @@ def network_defaults(url: str) -> dict[str, Any]:
         for name, value in NETWORK_DEFAULTS.items()
         if name not in given and not _from_environment(name)
     }
+
+
+def _refused_value(given: dict[str, Any]) -> str | None:
+    """libpq's own words for a value of `given` it refuses when connecting, or None."""
+    for port in str(given.get("port", "")).split(","):  # one per host: `h1:5432,h2:5433`
+        match = _PORT.fullmatch(port)
+        if match is None or (match[1] is not None and not 1 <= int(match[1]) <= 65535):
+            return f'invalid port number: "{port}"'
+    for name, choices in _CHOICES.items():
+        value = given.get(name)
+        if value is not None and value not in choices:
+            return f'invalid {name} value: "{value}"'
+    return None
 
 
 def _from_environment(name: str) -> bool:
