@@ -573,6 +573,11 @@ async def test_automations_answering_each_others_deliveries_stop_at_the_chain_li
         event = api.ledger.get_event(api.account.id, x.event_id)
         assert event is not None
         assert event.metric_name == "Message Delivered"
+        trace = (await api.client.get(f"/v1/events/{x.event_id}/trace")).json()["automations"]
+        [entry] = [t for t in trace if t["automation_id"] == str(x.automation_id)]
+        assert (entry["triggered"], entry["outcome"]) == (False, "chain_too_deep")
+        assert entry["message"] == too_deep(runs)
+        assert entry["execution"]["id"] == str(x.id)
 
 
 def _meta_reports_before_answering(

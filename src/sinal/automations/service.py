@@ -31,6 +31,7 @@ from sinal.store.automations import (
     Execution,
     Integration,
     IntegrationKind,
+    stopped_too_deep,
 )
 from sinal.store.base import StoredEvent
 from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
@@ -127,6 +128,9 @@ class Automations:
                 entry |= {"triggered": decision.triggered, **decision.as_dict()}
             execution = executions.get(row.id)
             if execution is not None:
+                if stopped_too_deep(execution):  # matched, but its execution never ran
+                    why = execution.last_error
+                    entry |= {"triggered": False, "outcome": "chain_too_deep", "message": why}
                 entry["execution"] = execution_summary(execution)
             answer.append(entry)
         return answer

@@ -55,13 +55,22 @@ STOPPED_BY_DELETE = "the automation was deleted"
 MAX_CHAIN_DEPTH = 8
 
 
+_TOO_DEEP = "not run: "
+
+
 def too_deep(depth: int) -> str:
     """The `last_error` of an execution stopped, unrun, at chain depth `depth`."""
     return (
-        f"not run: {depth} executions before it each sent a message whose status triggered "
+        f"{_TOO_DEEP}{depth} executions before it each sent a message whose status triggered "
         f"the next (at most {MAX_CHAIN_DEPTH} may); stopped so that automations cannot "
         "trigger each other for ever"
     )
+
+
+def stopped_too_deep(execution: Execution) -> bool:
+    """Whether `execution` was recorded stopped, unrun, for its chain depth (`too_deep`)."""
+    x = execution
+    return x.status == "stopped" and x.next_step == 0 and (x.last_error or "").startswith(_TOO_DEEP)
 
 
 def chain_parent(event: StoredEvent) -> UUID | None:

@@ -283,7 +283,8 @@ async def get_execution(request: Request, execution_id: str) -> Response:
 async def trace(request: Request, event_id: str) -> Response:
     """Reasons: other_metric, paused, filter_false (which filter), from_automation,
     own_message (a status of a message this automation sent), created_after_event,
-    invalid_definition (stored before a check it fails was added)."""
+    invalid_definition (stored before a check it fails was added), chain_too_deep (matched,
+    but its execution was stopped unrun: too deep a chain of automations)."""
     svc = service(request)
     key = await svc.authorize(request, "read")
     event = await _owned(request, svc.ledger.get_event, key.account_id, event_id, "event")
