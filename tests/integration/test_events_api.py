@@ -386,6 +386,26 @@ async def test_batch_answers_each_item_in_order_and_stores_the_valid_ones(
     assert count(api.url, "events") == 3  # two orders and bia's Contact Created
 
 
+async def test_error_messages_name_the_apis_fields_not_the_ledgers(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    """The field was `metric`, but its message said `metric_name` (the ledger's name)."""
+    empty = {"field": "metric", "code": "empty", "message": "metric must not be empty"}
+    by_contact = order(None, metric="", contact={"email": "bia@example.com"})
+    for body in (order(contact_id, metric=""), by_contact):
+        response = await api.post("/v1/events", body)
+        assert response.status_code == 422, response.text
+        assert response.json()["errors"] == [empty]
+        assert response.json()["detail"] == "metric: metric must not be empty"
+
+    batch = await api.post("/v1/events/batch", {"events": [order(contact_id, metric=""),
+                                                           by_contact]})  # fmt: skip
+    assert batch.status_code == 200, batch.text
+    for i, item in enumerate(batch.json()["results"]):
+        assert item["errors"] == [empty | {"field": f"events[{i}].metric"}]
+        assert item["message"] == f"events[{i}].metric: metric must not be empty"
+
+
 async def test_batch_of_more_than_1000_is_422(api: Api, contact_id: uuid.UUID) -> None:
     items = [order(contact_id, source_id=str(i)) for i in range(1001)]
     response = await api.post("/v1/events/batch", {"events": items})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any
@@ -39,6 +40,7 @@ from sinal.store.base import EventQuery
 
 router = APIRouter(tags=["events"])
 _RENAMED = {"metric_name": "metric"}  # the ledger's field names -> the API's
+_RENAMED_WORD = re.compile(r"\b(" + "|".join(_RENAMED) + r")\b")  # ... in a message
 
 
 @router.post(
@@ -235,12 +237,14 @@ def check_event(
 
 
 def renamed(errors: tuple[FieldError, ...], prefix: str = "") -> list[FieldError]:
-    """Ledger field errors with the API's field names (and a batch item's prefix)."""
+    """Ledger field errors with the API's field names, in their messages too (and a batch
+    item's prefix)."""
     out = []
     for e in errors:
         head, dot, rest = e.field.partition(".")
         field = _RENAMED.get(head, head) + dot + rest
-        out.append(FieldError(prefix + field, e.code, e.message))
+        message = _RENAMED_WORD.sub(lambda m: _RENAMED[m[1]], e.message)
+        out.append(FieldError(prefix + field, e.code, message))
     return out
 
 
