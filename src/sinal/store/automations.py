@@ -21,7 +21,7 @@ from sinal.store.base import Contact, StoredEvent
 # Column lists both backends select, in the order the records' fields take them.
 EXECUTION_COLUMNS = (
     "account_id, id, automation_id, event_id, contact_id, status, next_step, attempts, run_at, "
-    "last_error, created_at, updated_at"
+    "last_error, created_at, updated_at, chain_depth"
 )
 STEP_COLUMNS = (
     "step_index, step_type, status, attempts, result, error, event_id, started_at, finished_at"
@@ -55,13 +55,10 @@ STOPPED_BY_DELETE = "the automation was deleted"
 MAX_CHAIN_DEPTH = 8
 
 
-_TOO_DEEP = "not run: "
-
-
 def too_deep(depth: int) -> str:
     """The `last_error` of an execution stopped, unrun, at chain depth `depth`."""
     return (
-        f"{_TOO_DEEP}{depth} executions before it each sent a message whose status triggered "
+        f"not run: {depth} executions before it each sent a message whose status triggered "
         f"the next (at most {MAX_CHAIN_DEPTH} may); stopped so that automations cannot "
         "trigger each other for ever"
     )
@@ -69,8 +66,7 @@ def too_deep(depth: int) -> str:
 
 def stopped_too_deep(execution: Execution) -> bool:
     """Whether `execution` was recorded stopped, unrun, for its chain depth (`too_deep`)."""
-    x = execution
-    return x.status == "stopped" and x.next_step == 0 and (x.last_error or "").startswith(_TOO_DEEP)
+    return execution.status == "stopped" and execution.chain_depth > MAX_CHAIN_DEPTH
 
 
 def chain_parent(event: StoredEvent) -> UUID | None:
@@ -157,6 +153,7 @@ class Execution:
     last_error: str | None
     created_at: datetime
     updated_at: datetime
+    chain_depth: int  # in a chain of automations (`MAX_CHAIN_DEPTH`): 0 unless a status
     steps: tuple[StepRecord, ...] = ()
 
 

@@ -554,7 +554,7 @@ def _automation(r: Sequence[Any]) -> AutomationRow:
 def _execution(r: Sequence[Any]) -> Execution:
     return Execution(UUID(r[0]), UUID(r[1]), UUID(r[2]), UUID(r[3]), UUID(r[4]), r[5], r[6],
                      r[7], _parse(r[8]) or _now(), r[9], _parse(r[10]) or _now(),
-                     _parse(r[11]) or _now())  # fmt: skip
+                     _parse(r[11]) or _now(), r[12])  # fmt: skip
 
 
 def _step(r: Sequence[Any]) -> StepRecord:
