@@ -224,10 +224,11 @@ def test_events_emitted_by_steps_never_trigger_automations(world: World) -> None
 def test_a_chain_continues_only_from_an_execution_of_the_events_own_account(
     world: World,
 ) -> None:
-    """An event names the execution whose message it is a status of (any event may: the
-    API takes any properties). Naming one of its account's executions, it continues that
-    one's chain (here too deep: stopped); naming another account's execution, or anything
-    else, it starts a chain and runs. None of them stops the fan-out."""
+    """An event names the execution whose message it is a status of (any event may: a
+    library caller sets any properties; the HTTP API refuses this one). Naming one of its
+    account's executions, it continues that one's chain (here too deep: stopped); naming
+    another account's execution, or anything else, it starts a chain and runs. None of
+    them stops the fan-out."""
     world.automations.create(world.account.id, THANKS)
     world.order_paid()
     world.drain(world.dispatcher())

@@ -593,3 +593,35 @@ async def test_another_accounts_event_is_404_like_a_missing_one(
     assert theirs.status_code == missing.status_code == malformed.status_code == 404
     assert theirs.json()["detail"].replace(event_id, "?") == "no event ?"
     assert listing.json()["data"] == []
+
+
+@pytest.mark.parametrize("name", ["sent_by_automation_id", "sent_by_automation_execution_id"])
+async def test_properties_only_sinal_sets_are_422_naming_them_and_nothing_is_written(
+    api: Api, name: str
+) -> None:
+    """sinal names the automation and execution that sent a message on its statuses: the
+    first never runs for them, and the second's chain depth carries on. From a client, the
+    real ids of its account would keep an automation from running for the event (or stop
+    them all), so the API refuses them, in a batch too; the ledger's own callers set them."""
+    ping = {"name": "ping", "trigger_metric": "Ping", "steps": [{"type": "add_tag", "tag": "p"}]}
+    automation = (await api.post("/v1/automations", ping)).json()
+    event = {"metric": "Ping", "contact": {"phone": "+55 11 98765-4321"},
+             "properties": {name: automation["id"], "order_id": "1001"}}  # fmt: skip
+    ingest = api.auth(await api.key_for("ingest"))
+
+    single = await api.post("/v1/events", event, headers=ingest)
+    batch = await api.post("/v1/events/batch", {"events": [event]}, headers=ingest)
+
+    assert single.status_code == 422, single.text
+    assert single.json()["errors"] == [{
+        "field": f"properties.{name}", "code": "reserved",
+        "message": f"properties.{name} is set by sinal alone, on the status of a message an "
+                   "automation sent",
+    }]  # fmt: skip
+    assert batch.status_code == 200, batch.text
+    [item] = batch.json()["results"]
+    assert (item["status"], item["reason"]) == ("rejected", "invalid")
+    assert [(e["field"], e["code"]) for e in item["errors"]] == [
+        (f"events[0].properties.{name}", "reserved")
+    ]
+    assert (count(api.url, "events"), count(api.url, "contacts")) == (0, 0)

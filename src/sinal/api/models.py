@@ -49,7 +49,11 @@ class EventIn(_Input):
     contact: ContactIdentities | None = Field(
         None, description="Instead of contact_id: the contact's identifiers"
     )
-    properties: dict[str, Any] | None = None
+    properties: dict[str, Any] | None = Field(
+        None,
+        description="Any JSON object, but for sent_by_automation_id and "
+        "sent_by_automation_execution_id: only sinal sets those (422, reserved)",
+    )
     value: Decimalish = None
     currency: str | None = Field(None, description="ISO 4217; default BRL")
     source: str = Field("api", description="Where the event comes from: shopify, whatsapp, …")

@@ -35,10 +35,16 @@ from sinal.api.views import (
 from sinal.contacts import InvalidIdentities, normalize_contact_fields
 from sinal.errors import FieldError, InvalidContact, InvalidEvent, InvalidQuery
 from sinal.events import EmitEvent, EmitResult, in_utc, prepare
+from sinal.integrations.whatsapp import SENT_BY_AUTOMATION, SENT_BY_EXECUTION
 from sinal.ledger import MAX_BATCH
 from sinal.store.base import EventQuery
 
 router = APIRouter(tags=["events"])
+# Properties sinal sets on the status of a message an automation sent, from its own record
+# of the send: which automation sent it (it never runs for the status) and which execution
+# (the status's executions are one deeper in its chain). They decide which automations run,
+# so they are sinal's word, never a client's.
+RESERVED_PROPERTIES = (SENT_BY_AUTOMATION, SENT_BY_EXECUTION)
 _RENAMED = {"metric_name": "metric"}  # the ledger's field names -> the API's
 _RENAMED_WORD = re.compile(r"\b(" + "|".join(_RENAMED) + r")\b")  # ... in a message
 
@@ -62,6 +68,7 @@ async def post_event(request: Request) -> Response:
     item = validate(EventIn, await read_json(request, svc.settings.max_event_bytes))
     event = to_emit(item, key.account_id)
     check_contact_choice(item)
+    check_reserved(item)
     if item.contact is not None:
         # Before a contact is created for an event we would refuse.
         check_event(event, item.contact, svc)
@@ -104,6 +111,7 @@ async def post_batch(request: Request) -> Response:
             item = validate(EventIn, raw, prefix=f"events[{i}]")
             event = to_emit(item, key.account_id)
             check_contact_choice(item, f"events[{i}].")
+            check_reserved(item, f"events[{i}].")
             if item.contact is not None:
                 check_event(event, item.contact, svc, f"events[{i}].")
         except (InvalidInput, InvalidEvent, InvalidContact) as exc:
@@ -217,6 +225,27 @@ def check_contact_choice(item: EventIn, prefix: str = "") -> None:
     if item.contact is not None and item.contact_id is not None:
         message = "give contact_id or contact, not both"
         raise InvalidEvent([FieldError(f"{prefix}contact", "ambiguous_contact", message)])
+
+
+def check_reserved(item: EventIn, prefix: str = "") -> None:
+    """Refuse the properties only sinal sets (`RESERVED_PROPERTIES`): with them, a client
+    could keep an automation from running for its event (``own_message``) or stop every
+    one (``chain_too_deep``). No query: the events that carry none pay two lookups."""
+    properties = item.properties
+    if not properties:
+        return
+    errors = [
+        FieldError(
+            f"{prefix}properties.{name}",
+            "reserved",
+            f"properties.{name} is set by sinal alone, on the status of a message an "
+            "automation sent",
+        )
+        for name in RESERVED_PROPERTIES
+        if name in properties
+    ]
+    if errors:
+        raise InvalidEvent(errors)
 
 
 def check_event(
