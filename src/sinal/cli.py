@@ -1,5 +1,5 @@
 """The commands a person types: `sinal serve`, `sinal migrate`, `sinal accounts …`,
-`sinal keys …`, `sinal demo`, `sinal rebuild-summaries`."""
+`sinal keys …`, `sinal demo`, `sinal rebuild-summaries`, `sinal prune`."""
 
 from __future__ import annotations
 
@@ -386,8 +386,9 @@ def _print_demo(ledger: Ledger, settings: Settings) -> None:
 @app.command(epilog=_settings_epilog())
 def worker(database_url: DatabaseOption = None) -> None:
     """Run an automation worker: fans out the outbox, runs executions and, every
-    SINAL_HOUSEKEEPING_INTERVAL seconds, its periodic tasks (abandoned checkouts). Run as
-    many as you like on PostgreSQL; one on SQLite. Stops cleanly on SIGTERM / Ctrl-C.
+    SINAL_HOUSEKEEPING_INTERVAL seconds, its periodic tasks (abandoned checkouts, data
+    retention). Run as many as you like on PostgreSQL; one on SQLite. Stops cleanly on
+    SIGTERM / Ctrl-C.
     With SINAL_WORKER_METRICS_PORT set, serves Prometheus metrics there."""
     import logging
 
@@ -484,6 +485,31 @@ def webhooks_replay(
         return
     summary = ", ".join(f"{n} {state}" for state, n in sorted(outcome.items())) or "nothing to do"
     console.print(f"replayed {sum(outcome.values())} deliveries: {summary}")
+
+
+@app.command()
+def prune(as_json: JsonOption = False, database_url: DatabaseOption = None) -> None:
+    """Delete now, until none is left, the finished rows older than their
+    SINAL_*_RETENTION_DAYS (0, the default: kept for ever), in short transactions beside
+    the writers: what the workers' housekeeping does a few thousand rows at a time."""
+    from sinal.retention import prune as prune_rows
+
+    retention = Settings.from_env().retention()
+    with open_ledger(database_url) as ledger, _progress() as progress:
+        bars: dict[str, Any] = {}
+
+        def advance(kind: str, done: int) -> None:
+            if kind not in bars:
+                bars[kind] = progress.add_task(f"pruning {kind}", total=None)
+            progress.update(bars[kind], completed=done)
+
+        pruned = prune_rows(ledger, retention, max_rounds=None, progress=advance)
+    if as_json:
+        _echo_json({"pruned": pruned})
+    elif not pruned:
+        console.print("nothing to prune: every SINAL_*_RETENTION_DAYS is 0 (kept for ever)")
+    for kind, n in [] if as_json else pruned.items():
+        console.print(f"pruned {n} {kind} older than {getattr(retention, kind)} days")
 
 
 @app.command()

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from sinal.errors import ConfigurationError
 from sinal.group_commit import MAX_DELAY
 from sinal.ledger import MAX_BATCH
+from sinal.retention import MAX_DAYS, Retention
 from sinal.store import DEFAULT_WAIT
 
 DEFAULT_DATABASE_URL = "sqlite:///sinal.db"
@@ -37,6 +38,16 @@ def _setting(
     case)."""
     metadata = {"doc": doc, "within": within, "or_zero": or_zero, "choices": choices}
     return field(default=default, metadata=metadata)
+
+
+def _retention(what: str) -> Any:
+    """A retention period (`sinal.retention`): whole days, 0 (the default) for ever."""
+    return _setting(
+        0,
+        f"days {what} before a worker deletes it; 0: for ever",
+        within=(1, MAX_DAYS),
+        or_zero=True,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +128,20 @@ class Settings:
     )
     housekeeping_interval: float = _setting(
         20.0,
-        "seconds between a worker's housekeeping passes (abandoned checkouts); 0: none",
+        "seconds between a worker's housekeeping passes (abandoned checkouts, retention); 0: none",
         within=(1, 86_400),  # more often, every worker would query the database non-stop
         or_zero=True,
+    )
+    rejections_retention_days: int = _retention(
+        "a kept rejection (an emit refused for its contact), replayed or not, stays"
+    )
+    webhook_deliveries_retention_days: int = _retention(
+        "a finished webhook delivery (processed, unmappable, failed: a raw body, personal "
+        "data) stays after its receipt"
+    )
+    executions_retention_days: int = _retention(
+        "a finished automation execution (completed, stopped, dead, unknown), with its "
+        "steps, stays after its last change"
     )
     max_attempts: int = _setting(
         8, "attempts of a failing execution before it is dead", within=(1, 100)
@@ -167,6 +189,14 @@ class Settings:
         if "public_url" in values:
             values["public_url"] = _public_url(values["public_url"])
         return cls(**values)
+
+    def retention(self) -> Retention:
+        """The retention periods, as `sinal.retention` takes them."""
+        return Retention(
+            rejections=self.rejections_retention_days,
+            webhook_deliveries=self.webhook_deliveries_retention_days,
+            executions=self.executions_retention_days,
+        )
 
     def with_overrides(self, **overrides: Any) -> Settings:
         """A copy with the given (non-None) values replaced."""

@@ -13,7 +13,9 @@ A task is a callable `(ledger, now) -> object` or a "module:function" string nam
 - bounds its work per run (drain in batches, up to a cap): the next run comes anyway;
 - may fail: the exception is logged and the task runs again next interval.
 
-Adding a task is one line in `TASKS`.
+Adding a task is one line in `TASKS`. A task that needs settings is the worker's own: its
+`Dispatcher.prune_expired` (`sinal.retention`) runs after these, with the worker's
+retention periods.
 """
 
 from __future__ import annotations

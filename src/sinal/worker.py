@@ -41,6 +41,7 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
         http_timeout=settings.http_timeout,
         allow_private_webhooks=settings.allow_private_webhooks,
         housekeeping_interval=settings.housekeeping_interval,
+        retention=settings.retention(),
         public_url=settings.public_url,
         stop_grace=settings.http_timeout + STEP_RECORD_GRACE,
     )

@@ -15,14 +15,15 @@ import pytest
 import sinal
 from sinal import connect
 from sinal.store.base import latest_schema_version
+from tests.contract.test_retention import OLD, age_rejection, reject
 from tests.helpers import count, free_port, sql
 
 SINAL = [sys.executable, "-m", "sinal"]
 SRC = Path(sinal.__file__).resolve().parents[1]
 
 
-def run(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SINAL_DATABASE_URL": url, "COLUMNS": "200"}
+def run(url: str, *args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SINAL_DATABASE_URL": url, "COLUMNS": "200", **settings}
     return subprocess.run(
         [*SINAL, *args], env=env, capture_output=True, text=True, timeout=120, check=False
     )
@@ -61,6 +62,27 @@ def test_cli_rebuild_summaries_reports_and_fixes_drift(database_url: str) -> Non
     assert "fixed 0 drifted row(s)" in clean.stdout
 
 
+def test_cli_prune_deletes_only_what_the_settings_let_go_and_says_so(database_url: str) -> None:
+    with connect(database_url) as ledger:
+        account = ledger.create_account("Loja")
+        age_rejection(database_url, reject(ledger, account.id), OLD)
+        reject(ledger, account.id)
+
+    kept = run(database_url, "prune")  # no period set: nothing goes
+    pruned = run(database_url, "prune", SINAL_REJECTIONS_RETENTION_DAYS="30",
+                 SINAL_EXECUTIONS_RETENTION_DAYS="90")  # fmt: skip
+    again = run(database_url, "prune", "--json", SINAL_REJECTIONS_RETENTION_DAYS="30")
+
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout == "nothing to prune: every SINAL_*_RETENTION_DAYS is 0 (kept for ever)\n"
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout == (
+        "pruned 1 rejections older than 30 days\npruned 0 executions older than 90 days\n"
+    )
+    assert json.loads(again.stdout) == {"pruned": {"rejections": 0}}
+    assert count(database_url, "rejections") == 1
+
+
 @pytest.mark.parametrize("url", ["mysql://nope", "sqlite:///"])
 def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
     result = run(url, "migrate")
@@ -83,7 +105,7 @@ def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
     assert sql(non_utf8_url, "SELECT to_regclass('schema_migrations') IS NULL") == [(True,)]
 
 
-@pytest.mark.parametrize("command", ["serve", "worker"])
+@pytest.mark.parametrize("command", ["serve", "worker", "prune"])
 @pytest.mark.parametrize(
     ("variable", "raw", "message"),
     [
@@ -111,6 +133,11 @@ def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
             "0.001",
             "SINAL_HOUSEKEEPING_INTERVAL=0.001 must be 0 or within 1..86400",
         ),
+        (
+            "SINAL_EXECUTIONS_RETENTION_DAYS",
+            "-1",
+            "SINAL_EXECUTIONS_RETENTION_DAYS=-1 must be 0 or within 1..36500",
+        ),
     ],
     ids=[
         "public_url",
@@ -118,6 +145,7 @@ def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
         "log_level",
         "worker_concurrency",
         "housekeeping_interval",
+        "executions_retention_days",
     ],
 )
 def test_cli_malformed_setting_is_one_line_naming_it(
@@ -254,6 +282,7 @@ NEEDS_SCHEMA = [  # every command that reads or writes the database but does not
     ["keys", "list", "--account", ACCOUNT],
     ["keys", "revoke", ACCOUNT],
     ["worker"],  # instead of logging a missing table on every poll
+    ["prune"],
 ]
 
 

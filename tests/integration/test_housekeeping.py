@@ -16,14 +16,19 @@ import pytest
 
 from sinal import Ledger
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.automations.metrics import WorkerMetrics
 from sinal.automations.service import Automations
 from sinal.commerce import derive_all_abandoned
+from sinal.config import Settings
 from sinal.errors import StoreError
 from sinal.housekeeping import TASKS, resolve
+from sinal.retention import Retention
 from sinal.store.base import EventQuery
 from sinal.store.commerce import CommerceStore
 from sinal.webhooks import process_deferred
-from tests.helpers import save_checkouts, sql
+from sinal.worker import dispatch_settings
+from tests.contract.test_retention import OLD, YOUNG, age_rejection, reject
+from tests.helpers import count, save_checkouts, sql
 
 T0 = datetime(2026, 3, 2, 15, 0, tzinfo=UTC)
 
@@ -202,3 +207,26 @@ def test_a_housekeeping_pass_runs_on_the_ledgers_clock(ledger: Ledger) -> None:
     abandoned = ledger.list_events(EventQuery(account.id, metric_name="Checkout Abandoned"))
     assert len(abandoned) == 2
     assert {e.received_at for e in abandoned} == {now}
+
+
+def test_a_housekeeping_pass_prunes_what_the_workers_settings_let_go_and_counts_it(
+    ledger: Ledger, database_url: str
+) -> None:
+    account = ledger.create_account("Loja")
+    for days in (OLD, OLD, OLD, YOUNG):
+        age_rejection(database_url, reject(ledger, account.id), days)
+    settings = dispatch_settings(Settings(rejections_retention_days=30))
+    assert settings.retention == Retention(rejections=30)
+    metrics = WorkerMetrics()
+    dispatcher = Dispatcher(ledger, settings, metrics=metrics)
+    try:
+        assert dispatcher.housekeep() == 0  # no task failed
+        assert dispatcher.housekeep() == 0  # nothing more to prune
+    finally:
+        dispatcher.close()
+
+    assert count(database_url, "rejections") == 1
+    pruned = metrics.registry.get_sample_value(
+        "sinal_worker_rows_pruned_total", {"table": "rejections"}
+    )
+    assert pruned == 3

@@ -3,12 +3,14 @@ and the README's table kept in step."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from sinal.config import Settings, describe
 from sinal.errors import ConfigurationError
+from sinal.retention import Retention
 
 
 @pytest.mark.parametrize(
@@ -140,6 +142,52 @@ def test_settings_public_url_is_unset_by_default() -> None:
             "nan",
             "SINAL_HOUSEKEEPING_INTERVAL=nan must be 0 or within 1..86400",
         ),
+        # a period is whole days, 0 (keep for ever) or at most a hundred years
+        (
+            "SINAL_REJECTIONS_RETENTION_DAYS",
+            "-1",
+            "SINAL_REJECTIONS_RETENTION_DAYS=-1 must be 0 or within 1..36500",
+        ),
+        (
+            "SINAL_REJECTIONS_RETENTION_DAYS",
+            "36501",
+            "SINAL_REJECTIONS_RETENTION_DAYS=36501 must be 0 or within 1..36500",
+        ),
+        (
+            "SINAL_WEBHOOK_DELIVERIES_RETENTION_DAYS",
+            "99999999999",
+            "SINAL_WEBHOOK_DELIVERIES_RETENTION_DAYS=99999999999 must be 0 or within 1..36500",
+        ),
+        (
+            "SINAL_WEBHOOK_DELIVERIES_RETENTION_DAYS",
+            "7.5",
+            "SINAL_WEBHOOK_DELIVERIES_RETENTION_DAYS='7.5' is not a whole number",
+        ),
+        (
+            "SINAL_WEBHOOK_DELIVERIES_RETENTION_DAYS",
+            "30d",
+            "SINAL_WEBHOOK_DELIVERIES_RETENTION_DAYS='30d' is not a whole number",
+        ),
+        (
+            "SINAL_EXECUTIONS_RETENTION_DAYS",
+            "nan",
+            "SINAL_EXECUTIONS_RETENTION_DAYS='nan' is not a whole number",
+        ),
+        (
+            "SINAL_EXECUTIONS_RETENTION_DAYS",
+            "inf",
+            "SINAL_EXECUTIONS_RETENTION_DAYS='inf' is not a whole number",
+        ),
+        (
+            "SINAL_EXECUTIONS_RETENTION_DAYS",
+            "",
+            "SINAL_EXECUTIONS_RETENTION_DAYS='' is not a whole number",
+        ),
+        (
+            "SINAL_EXECUTIONS_RETENTION_DAYS",
+            "forever",
+            "SINAL_EXECUTIONS_RETENTION_DAYS='forever' is not a whole number",
+        ),
         ("SINAL_MAX_ATTEMPTS", "0", "SINAL_MAX_ATTEMPTS=0 must be within 1..100"),
         ("SINAL_RETRY_BASE", "-1", "SINAL_RETRY_BASE=-1 must be within 0..3600"),
         ("SINAL_HTTP_TIMEOUT", "0", "SINAL_HTTP_TIMEOUT=0 must be within 0.1..3600"),
@@ -172,6 +220,10 @@ def test_settings_out_of_range_is_refused_naming_the_variable_and_the_range(
         ("SINAL_HOUSEKEEPING_INTERVAL", "0", "housekeeping_interval", 0.0),  # none
         ("SINAL_HOUSEKEEPING_INTERVAL", "1", "housekeeping_interval", 1.0),
         ("SINAL_HOUSEKEEPING_INTERVAL", "86400", "housekeeping_interval", 86_400.0),
+        ("SINAL_REJECTIONS_RETENTION_DAYS", "0", "rejections_retention_days", 0),  # for ever
+        ("SINAL_REJECTIONS_RETENTION_DAYS", "1", "rejections_retention_days", 1),
+        ("SINAL_WEBHOOK_DELIVERIES_RETENTION_DAYS", "30", "webhook_deliveries_retention_days", 30),
+        ("SINAL_EXECUTIONS_RETENTION_DAYS", "36500", "executions_retention_days", 36_500),
         ("SINAL_RETRY_BASE", "0.05", "retry_base", 0.05),
         ("SINAL_SERVE_WORKER", "off", "serve_worker", False),
     ],
@@ -195,6 +247,7 @@ def test_settings_defaults_are_within_their_ranges_and_described_with_them() -> 
     assert described["SINAL_GROUP_COMMIT_MAX_DELAY"].endswith("[0..1]")
     assert described["SINAL_WORKER_POLL_INTERVAL"].endswith("[0.01..3600]")
     assert described["SINAL_HOUSEKEEPING_INTERVAL"].endswith("[0 or 1..86400]")
+    assert described["SINAL_EXECUTIONS_RETENTION_DAYS"].endswith("[0 or 1..36500]")
     assert described["SINAL_DATABASE_URL"].endswith("postgresql://…")  # no range: text
 
 
@@ -211,3 +264,13 @@ def test_readme_settings_table_lists_every_setting_with_its_range() -> None:
         if meaning.endswith("]"):  # a number, with its range
             low, high = meaning.rsplit("[", 1)[1].rstrip("]").split("..")
             assert documented[variable] == f"{low}–{high}", variable
+
+
+def test_settings_keep_every_row_for_ever_by_default() -> None:
+    """sinal loses nothing unless the operator asks: no retention period is set."""
+    assert Settings.from_env({}).retention() == Retention()
+    assert Retention().cutoffs(datetime.now(UTC)) == {}
+    taken = Settings.from_env({
+        "SINAL_REJECTIONS_RETENTION_DAYS": "30", "SINAL_EXECUTIONS_RETENTION_DAYS": "90",
+    })  # fmt: skip
+    assert taken.retention() == Retention(rejections=30, webhook_deliveries=0, executions=90)

@@ -17,8 +17,9 @@ that records the start (`AutomationStore.start_steps`): a step already running w
 pause or delete commits finishes and is recorded, and the next one does not start.
 
 Beside dispatch, a worker runs the periodic tasks of `sinal.housekeeping` (abandoned
-checkouts, …) on a thread of their own, every `housekeeping_interval` seconds: a slow task
-never delays dispatch, and a failing one is logged and runs again next time.
+checkouts, …), then deletes what its `retention` lets go, on a thread of their own, every
+`housekeeping_interval` seconds: a slow task never delays dispatch, and a failing one is
+logged and runs again next time.
 
 Any number of workers may run against PostgreSQL; on SQLite, run one.
 """
@@ -58,9 +59,10 @@ from sinal.automations.steps import (
 from sinal.errors import FieldError, InvalidEvent, RetryLater, StoreError, StoreUnavailable
 from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.failpoints import failpoint
-from sinal.housekeeping import Task, run_tasks
+from sinal.housekeeping import TASKS, Task, run_tasks
 from sinal.ledger import Ledger
 from sinal.links import StepLinks
+from sinal.retention import Retention, prune
 from sinal.store.automations import (
     HELD_WHILE_PAUSED,
     STOPPED_BY_DELETE,
@@ -127,6 +129,9 @@ class DispatchSettings:
     hold_interval: float = 60.0
     housekeeping_interval: float = 20.0  # seconds between housekeeping passes; 0: none
     housekeeping: tuple[str | Task, ...] | None = None  # None: sinal.housekeeping.TASKS
+    # Days each kind of finished row is kept (`sinal.retention`): housekeeping's last task
+    # deletes older ones. The default keeps everything.
+    retention: Retention = field(default_factory=Retention)
     # Seconds a stopping worker waits for the steps running to finish (no step starts once
     # it is told to stop): a step past it is left running, its claim to expire.
     stop_grace: float = 35.0
@@ -426,11 +431,18 @@ class Dispatcher:
             self.metrics.error("unexpected")
 
     def housekeep(self, stop: threading.Event | None = None) -> int:
-        """Run each housekeeping task once, now (`run` does it every interval); how many
-        failed (each failure is logged, never raised)."""
-        failed = run_tasks(self.ledger, self.settings.housekeeping, stop)
+        """Run each housekeeping task once, now, then `prune_expired` (`run` does it every
+        interval); how many failed (each failure is logged, never raised)."""
+        tasks = TASKS if self.settings.housekeeping is None else self.settings.housekeeping
+        failed = run_tasks(self.ledger, [*tasks, self.prune_expired], stop)
         self.metrics.housekeeping_failures.inc(failed)
         return failed
+
+    def prune_expired(self, ledger: Ledger, now: datetime) -> None:
+        """Housekeeping's task for this worker's `retention` (settings: no registry entry
+        could carry them): delete the finished rows past their period, counted by table."""
+        for table, n in prune(ledger, self.settings.retention, now).items():
+            self.metrics.prune(table, n)
 
     def _start_housekeeping(self, stop: threading.Event) -> threading.Thread | None:
         interval = self.settings.housekeeping_interval

@@ -90,6 +90,13 @@ class WorkerMetrics:
             "Housekeeping tasks (abandoned checkouts, …) that failed; each runs again next pass.",
             registry=r,
         )
+        self.pruned = Counter(
+            "sinal_worker_rows_pruned",
+            "Rows housekeeping deleted once past their retention (SINAL_*_RETENTION_DAYS), by "
+            "table: rejections, webhook_deliveries, executions (each with its steps).",
+            ["table"],
+            registry=r,
+        )
         self.listening = Gauge(
             "sinal_worker_listening",
             "1 while a worker's LISTEN connection is up (PostgreSQL): writers' NOTIFY wakes "
@@ -124,6 +131,10 @@ class WorkerMetrics:
     def settle(self, status: str) -> None:
         """Count one execution left in `status`."""
         self._counter(self.settled, status).inc()
+
+    def prune(self, table: str, n: int) -> None:
+        """Count `n` rows of `table` deleted past their retention."""
+        self._counter(self.pruned, table).inc(n)
 
     def listener(self, up: bool) -> None:
         """The worker's LISTEN connection went up, or down (one outage)."""

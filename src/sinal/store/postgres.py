@@ -124,6 +124,7 @@ from sinal.store.libpq import network_defaults
 from sinal.store.postgres_automations import PostgresAutomations
 from sinal.store.postgres_commerce import PostgresCommerce
 from sinal.store.postgres_messaging import PostgresMessaging
+from sinal.store.postgres_retention import PostgresRetention
 from sinal.store.postgres_webhooks import PostgresWebhooks
 
 # Any two sessions' lock ids would do; this one spells "sinal" in ASCII.
@@ -685,7 +686,9 @@ OPEN_TIMEOUT = 10
 OPEN_RETRY = 1.0
 
 
-class PostgresStore(PostgresAutomations, PostgresWebhooks, PostgresMessaging, PostgresCommerce):
+class PostgresStore(
+    PostgresAutomations, PostgresWebhooks, PostgresMessaging, PostgresCommerce, PostgresRetention
+):
     """sinal's tables in a PostgreSQL database."""
 
     backend = "postgresql"

@@ -863,11 +863,14 @@ def _claim(row: Sequence[Any], steps: tuple[StepRecord, ...], worker: str, lease
     )
 
 
-def _by_key(conn: Conn, statement: str, params: dict[str, str]) -> psycopg.Cursor[TupleRow]:
-    """`statement` in a transaction of its own under `_BY_KEY`: BEGIN, the settings, the
-    statement and COMMIT in one round trip. Its rows are read after the commit."""
+def _by_key(
+    conn: Conn, statement: str, params: dict[str, Any], settings: str = _BY_KEY
+) -> psycopg.Cursor[TupleRow]:
+    """`statement` in a transaction of its own under `settings` (`_BY_KEY`): BEGIN, the
+    settings, the statement and COMMIT in one round trip. Its rows are read after the
+    commit."""
     with conn.pipeline(), conn.transaction():
-        conn.execute(_BY_KEY)
+        conn.execute(settings)
         cur = conn.execute(statement, params)
     return cur
 

@@ -79,6 +79,7 @@ from sinal.store.base import (
 from sinal.store.sqlite_automations import SQLiteAutomations
 from sinal.store.sqlite_commerce import SQLiteCommerce
 from sinal.store.sqlite_messaging import SQLiteMessaging
+from sinal.store.sqlite_retention import SQLiteRetention
 from sinal.store.sqlite_webhooks import SQLiteWebhooks
 
 _EVENT_COLUMNS = (
@@ -283,7 +284,9 @@ class _Waiters:
 MIN_SQLITE = (3, 38, 0)  # `->` (3.38); STRICT tables (3.37); RETURNING (3.35)
 
 
-class SQLiteStore(SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteCommerce):
+class SQLiteStore(
+    SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteCommerce, SQLiteRetention
+):
     """sinal's tables in one SQLite file."""
 
     backend = "sqlite"
