@@ -237,3 +237,20 @@ def test_connect_refuses_a_sqlite_older_than_3_38(
         return
     with connect(database_url) as ledger:  # PostgreSQL does not use the sqlite3 module
         assert ledger.create_account("Loja").timezone == "America/Sao_Paulo"
+
+
+def test_migration_0016_takes_the_indexes_an_operator_built_beforehand(empty_url: str) -> None:
+    """README: on a large PostgreSQL database, build 0016's indexes first with CREATE
+    INDEX CONCURRENTLY (writers go on meanwhile); the migration then finds them."""
+    _migrate_up_to(empty_url, 15)
+    backend = "sqlite" if empty_url.startswith("sqlite:") else "postgres"
+    [script] = [text for v, _, text in read_migrations(backend) if v == 16]
+    concurrently = "" if backend == "sqlite" else "CONCURRENTLY "
+    built = [s for s in script.split(";") if "CREATE INDEX" in s]
+    for statement in built:
+        sql(empty_url, statement.replace("CREATE INDEX ", f"CREATE INDEX {concurrently}"))
+
+    with connect(empty_url) as ledger:
+        assert ledger.migrate() == [16]
+
+    assert len(built) == 3
