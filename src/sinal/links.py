@@ -5,11 +5,12 @@ Automation steps with ``track_links`` make theirs through `StepLinks`, the same
 `create_link` as ``POST /v1/links``, keyed by (execution, step, URL): a step run again
 after a failed send gets the same links back, never a second set.
 
-The rules (tokens, targets, preview fetchers, the click event) are pure, in
-`sinal.integrations.links`. A click on a link made without a contact is redirected and
-records nothing: an event needs a contact, and no later fact could name one for it (a
-kept rejection could never be replayed). Recording a click never stands in the way of its
-redirect: if the store fails, the click is logged and lost, the person still arrives.
+The rules are pure: tokens, preview fetchers and the click event in
+`sinal.integrations.links`, targets (checked as a webhook step's url) in `sinal.urls`. A
+click on a link made without a contact is redirected and records nothing: an event needs a
+contact, and no later fact could name one for it (a kept rejection could never be
+replayed). Recording a click never stands in the way of its redirect: if the store fails,
+the click is logged and lost, the person still arrives.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from sinal.integrations.links import (
     is_preview_fetcher,
     is_token,
     new_token,
-    target_url_problem,
 )
 from sinal.ledger import Ledger
 from sinal.store.automations import AutomationStore, Execution
 from sinal.store.messaging import Link, MessagingStore
+from sinal.urls import target_url_problem
 
 __all__ = ["MAX_CAMPAIGN_LENGTH", "StepLinks", "create_link", "follow_link", "short_url"]
 
@@ -68,8 +69,8 @@ def create_link(
     instead of a new one: its id is derived from the key, its token still random."""
     errors: list[FieldError] = []
     problem = target_url_problem(url)
-    if problem is not None:
-        errors.append(FieldError("url", "invalid_url", problem))
+    if problem is not None:  # one code for every bad target, as documented
+        errors.append(FieldError("url", "invalid_url", problem.message))
     contact = _contact_id(ledger, account_id, contact_id, errors)
     execution = _execution_id(ledger, account_id, automation_execution_id, errors)
     clean_campaign = _campaign(campaign, errors)

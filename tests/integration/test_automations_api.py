@@ -295,6 +295,10 @@ async def test_webhook_host_no_client_can_connect_to_is_422_saying_why(api: Api)
     assert "longer than 63 characters" in error["message"]
 
 
+WHATSAPP = {"kind": "whatsapp", "secret": "s", "phone_number_id": "1", "access_token": "t"}
+AI = {"kind": "ai", "model": "m", "api_key": "sk-test"}
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -307,14 +311,53 @@ async def test_webhook_host_no_client_can_connect_to_is_422_saying_why(api: Api)
         ({"kind": "whatsapp", "secret": "s", "phone_number_id": "1",
           "access_token": "EAAG-ção", "api_base_url": "https://graph.example.com"},
          "access_token"),
+        # what httpx refuses (or `urlsplit` drops before the host is checked): every send
+        # failed, after its retries
+        ({**WHATSAPP, "api_base_url": "https://graph.exa\nmple.com/v21.0"}, "api_base_url"),
+        ({**WHATSAPP, "api_base_url": "https://graph.example.com/v21.0\x7f"}, "api_base_url"),
+        ({**AI, "base_url": "https://ai.example.com/v1\t/x"}, "base_url"),
+        # paths are appended to a base URL: they would land in its query or fragment
+        ({**AI, "base_url": "https://ai.example.com/v1?api-version=2024-06-01"}, "base_url"),
+        ({**AI, "base_url": "https://ai.example.com/v1#chat"}, "base_url"),
+        # sent as Basic auth in place of the api_key, and shown with the settings
+        ({**AI, "base_url": "https://ana:sk-live@ai.example.com/v1"}, "base_url"),
+        ({**AI, "base_url": "https://ai.example.com/" + "v" * 2048}, "base_url"),
     ],
 )  # fmt: skip
 async def test_connection_no_request_could_be_sent_with_is_422(
     api: Api, body: dict[str, Any], field: str
 ) -> None:
+    assert await _refused_fields(api, body) == [field]
+
+
+async def test_connection_base_url_with_credentials_is_422_saying_why(api: Api) -> None:
+    """Settings are shown by `GET /v1/integrations`: credentials go in the secrets."""
+    body = {**AI, "base_url": "https://ana:sk-live@ai.example.com/v1"}
     response = await api.post("/v1/integrations", body)
     assert response.status_code == 422, response.text
-    assert [e["field"] for e in response.json()["errors"]] == [field]
+    [error] = response.json()["errors"]
+    assert (error["field"], error["code"]) == ("base_url", "invalid_url")
+    assert error["message"].startswith("base_url must not carry a user name or password")
+    assert (await api.client.get("/v1/integrations")).json()["data"] == []
+
+
+async def test_whatsapp_api_base_url_pasted_with_spaces_is_kept_trimmed_and_sends(
+    api: Api,
+) -> None:
+    """As an AI connection's base_url is: the untrimmed URL was stored, and httpx read it
+    as a relative URL, so every send stopped as `unknown` though nothing had left."""
+    with whatsapp_server() as (wa_url, wa):
+        made = await api.post(
+            "/v1/integrations",
+            {**WHATSAPP, "phone_number_id": "1234", "api_base_url": f" {wa_url}/v21.0\n"},
+        )
+        assert made.status_code == 201, made.text
+        assert made.json()["api_base_url"] == f"{wa_url}/v21.0"
+        await api.post("/v1/automations", AUTOMATION)
+        await _order(api, "297.90", "1001")
+        _drain(api)
+        [sent] = wa.bodies("/v21.0/1234/messages")
+    assert sent["text"]["body"] == "Oi Ana! Pedido #1001 pago."
 
 
 @pytest.mark.parametrize(
@@ -334,9 +377,14 @@ async def test_a_connection_setting_that_is_no_text_is_422(
 ) -> None:
     """Names and the like are text: anything else is refused naming the field, never
     stored as given (an int) nor failed on in the database (an object: 503, "retry")."""
+    assert await _refused_fields(api, body) == [field]
+
+
+async def _refused_fields(api: Api, body: dict[str, Any]) -> list[str]:
+    """The fields `POST /v1/integrations` names refusing `body` with a 422."""
     response = await api.post("/v1/integrations", body)
     assert response.status_code == 422, response.text
-    assert [e["field"] for e in response.json()["errors"]] == [field]
+    return [e["field"] for e in response.json()["errors"]]
 
 
 async def test_configuration_needs_the_admin_scope(api: Api) -> None:

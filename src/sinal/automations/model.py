@@ -54,7 +54,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import ipaddress
 import re
 import unicodedata
 from collections.abc import Callable, Collection, Mapping
@@ -62,9 +61,6 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
-from urllib.parse import urlsplit
-
-import idna
 
 from sinal.automations.templates import (
     Path,
@@ -79,6 +75,7 @@ from sinal.currencies import is_currency
 from sinal.errors import FieldError, InvalidContact, _FieldErrors
 from sinal.events import MAX_METRIC_NAME
 from sinal.integrations.links import MAX_CAMPAIGN_LENGTH
+from sinal.urls import MAX_URL_LENGTH, target_url_problem
 
 __all__ = [
     "MAX_CONDITIONS",
@@ -105,7 +102,6 @@ __all__ = [
     "Wait",
     "Webhook",
     "apply_patch",
-    "host_problem",
     "parse_automation",
     "parse_condition_field",
     "redact_secrets",
@@ -133,7 +129,6 @@ MAX_IN_VALUES: Final = 100
 MAX_NUMBER: Final = Decimal("1e15")
 MAX_STRING_VALUE: Final = 1024
 MAX_WAIT_SECONDS: Final = 30 * 24 * 3600
-MAX_URL: Final = 2048
 MAX_HEADERS: Final = 20
 MAX_HEADER_VALUE: Final = 4096
 MAX_TEMPLATE_NAME: Final = 512
@@ -152,7 +147,6 @@ _TEMPLATE_NAME: Final = re.compile(r"[a-z0-9_]+")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
 _FORBIDDEN_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 _ISO_DATE: Final = re.compile(r"\d{4}-\d{2}-\d{2}")
-_IPV4_STYLE: Final = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+")  # httpx checks these
 _EVENT_FIELDS: Final = ("value", "currency", "source")
 _CONTACT_TEXT: Final = ("name", "email", "phone")
 
@@ -1036,49 +1030,12 @@ def _secret_bytes(secret: str) -> bytes | None:
 
 
 def _url(c: _Checker, at: str, raw: object) -> str | None:
-    url = c.text(at, raw, MAX_URL, required=True)
-    if url is None:
+    url = c.text(at, raw, MAX_URL_LENGTH, required=True)
+    problem = None if url is None else target_url_problem(url)
+    if problem is not None:
+        c.fail(at, problem.code, problem.message)
         return None
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError on a bad port
-    except ValueError:
-        c.fail(at, "invalid_url", "url is not a valid URL")
-        return None
-    if parts.scheme.lower() not in ("http", "https"):
-        c.fail(at, "unsupported_scheme", "url must start with http:// or https://")
-    elif not parts.hostname or any(ch.isspace() for ch in url):
-        c.fail(at, "invalid_url", "url must be absolute, like https://example.com/hook")
-    elif parts.username is not None or parts.password is not None:
-        c.fail(at, "invalid_url", "put credentials in headers, not in the url")
-    elif port == 0:  # no server listens there: every attempt would fail to connect
-        c.fail(at, "invalid_url", "url's port must be a number from 1 to 65535")
-    elif (problem := host_problem(parts.hostname)) is not None:
-        c.fail(at, "invalid_url", f"url's host {parts.hostname!r} {problem}")
-    else:
-        return url
-    return None
-
-
-def host_problem(host: str) -> str | None:
-    """Why an HTTP client cannot connect to `host` (a URL's host name, as `urlsplit` gives
-    it), or None. Checked as httpx and then the resolver encode it: an internationalized
-    name by IDNA 2008, an IPv4-looking one as an address, and every label of the result
-    must have 1 to 63 characters (Python's IDNA codec, what `socket.getaddrinfo` applies)."""
-    if _IPV4_STYLE.fullmatch(host):
-        try:
-            ipaddress.IPv4Address(host)
-        except ValueError:
-            return "is not an IPv4 address"
-        return None
-    try:
-        ascii_host = host if host.isascii() else idna.encode(host).decode("ascii")
-        ascii_host.encode("idna")
-    except idna.IDNAError as exc:
-        return f"is not a valid internationalized domain name ({exc})"
-    except UnicodeError:
-        return "has an empty label or one longer than 63 characters"
-    return None
+    return url
 
 
 def _headers(c: _Checker, at: str, raw: object) -> tuple[tuple[str, str], ...]:

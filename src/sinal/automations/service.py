@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast, get_args
-from urllib.parse import urlsplit
 from uuid import UUID
 
 from sinal.automations.matching import explain_match
@@ -17,7 +16,6 @@ from sinal.automations.model import (
     MAX_NAME,
     InvalidAutomation,
     apply_patch,
-    host_problem,
     parse_automation,
     redact_secrets,
 )
@@ -34,6 +32,7 @@ from sinal.store.automations import (
     stopped_too_deep,
 )
 from sinal.store.base import StoredEvent
+from sinal.urls import base_url_problem
 from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
 
 # Per kind: (required settings, optional settings with defaults, secret fields).
@@ -236,6 +235,8 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
             errors.append(FieldError(name, "invalid_value", f"{name} must be ASCII text"))
     for name in ("api_base_url", "base_url"):
         url = settings.get(name)
+        if isinstance(url, str):
+            settings[name] = url = url.strip()  # as required settings are
         if url is not None and (problem := _url_problem(name, url)) is not None:
             errors.append(FieldError(name, "invalid_url", problem))
     minutes = settings.get("abandon_after_minutes")
@@ -258,17 +259,10 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
 
 def _url_problem(name: str, url: object) -> str | None:
     """Why `url` cannot be the base URL `name` of a connection, or None."""
-    try:
-        parts = urlsplit(url) if isinstance(url, str) else None
-        port = None if parts is None else parts.port
-    except ValueError:  # a bad port or IPv6 address
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    if not isinstance(url, str):
         return f"{name} must be an http(s) URL"
-    if port == 0:
-        return f"{name}'s port must be a number from 1 to 65535"
-    problem = host_problem(parts.hostname)
-    return None if problem is None else f"{name}'s host {parts.hostname!r} {problem}"
+    problem = base_url_problem(url, name)
+    return None if problem is None else problem.message
 
 
 def _is_int_within(value: object, low: int, high: int) -> bool:

@@ -28,15 +28,14 @@ import unicodedata
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Final
-from urllib.parse import urlsplit
 from uuid import UUID
 
 from sinal.catalog import METRIC_LINK_CLICKED
 from sinal.events import EmitEvent
+from sinal.urls import target_url_problem
 
 __all__ = [
     "MAX_CAMPAIGN_LENGTH",
-    "MAX_URL_LENGTH",
     "SOURCE",
     "TOKEN_LENGTH",
     "click_event",
@@ -46,13 +45,11 @@ __all__ = [
     "is_token",
     "new_token",
     "rewrite_urls",
-    "target_url_problem",
 ]
 
 SOURCE: Final = "tracking"
 TOKEN_BYTES: Final = 12  # 96 random bits
 TOKEN_LENGTH: Final = 16  # base64url of 12 bytes, no padding
-MAX_URL_LENGTH: Final = 2048  # what every browser and WhatsApp still open
 MAX_USER_AGENT: Final = 512
 MAX_CAMPAIGN_LENGTH: Final = 200
 
@@ -93,37 +90,6 @@ def new_token() -> str:
 def is_token(text: str) -> bool:
     """Whether `text` has a token's shape (anything else is answered 404 unread)."""
     return _TOKEN.fullmatch(text) is not None
-
-
-def target_url_problem(url: str) -> str | None:
-    """Why `url` cannot be a link's target (absolute http(s), with a port a browser takes
-    and a host it can connect to, as a webhook step's url), or None."""
-    if len(url) > MAX_URL_LENGTH:
-        return f"the URL is longer than {MAX_URL_LENGTH} characters"
-    if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
-        return "the URL contains spaces or control characters; percent-encode them"
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-    except ValueError:
-        return "the URL cannot be parsed"
-    if parts.scheme.lower() not in ("http", "https"):
-        return "the URL must be absolute and start with http:// or https://"
-    if not host:
-        return "the URL has no host"
-    if parts.username is not None or parts.password is not None:
-        return "the URL must not carry a user name or password"
-    try:
-        port = parts.port  # ValueError past 65535 or not a number
-    except ValueError:
-        port = 0
-    if port == 0:  # a port given as ":" is None, the scheme's own
-        return "the URL's port is not a number from 1 to 65535"
-    # Imported here: the automations model imports this module (for its limits).
-    from sinal.automations.model import host_problem
-
-    problem = host_problem(host)
-    return None if problem is None else f"the URL's host {host!r} {problem}"
 
 
 def find_urls(text: str) -> list[tuple[int, int]]:

@@ -14,8 +14,9 @@ from sinal.api.body import read_json, validate
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.service import service
 from sinal.api.views import json_response, opt_str, stamp
-from sinal.integrations.links import MAX_URL_LENGTH, is_prefetch
+from sinal.integrations.links import is_prefetch
 from sinal.store.messaging import Link
+from sinal.urls import MAX_URL_LENGTH
 
 router = APIRouter(tags=["links"])
 MAX_BODY = 16 * 1024
