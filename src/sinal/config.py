@@ -10,13 +10,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from sinal.errors import ConfigurationError
 from sinal.group_commit import MAX_DELAY
 from sinal.ledger import MAX_BATCH
 from sinal.retention import MAX_DAYS, Retention
 from sinal.store import DEFAULT_WAIT
+from sinal.urls import base_url_problem
 
 DEFAULT_DATABASE_URL = "sqlite:///sinal.db"
 
@@ -260,28 +260,14 @@ def _convert(name: str, kind: object, raw: str) -> Any:
 
 def _public_url(raw: str) -> str:
     """SINAL_PUBLIC_URL checked, without its trailing slash ("" stays unset). Short links
-    and webhook URLs are built on it: a bare `sin.al` would make them relative."""
+    and webhook URLs are built on it: a bare `sin.al` would make them relative. It is a
+    base URL as a connection's is (paths are appended to it), and printable too: an
+    invisible character would be in every short link."""
     url = raw.strip()
-    if url and not _is_base_url(url):
+    name = env_name("public_url")
+    if url and (not url.isprintable() or base_url_problem(url, name) is not None):
         raise ConfigurationError(
-            f"{env_name('public_url')}={raw!r} must be an absolute http:// or https:// URL "
+            f"{name}={raw!r} must be an absolute http:// or https:// URL "
             "with a host and no query or fragment, e.g. https://sin.al"
         )
     return url.rstrip("/")
-
-
-def _is_base_url(url: str) -> bool:
-    """An http(s) URL with a host and maybe a port and a path (a proxy's prefix)."""
-    parts = urlsplit(url)
-    try:
-        _ = parts.port  # a malformed or out-of-range port raises
-    except ValueError:
-        return False
-    return (
-        parts.scheme.lower() in ("http", "https")
-        and bool(parts.hostname)
-        and "?" not in url
-        and "#" not in url
-        and url.isprintable()
-        and not any(c.isspace() for c in url)
-    )

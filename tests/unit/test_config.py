@@ -46,6 +46,12 @@ def test_settings_public_url_accepts_an_http_base_and_strips_its_trailing_slash(
         "https://sin.al/?",
         "https://sin.al/#top",
         "https://sin al",
+        # short links no one could open: checked as a connection's base URL
+        "https://sin.al:0",
+        "https://ana:senha@sin.al",
+        "https://a..b",
+        "https://999.1.1.1",
+        "http://[::1",  # urlsplit's ValueError, not a ConfigurationError
     ],
 )
 def test_settings_public_url_rejects_what_is_not_an_absolute_http_url(raw: str) -> None:
