@@ -1018,6 +1018,33 @@ def test_the_stores_own_array_dumpers_send_what_psycopg_would(pg_url: str, n: in
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("nulls", [[0], [1], [2], [0, 1, 2]])
+def test_the_stores_own_array_dumpers_send_nulls_as_psycopg_would(
+    pg_url: str, nulls: list[int]
+) -> None:
+    """A group commit's nullable uuid and text columns (contact_id, source_id, ...) go by
+    sinal's own dumpers too: a None, first, inside, last or everywhere, is read as NULL
+    where psycopg's list dumper puts one, and the others keep their places."""
+    from sinal.store import postgres
+
+    ids: list[uuid.UUID | None] = [uuid.uuid4(), uuid.uuid4(), uuid.uuid4()]
+    texts: list[str | None] = ["shopify", "São Paulo ✓", ""]
+    for i in nulls:
+        ids[i] = texts[i] = None
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        postgres._configure(conn)
+        # typed without None (the arrays of ids and keys never hold one), yet dumped as NULL
+        ours = (postgres._UuidArray(ids), postgres._TextArray(texts))  # type: ignore[arg-type]
+        row = conn.execute(
+            "SELECT %b::uuid[], %b::text[], %b::uuid[] IS NOT DISTINCT FROM %b::uuid[], "
+            "%b::text[] IS NOT DISTINCT FROM %b::text[]",
+            (*ours, ours[0], ids, ours[1], texts),
+        ).fetchone()
+
+    assert row == (ids, texts, True, True)
+
+
+@pytest.mark.postgres
 def test_a_streamed_batch_that_fails_as_its_copy_ends_leaves_nothing(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
