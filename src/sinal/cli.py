@@ -45,7 +45,7 @@ DatabaseOption = Annotated[
     typer.Option(
         "--database-url",
         envvar="SINAL_DATABASE_URL",
-        help="sqlite:///file.db or postgresql://user@host:port/db [default: sqlite:///sinal.db]",
+        help="sqlite:///file.db or postgresql://user@host:port/db (default: sqlite:///sinal.db)",
         show_default=False,
     ),
 ]
@@ -269,9 +269,13 @@ def _settings_epilog() -> str:
 @app.command(epilog=_settings_epilog())
 def serve(
     *,
-    host: Annotated[str | None, typer.Option(help="Address [default: 127.0.0.1].")] = None,
-    port: Annotated[int | None, typer.Option(help="Port [default: 8000].")] = None,
-    workers: Annotated[int | None, typer.Option(help="Server processes [default: 1].")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address (default: SINAL_HOST, or 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: SINAL_PORT, or 8000).")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="Server processes (default: SINAL_WORKERS, or 1).")
+    ] = None,
     migrate_first: Annotated[
         bool, typer.Option("--migrate/--no-migrate", help="Apply pending migrations first.")
     ] = True,
