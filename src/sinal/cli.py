@@ -36,7 +36,8 @@ app = typer.Typer(
 )
 # No markup, no :emoji: codes: what is printed quotes names, metrics and errors people typed
 # ("Loja [/b]" raised MarkupError, "Loja [promo]" printed as "Loja "); style with style=.
-console = Console(markup=False, emoji=False)
+# soft_wrap: a message is one line in a narrow terminal, a log or a pipe (80 columns to rich).
+console = Console(markup=False, emoji=False, soft_wrap=True)
 err_console = Console(stderr=True, markup=False, emoji=False)
 
 TRACE_LOG_LEVEL = 5  # uvicorn.logging.TRACE_LOG_LEVEL, without importing uvicorn for it

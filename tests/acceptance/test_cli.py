@@ -38,6 +38,17 @@ def test_cli_migrate_is_idempotent_and_prints_the_version(tmp_path: Path) -> Non
     assert "schema is up to date" in second.stdout
 
 
+def test_cli_prints_each_message_on_one_line_however_narrow(empty_url: str) -> None:
+    # A log or a pipe is 80 columns to rich: "applied migrations 1, …, 16; schema version
+    # 16" was cut in two there, and a script looking for "schema version 16" missed it.
+    result = run(empty_url, "migrate", COLUMNS="40")
+
+    assert result.returncode == 0, result.stderr
+    [line] = result.stdout.splitlines()
+    assert line.startswith("applied migrations 1, 2, 3")
+    assert line.endswith(f"; schema version {latest_schema_version(empty_url.split(':', 1)[0])}")
+
+
 def test_cli_demo_shows_events_duplicates_rejections_and_summary(database_url: str) -> None:
     result = run(database_url, "demo")
 
