@@ -28,6 +28,7 @@ from sinal.cli import app as cli
 from sinal.commerce import commerce_store, derive_abandoned
 from sinal.config import Settings
 from sinal.errors import StoreUnavailable
+from sinal.integrations import shopify as shopify_hooks
 from sinal.integrations import sign_shopify, sign_yampi, yampi
 from sinal.ledger import Ledger
 from sinal.store.base import EventQuery, StoredEvent
@@ -674,6 +675,21 @@ async def test_a_signed_order_body_sent_again_under_another_topic_records_nothin
     assert count(api.url, "checkouts") == 0
     later = datetime(2024, 6, 1, tzinfo=UTC)
     assert derive_abandoned(api.ledger, now=later) == 0
+
+
+async def test_a_signed_checkout_body_sent_again_under_another_topic_records_nothing(
+    api: Api, shopify: Shop
+) -> None:
+    # A checkout carries no admin_graphql_api_id: its shape alone says what it is.
+    body = json.dumps(fixture("shopify", "checkouts_create")).encode()
+    for topic in sorted(shopify_hooks.TOPICS - {"checkouts/create", "checkouts/update"}):
+        answer = (await shopify.send(body, topic)).json()
+        assert answer["status"] == "unmappable", topic
+        assert answer["reason"].startswith("topic_mismatch"), topic
+
+    assert metrics(api) == {}
+    assert count(api.url, "orders") == 0
+    assert count(api.url, "checkouts") == 0
 
 
 # -- abandoned carts ---------------------------------------------------------------------

@@ -508,6 +508,19 @@ def test_malformed_payloads_are_unmappable_with_a_reason(
         ("refunds_create_partial_1", "orders/paid", {}),
         ("orders_paid", "refunds/create", {"order_id": ORDER_ID}),
         ("orders_paid", "fulfillments/update", {"order_id": ORDER_ID}),
+        # a checkout has no admin_graphql_api_id: its fields say what it is
+        ("checkouts_create", "orders/create", {}),
+        ("checkouts_update", "orders/paid", {}),
+        ("checkouts_update", "orders/cancelled", {}),
+        ("checkouts_update", "orders/fulfilled", {}),
+        ("checkouts_create", "customers/create", {}),
+        ("checkouts_create", "refunds/create", {"order_id": ORDER_ID}),
+        ("checkouts_update", "fulfillments/update", {"order_id": ORDER_ID}),
+        # and so do the others' when their admin_graphql_api_id was left out
+        ("orders_create", "checkouts/create", {"token": "a1b2c3", "admin_graphql_api_id": None}),
+        ("refunds_create_partial_1", "fulfillments/create", {"admin_graphql_api_id": None}),
+        ("fulfillments_create", "refunds/create", {"admin_graphql_api_id": None}),
+        ("customers_create", "checkouts/update", {"token": "a1b2c3", "admin_graphql_api_id": None}),
     ],
 )  # fmt: skip
 def test_a_body_that_cannot_be_its_topics_is_unmappable(

@@ -83,13 +83,22 @@ SHIPMENT_METRICS: Final[Mapping[str, str]] = {
 }
 
 # The resource each topic's body is, by the type in its admin_graphql_api_id
-# ("gid://shopify/Order/5829371002921"); checkouts carry none of these types.
+# ("gid://shopify/Order/5829371002921"), and by top-level fields Shopify sends in that
+# resource's body and in no other's: a checkout has no admin_graphql_api_id at all.
 _GID_FIELD: Final = "admin_graphql_api_id"
 _GID: Final = re.compile(r"gid://shopify/(?P<type>[A-Za-z]+)/[^/]+")
 _TOPIC_RESOURCES: Final[Mapping[str, str]] = {
-    "orders": "Order", "refunds": "Refund", "customers": "Customer", "fulfillments": "Fulfillment",
+    "orders": "Order", "refunds": "Refund", "customers": "Customer",
+    "fulfillments": "Fulfillment", "checkouts": "Checkout",
 }  # fmt: skip
 _RESOURCES: Final = frozenset(_TOPIC_RESOURCES.values())
+_RESOURCE_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
+    "Order": ("order_number", "order_status_url"),
+    "Refund": ("refund_line_items",),
+    "Customer": ("verified_email", "addresses"),
+    "Fulfillment": ("tracking_numbers", "shipment_status"),
+    "Checkout": ("abandoned_checkout_url",),
+}
 # Order states a topic's body cannot be in, when it names them: an order that was paid is
 # never again pending, authorized, voided or expired; a cancelled one has cancelled_at;
 # a fulfilled one has a fulfillment_status.
@@ -152,18 +161,27 @@ def _check_topic(topic: str, payload: Mapping[str, Any]) -> None:
     X-Shopify-Topic header: a signed orders/create body sent again as orders/paid or
     checkouts/create would otherwise record a payment, or an abandoned cart, that never
     happened. Only what the body says is checked (a subscription may leave fields out)."""
-    kind = _GID.fullmatch(r.text(payload, _GID_FIELD) or "")
-    expected = _TOPIC_RESOURCES.get(topic.partition("/")[0])
-    if kind is not None and kind["type"] in _RESOURCES and kind["type"] != expected:
-        raise UnmappablePayload(
-            "topic_mismatch", f"a {kind['type']} is no {topic} payload ({_GID_FIELD})"
-        )
+    expected = _TOPIC_RESOURCES[topic.partition("/")[0]]
+    for resource, field in _resources_shown(payload):
+        if resource != expected:
+            raise UnmappablePayload(
+                "topic_mismatch", f"a {resource} is no {topic} payload ({field})"
+            )
     for field, refused in _TOPIC_STATES.get(topic, ()):
         if field in payload and r.text(payload, field) in refused:
             state = r.text(payload, field) or "null"
             raise UnmappablePayload(
                 "topic_mismatch", f"an order with {field} {state[:64]!r} is no {topic} payload"
             )
+
+
+def _resources_shown(payload: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Each resource the body says it is, with the field that says so."""
+    kind = _GID.fullmatch(r.text(payload, _GID_FIELD) or "")
+    shown = [(kind["type"], _GID_FIELD)] if kind is not None and kind["type"] in _RESOURCES else []
+    for resource, fields in _RESOURCE_FIELDS.items():
+        shown += [(resource, field) for field in fields if field in payload]
+    return shown
 
 
 # --- orders ------------------------------------------------------------------------------
