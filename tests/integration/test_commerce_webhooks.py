@@ -687,6 +687,16 @@ async def test_a_signed_checkout_body_sent_again_under_another_topic_records_not
         assert answer["status"] == "unmappable", topic
         assert answer["reason"].startswith("topic_mismatch"), topic
 
+    # nor does a body whose subscription left out every field that says what it is
+    bare = fixture("shopify", "checkouts_create")
+    del bare["abandoned_checkout_url"]
+    answer = await shopify.deliver(bare, "orders/create")
+    assert answer["status"] == "unmappable"
+    assert answer["reason"] == (
+        "topic_mismatch: the body shows no Order for orders/create"
+        " (order_number or order_status_url)"
+    )
+
     assert metrics(api) == {}
     assert count(api.url, "orders") == 0
     assert count(api.url, "checkouts") == 0

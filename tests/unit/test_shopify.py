@@ -533,10 +533,35 @@ def test_a_body_that_cannot_be_its_topics_is_unmappable(
     assert caught.value.reason == "topic_mismatch"
 
 
+@pytest.mark.parametrize(
+    ("fixture", "topic", "left_out", "named"),
+    [
+        ("checkouts_create", "orders/create", ("abandoned_checkout_url",),
+         "order_number or order_status_url"),
+        ("checkouts_update", "customers/create", ("abandoned_checkout_url",),
+         "verified_email or addresses"),
+        ("orders_create", "checkouts/create",
+         ("admin_graphql_api_id", "order_number", "order_status_url"), "abandoned_checkout_url"),
+    ],
+)  # fmt: skip
+def test_a_body_that_shows_no_resource_of_its_topics_is_unmappable(
+    fixture: str, topic: str, left_out: tuple[str, ...], named: str
+) -> None:
+    # A field list that leaves out every field of a resource cannot prove the topic.
+    payload = load(fixture) | {"token": "a1b2c3"}
+    for field in left_out:
+        del payload[field]
+    with pytest.raises(UnmappablePayload) as caught:
+        normalize_shopify(topic, payload)
+    assert caught.value.reason == "topic_mismatch"
+    assert str(caught.value).endswith(f"({named})")
+
+
 def test_a_body_without_the_fields_a_topic_check_reads_still_maps() -> None:
-    # A subscription may leave fields out (its `fields` list): only what is said is checked.
+    # A subscription may leave fields out (its `fields` list): one field of its resource
+    # is enough, and an order state is checked only when the body names it.
     payload = load("orders_paid")
-    for field in ("admin_graphql_api_id", "financial_status"):
+    for field in ("admin_graphql_api_id", "order_status_url", "financial_status"):
         del payload[field]
     assert one("orders/paid", payload).metric_name == METRIC_ORDER_PAID
     paid_back = load("orders_paid") | {"financial_status": "partially_refunded"}

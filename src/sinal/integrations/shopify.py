@@ -83,8 +83,8 @@ SHIPMENT_METRICS: Final[Mapping[str, str]] = {
 }
 
 # The resource each topic's body is, by the type in its admin_graphql_api_id
-# ("gid://shopify/Order/5829371002921"), and by top-level fields Shopify sends in that
-# resource's body and in no other's: a checkout has no admin_graphql_api_id at all.
+# ("gid://shopify/Order/5829371002921"), and by top-level fields Shopify always sends in
+# that resource's body and in no other's: a checkout has no admin_graphql_api_id at all.
 _GID_FIELD: Final = "admin_graphql_api_id"
 _GID: Final = re.compile(r"gid://shopify/(?P<type>[A-Za-z]+)/[^/]+")
 _TOPIC_RESOURCES: Final[Mapping[str, str]] = {
@@ -160,13 +160,20 @@ def _check_topic(topic: str, payload: Mapping[str, Any]) -> None:
     """Refuse a body that cannot be this topic's. The signature covers the body, not the
     X-Shopify-Topic header: a signed orders/create body sent again as orders/paid or
     checkouts/create would otherwise record a payment, or an abandoned cart, that never
-    happened. Only what the body says is checked (a subscription may leave fields out)."""
+    happened. The body must show its topic's resource and no other; an order state is
+    checked only when the body names it (a subscription may leave fields out)."""
     expected = _TOPIC_RESOURCES[topic.partition("/")[0]]
-    for resource, field in _resources_shown(payload):
+    shown = _resources_shown(payload)
+    for resource, field in shown:
         if resource != expected:
             raise UnmappablePayload(
                 "topic_mismatch", f"a {resource} is no {topic} payload ({field})"
             )
+    if not shown:
+        fields = " or ".join(_RESOURCE_FIELDS[expected])
+        raise UnmappablePayload(
+            "topic_mismatch", f"the body shows no {expected} for {topic} ({fields})"
+        )
     for field, refused in _TOPIC_STATES.get(topic, ()):
         if field in payload and r.text(payload, field) in refused:
             state = r.text(payload, field) or "null"
