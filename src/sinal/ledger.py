@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from sinal.aggregates import (
@@ -83,6 +83,7 @@ from sinal.store.base import (
     SummaryRow,
     latest_schema_version,
 )
+from sinal.store.erasure import ErasureStore
 
 MAX_BATCH = 1000
 DEFAULT_TIMEZONE = "America/Sao_Paulo"
@@ -460,6 +461,12 @@ class Ledger:
             return self._contact_event(METRIC_CONTACT_UPDATED, after, "api", properties)
 
         return self.store.update_contact(_uuid(account_id), _uuid(contact_id), clean, changed)
+
+    def erase_contact(self, account_id: UUID | str, contact_id: UUID | str) -> bool:
+        """Delete a contact and everything of it, irreversibly, in one transaction (what
+        goes and what stays: `sinal.store.erasure`). False if there is no such contact."""
+        store = cast(ErasureStore, self.store)
+        return store.erase_contact(_uuid(account_id), _uuid(contact_id))
 
     def add_tags(
         self, account_id: UUID | str, contact_id: UUID | str, tags: Sequence[str]

@@ -251,6 +251,6 @@ def test_migration_0016_takes_the_indexes_an_operator_built_beforehand(empty_url
         sql(empty_url, statement.replace("CREATE INDEX ", f"CREATE INDEX {concurrently}"))
 
     with connect(empty_url) as ledger:
-        assert ledger.migrate() == [16]
+        assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v >= 16]
 
     assert len(built) == 3

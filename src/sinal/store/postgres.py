@@ -41,7 +41,9 @@ statement a fifth of its time).
 An event's contact and metric are checked by these statements, not by foreign keys
 (migration 0009; the summaries' key to contacts went in 0012): the contact is looked up
 in the account before the insert, and the metric is upserted in the same transaction as
-the event and its summary.
+the event and its summary. The lookup locks the contact FOR KEY SHARE (migration 0017),
+as the key did: an erasure of the contact (`postgres_erasure`) and an emit for it take
+turns, so no event is stored for a contact erased meanwhile.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ from sinal.store.base import (
 from sinal.store.libpq import network_defaults
 from sinal.store.postgres_automations import PostgresAutomations
 from sinal.store.postgres_commerce import PostgresCommerce
+from sinal.store.postgres_erasure import PostgresErasure
 from sinal.store.postgres_messaging import PostgresMessaging
 from sinal.store.postgres_retention import PostgresRetention
 from sinal.store.postgres_webhooks import PostgresWebhooks
@@ -197,7 +200,8 @@ _KNOWN = """
 known AS (
     SELECT i.* FROM input i
     CROSS JOIN LATERAL (SELECT 1 FROM contacts c
-                        WHERE c.account_id = i.account_id AND c.id = i.contact_id LIMIT 1) c
+                        WHERE c.account_id = i.account_id AND c.id = i.contact_id LIMIT 1
+                        FOR KEY SHARE) c
 )"""
 # A metric is made by an event stored, never by a duplicate or a rejection (as the
 # one-event function and a streamed batch's closing statements do).
@@ -364,12 +368,14 @@ CROSS JOIN LATERAL (SELECT * FROM events
 # The places of the pairs whose contact is not in the account: usually none, where the
 # found ones were a row each to read (~200 a batch of 500 in bench/ingest.py). The LATERAL
 # subquery's LIMIT keeps the plan an index probe per pair, as `_DUPLICATES_SQL`'s: a NOT
-# EXISTS could become a hash anti join over the whole table.
+# EXISTS could become a hash anti join over the whole table. The found ones are locked FOR
+# KEY SHARE until the batch commits, as by `_KNOWN`: an erasure (`postgres_erasure`) waits.
 _MISSING_CONTACTS_SQL = """
 SELECT k.ord
 FROM unnest(%b::uuid[], %b::uuid[]) WITH ORDINALITY AS k(account_id, contact_id, ord)
 LEFT JOIN LATERAL (SELECT true AS found FROM contacts
-                   WHERE account_id = k.account_id AND id = k.contact_id LIMIT 1) c ON true
+                   WHERE account_id = k.account_id AND id = k.contact_id LIMIT 1
+                   FOR KEY SHARE) c ON true
 WHERE c.found IS NULL
 """
 # A streamed batch's new events, in the record statement's insert order (the ledger sends
@@ -687,7 +693,12 @@ OPEN_RETRY = 1.0
 
 
 class PostgresStore(
-    PostgresAutomations, PostgresWebhooks, PostgresMessaging, PostgresCommerce, PostgresRetention
+    PostgresAutomations,
+    PostgresWebhooks,
+    PostgresMessaging,
+    PostgresCommerce,
+    PostgresRetention,
+    PostgresErasure,
 ):
     """sinal's tables in a PostgreSQL database."""
 
@@ -898,10 +909,10 @@ class PostgresStore(
 
     @staticmethod
     def _contact(
-        conn: psycopg.Connection[TupleRow], account_id: UUID, contact_id: UUID
+        conn: psycopg.Connection[TupleRow], account_id: UUID, contact_id: UUID, lock: str = ""
     ) -> Contact | None:
         row = conn.execute(
-            f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s",
+            f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s{lock}",
             (account_id, contact_id),
         ).fetchone()
         return None if row is None else Contact(*row)
@@ -1143,7 +1154,7 @@ class PostgresStore(
         def work(conn: psycopg.Connection[TupleRow]) -> Contact | None:
             row = conn.execute(
                 f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s "
-                "FOR UPDATE",
+                "FOR NO KEY UPDATE",  # the key stays: emits for the contact need not wait
                 (account_id, contact_id),
             ).fetchone()
             if row is None:
@@ -1191,8 +1202,8 @@ class PostgresStore(
         order = {tag: i for i, tag in enumerate(dict.fromkeys(tags))}
 
         def work(conn: psycopg.Connection[TupleRow]) -> list[str] | None:
-            if self._contact(conn, account_id, contact_id) is None:
-                return None
+            if self._contact(conn, account_id, contact_id, " FOR KEY SHARE") is None:
+                return None  # erased meanwhile too: the lock waited for the erasure
             if add:
                 rows = conn.execute(
                     "INSERT INTO contact_tags (account_id, contact_id, tag) "

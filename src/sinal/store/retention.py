@@ -11,7 +11,8 @@ sinal keeps only for a while once nothing will process them again unasked.
   completed, stopped, dead or unknown. One pending or waiting (due, running, held by a
   paused automation, retrying) stays, with its steps.
 
-Events and summaries are the ledger: never deleted. The outbox deletes its rows itself.
+Events and summaries are the ledger: never deleted here (only with their contact, by
+`sinal.store.erasure`). The outbox deletes its rows itself.
 """
 
 from __future__ import annotations

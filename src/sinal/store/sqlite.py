@@ -78,6 +78,7 @@ from sinal.store.base import (
 )
 from sinal.store.sqlite_automations import SQLiteAutomations
 from sinal.store.sqlite_commerce import SQLiteCommerce
+from sinal.store.sqlite_erasure import SQLiteErasure
 from sinal.store.sqlite_messaging import SQLiteMessaging
 from sinal.store.sqlite_retention import SQLiteRetention
 from sinal.store.sqlite_webhooks import SQLiteWebhooks
@@ -285,7 +286,12 @@ MIN_SQLITE = (3, 38, 0)  # `->` (3.38); STRICT tables (3.37); RETURNING (3.35)
 
 
 class SQLiteStore(
-    SQLiteAutomations, SQLiteWebhooks, SQLiteMessaging, SQLiteCommerce, SQLiteRetention
+    SQLiteAutomations,
+    SQLiteWebhooks,
+    SQLiteMessaging,
+    SQLiteCommerce,
+    SQLiteRetention,
+    SQLiteErasure,
 ):
     """sinal's tables in one SQLite file."""
 

@@ -1,0 +1,196 @@
+"""Erasing a contact on both backends: every row of it goes, in one transaction, and
+nothing of any other contact changes; on PostgreSQL an emit racing the erasure waits."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, cast
+
+import psycopg
+import pytest
+
+import sinal
+from sinal import Ledger
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.automations.service import Automations
+from sinal.events import EmitEvent
+from sinal.ledger import CHUNK
+from sinal.links import create_link
+from sinal.store.messaging import MessagingStore
+from tests.helpers import sql, wait_until
+
+PING = {"name": "ping", "trigger_metric": "Ping", "steps": [{"type": "add_tag", "tag": "p"}]}
+WHEN = "2026-12-01T12:00:00+00:00"
+
+
+def ping(ledger: Ledger, contact: sinal.Contact, n: int) -> sinal.EmitResult:
+    return ledger.emit_event(
+        account_id=contact.account_id, contact_id=contact.id, metric_name="Ping",
+        source="api", source_id=f"{contact.id}-{n}", value=Decimal("10.5"),
+    )  # fmt: skip
+
+
+def seed(ledger: Ledger, url: str, contact: sinal.Contact) -> None:
+    """A row of `contact` in every table that can name it; its Ping automation has run
+    once (a finished execution and its steps), and a second Ping waits to be dispatched."""
+    account, ident = str(contact.account_id), str(contact.id)
+    ping(ledger, contact, 1)
+    ledger.add_tags(contact.account_id, contact.id, ["vip"])
+    store = cast(MessagingStore, ledger.store)
+    store.link_whatsapp_user(contact.account_id, f"wa-{ident}", contact.id)
+    create_link(ledger, contact.account_id, url="https://loja.example/p", contact_id=contact.id)
+    rows: list[tuple[str, tuple[Any, ...]]] = [
+        ("INSERT INTO conversations (account_id, id, contact_id, status, opened_at) "
+         "VALUES (?, ?, ?, 'open', ?)", (account, str(uuid.uuid4()), ident, WHEN)),
+        ("INSERT INTO message_statuses (account_id, wamid, contact_id, status, status_at, "
+         "updated_at) VALUES (?, ?, ?, 'read', ?, ?)", (account, f"wamid-{ident}", ident, WHEN,
+                                                        WHEN)),
+        ("INSERT INTO orders (account_id, id, provider, integration_id, external_id, status, "
+         "total, contact_id, created_at, updated_at) VALUES (?, ?, 'shopify', ?, ?, 'paid', "
+         "297.9, ?, ?, ?)", (account, str(uuid.uuid4()), str(uuid.uuid4()), f"o-{ident}", ident,
+                             WHEN, WHEN)),
+        ("INSERT INTO checkouts (account_id, integration_id, token, provider, contact_id, "
+         "details, updated_at) VALUES (?, ?, ?, 'shopify', ?, ?, ?)",
+         (account, str(uuid.uuid4()), f"t-{ident}", ident, '{"email": "a@example.com"}', WHEN)),
+        ("INSERT INTO rejections (account_id, id, reason, message, source, payload, created_at) "
+         "VALUES (?, ?, 'contact_not_found', 'm', 'api', ?, ?)",
+         (account, str(uuid.uuid4()), f'{{"contact_id": "{ident}"}}', WHEN)),
+    ]  # fmt: skip
+    for statement, params in rows:
+        sql(url, statement, *params)
+
+
+def rows_of(url: str, contact: sinal.Contact) -> dict[str, int]:
+    """How many rows of each table name `contact` (outbox and steps through its events
+    and executions, rejections through their input)."""
+    c, a = str(contact.id), str(contact.account_id)
+    of = "account_id = ? AND contact_id = ?"
+    queries = {
+        "contacts": ("SELECT count(*) FROM contacts WHERE account_id = ? AND id = ?", (a, c)),
+        "outbox": ("SELECT count(*) FROM outbox WHERE account_id = ? AND event_id IN "
+                   f"(SELECT id FROM events WHERE {of})", (a, a, c)),
+        "execution_steps": ("SELECT count(*) FROM execution_steps WHERE account_id = ? AND "
+                            f"execution_id IN (SELECT id FROM executions WHERE {of})",
+                            (a, a, c)),
+        "rejections": ("SELECT count(*) FROM rejections WHERE CAST(payload AS TEXT) LIKE ?",
+                       (f"%{c}%",)),
+    }  # fmt: skip
+    for table in ("contact_identities", "contact_tags", "events", "contact_metrics_summary",
+                  "executions", "conversations", "message_statuses", "whatsapp_users", "links",
+                  "checkouts", "orders"):  # fmt: skip
+        queries[table] = (f"SELECT count(*) FROM {table} WHERE {of}", (a, c))
+    return {table: sql(url, q, *params)[0][0] for table, (q, params) in queries.items()}
+
+
+def state_of(ledger: Ledger, url: str, contact: sinal.Contact) -> tuple[Any, ...]:
+    events = sql(url, "SELECT id FROM events WHERE contact_id = ? ORDER BY id", str(contact.id))
+    return events, ledger.get_summary(contact.account_id, contact.id), rows_of(url, contact)
+
+
+def test_erasing_a_contact_deletes_all_of_it_and_nothing_else(
+    ledger: Ledger, database_url: str
+) -> None:
+    account, other = ledger.create_account("Loja"), ledger.create_account("Outra Loja")
+    ana = ledger.create_contact(account.id, phone="+55 11 98765-4321", email="ana@example.com")
+    bia = ledger.create_contact(account.id, email="bia@example.com")
+    stranger = ledger.create_contact(other.id, email="ana@example.com")
+    automations = Automations(ledger)
+    automations.create(account.id, PING)
+    automations.create(other.id, PING)
+    for contact in (ana, bia, stranger):
+        seed(ledger, database_url, contact)
+    dispatcher = Dispatcher(ledger, DispatchSettings())
+    while dispatcher.run_once():
+        pass
+    for contact in (ana, bia, stranger):
+        ping(ledger, contact, 2)
+    automations.store.fan_out(lambda e, c: [a.id for a in c], 100)  # pending executions
+    for contact in (ana, bia, stranger):
+        ping(ledger, contact, 3)  # left in the outbox
+    before = {c.id: state_of(ledger, database_url, c) for c in (bia, stranger)}
+    assert all(n > 0 for n in rows_of(database_url, ana).values()), rows_of(database_url, ana)
+
+    assert ledger.erase_contact(account.id, ana.id) is True
+    others = {c.id: state_of(ledger, database_url, c) for c in (bia, stranger)}
+    while dispatcher.run_once():  # the others' pending executions run; none of Ana's
+        pass
+
+    assert others == before
+    assert set(rows_of(database_url, ana).values()) == {0}
+    assert sql(database_url, "SELECT count(*) FROM orders WHERE contact_id IS NULL") == [(1,)]
+    assert ledger.get_contact(account.id, ana.id) is None
+    assert ledger.erase_contact(account.id, ana.id) is False
+    after = ping(ledger, ana, 4)
+    assert (after.status, after.reason) == ("rejected", "contact_not_found")
+
+
+def test_erasing_another_accounts_contact_finds_nothing(ledger: Ledger, database_url: str) -> None:
+    account, other = ledger.create_account("Loja"), ledger.create_account("Outra Loja")
+    ana = ledger.create_contact(account.id, email="ana@example.com")
+    ping(ledger, ana, 1)
+
+    assert ledger.erase_contact(other.id, ana.id) is False
+    assert ledger.erase_contact(account.id, uuid.uuid4()) is False
+    assert rows_of(database_url, ana)["events"] == 1
+
+
+def while_erased(database_url: str, contact: sinal.Contact, write: Callable[[], object]) -> Any:
+    """What `write` answers when it starts while a transaction holds `contact` as an
+    erasure does (locked FOR UPDATE, then deleted) and that transaction commits once
+    `write` waits for it (or has answered: it did not wait)."""
+    if not database_url.startswith("postgres"):
+        pytest.skip("SQLite runs one writer at a time")
+    answers: list[object] = []
+    with psycopg.connect(database_url) as eraser:
+        eraser.execute("SELECT 1 FROM contacts WHERE id = %s FOR UPDATE", (contact.id,))
+        eraser.execute("DELETE FROM contact_identities WHERE contact_id = %s", (contact.id,))
+        eraser.execute("DELETE FROM contacts WHERE id = %s", (contact.id,))
+        writer = threading.Thread(target=lambda: answers.append(write()))
+        writer.start()
+        wait_until(lambda: not writer.is_alive() or sql(
+            database_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        ) != [(0,)])  # fmt: skip
+        eraser.commit()
+    writer.join()
+    assert answers, "the write raised"
+    return answers[0]
+
+
+# One event (`sinal_record_event`), a batch of one statement (`_KNOWN`), a streamed one.
+@pytest.mark.parametrize("n", [1, 2, CHUNK + 1])
+def test_an_emit_during_an_erasure_waits_then_finds_no_contact(
+    ledger: Ledger, database_url: str, n: int
+) -> None:
+    """PostgreSQL: the emit must wait for the erasure, not store an event of no contact."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, email="ana@example.com")
+    events = [EmitEvent(account_id=account.id, contact_id=ana.id, metric_name="Ping",
+                        source="api", source_id=f"racing-{i}") for i in range(n)]  # fmt: skip
+
+    answers = while_erased(
+        database_url, ana, lambda: ledger.emit_many(events) if n > 1 else [ledger.emit(events[0])]
+    )
+
+    assert {(a.status, a.reason) for a in answers} == {("rejected", "contact_not_found")}
+    assert sql(database_url, "SELECT count(*) FROM events WHERE contact_id = ?", str(ana.id)) == [
+        (0,)
+    ]
+
+
+def test_a_tag_or_a_change_during_an_erasure_finds_no_contact(
+    ledger: Ledger, database_url: str
+) -> None:
+    """PostgreSQL: answered as for an unknown contact (the API's 404), not a store error."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, email="ana@example.com")
+    bia = ledger.create_contact(account.id, email="bia@example.com")
+
+    tagged = while_erased(database_url, ana, lambda: ledger.add_tags(account.id, ana.id, ["x"]))
+    changed = while_erased(
+        database_url, bia, lambda: ledger.update_contact(account.id, bia.id, {"name": "Bia"})
+    )
+
+    assert (tagged, changed) == (None, None)
