@@ -243,6 +243,33 @@ def keys_revoke(
         console.print(f"revoked key {key.id} of account {key.account_id}")
 
 
+contacts_app = typer.Typer(help="Contacts.", no_args_is_help=True)
+app.add_typer(contacts_app, name="contacts")
+
+
+@contacts_app.command("erase")
+def contacts_erase(
+    contact: Annotated[str, typer.Argument(help="The contact's id.", show_default=False)],
+    account: Annotated[str, typer.Option(help="The contact's account.", show_default=False)],
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Erase a contact and everything of it, irreversibly: as DELETE /v1/contacts/{id}
+    (README, "Erasing a contact")."""
+    account_id = _parse_id(account, "--account")
+    contact_id = _parse_id(contact, "CONTACT_ID")
+    with open_ledger(database_url) as ledger:
+        _check_account(ledger, account_id)
+        erased = ledger.erase_contact(account_id, contact_id)
+    if not erased:
+        _print_error(f"no contact {contact_id} in account {account_id}")
+        raise typer.Exit(1)
+    if as_json:
+        _echo_json({"id": str(contact_id), "erased": True})
+    else:
+        console.print(f"erased contact {contact_id} of account {account_id}")
+
+
 def _parse_id(raw: str, what: str) -> Any:
     from uuid import UUID
 

@@ -7,7 +7,9 @@ import uuid
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from sinal.cli import app as cli
 from tests.helpers import sql
 from tests.integration.conftest import Api
 
@@ -238,3 +240,83 @@ async def test_another_accounts_contact_is_404_everywhere(api: Api) -> None:
     assert (patched.status_code, tagged.status_code, untagged.status_code) == (404, 404, 404)
     assert api.ledger.get_contact(other.id, theirs.id).name is None  # type: ignore[union-attr]
     assert api.ledger.list_tags(other.id, theirs.id) == []
+
+
+async def test_delete_erases_a_contact_then_answers_404(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    path = f"/v1/contacts/{contact['id']}"
+    await api.post(f"{path}/tags", {"tags": ["vip"]})
+    posted = await api.post("/v1/events", {"metric": "Order Paid", "contact_id": contact["id"],
+                                           "source": "shopify", "value": "99.90"})  # fmt: skip
+    assert posted.status_code == 201, posted.text
+
+    erased = await api.client.delete(path)
+    again = await api.client.delete(path)
+    read = await api.client.get(path)
+    matched = await api.post("/v1/contacts", {"email": "ana@example.com"})
+
+    assert (erased.status_code, erased.content) == (204, b"")
+    assert (again.status_code, again.json()["type"]) == (404, "/problems/not-found")
+    assert read.status_code == 404
+    assert matched.status_code == 201  # the email names no one any more: a new contact
+    assert matched.json()["id"] != contact["id"]
+    for table in ("contacts", "contact_identities", "contact_tags", "events",
+                  "contact_metrics_summary"):  # fmt: skip
+        column = "id" if table == "contacts" else "contact_id"
+        assert sql(api.url, f"SELECT count(*) FROM {table} WHERE {column} = ?",
+                   contact["id"]) == [(0,)], table  # fmt: skip
+    assert sql(api.url, "SELECT count(*) FROM outbox WHERE event_id = ?",
+               posted.json()["event_id"]) == [(0,)]  # fmt: skip
+
+
+async def test_delete_of_unknown_other_accounts_or_malformed_ids_is_404_alike(api: Api) -> None:
+    other = api.ledger.create_account("Outra Loja")
+    theirs = api.ledger.create_contact(other.id, email="bia@example.com")
+    unknown = uuid.uuid4()
+
+    mine = await api.client.delete(f"/v1/contacts/{unknown}")
+    stranger = await api.client.delete(f"/v1/contacts/{theirs.id}")
+    malformed = await api.client.delete("/v1/contacts/x")
+
+    assert (mine.status_code, stranger.status_code, malformed.status_code) == (404, 404, 404)
+    assert stranger.text.replace(str(theirs.id), "ID") == mine.text.replace(str(unknown), "ID")
+    assert api.ledger.get_contact(other.id, theirs.id) is not None
+
+
+async def test_delete_needs_the_admin_scope(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    key = await api.key_for("ingest", "read")
+
+    refused = await api.client.delete(f"/v1/contacts/{contact['id']}", headers=api.auth(key))
+
+    assert (refused.status_code, refused.json()["type"]) == (403, "/problems/forbidden")
+    assert api.ledger.get_contact(api.account.id, contact["id"]) is not None
+
+
+async def test_an_event_for_an_erased_contact_is_answered_as_for_an_unknown_one(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    await api.client.delete(f"/v1/contacts/{contact['id']}")
+
+    answers = [
+        await api.post("/v1/events", {"metric": "Order Paid", "contact_id": ident,
+                                      "source": "shopify"})
+        for ident in (contact["id"], str(uuid.uuid4()))
+    ]  # fmt: skip
+
+    erased, unknown = ((a.status_code, a.json()["reason"], a.json()["type"]) for a in answers)
+    assert erased == unknown == (422, "contact_not_found", "/problems/event-rejected")
+
+
+async def test_cli_erases_a_contact_once(api: Api) -> None:
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    args = ["contacts", "erase", contact["id"], "--account", str(api.account.id),
+            "--database-url", api.url]  # fmt: skip
+
+    erased = CliRunner().invoke(cli, [*args, "--json"])
+    again = CliRunner().invoke(cli, args)
+
+    assert erased.exit_code == 0, erased.output
+    assert json.loads(erased.output) == {"id": contact["id"], "erased": True}
+    assert again.exit_code == 1
+    assert f"no contact {contact['id']}" in again.output
+    assert (await api.client.get(f"/v1/contacts/{contact['id']}")).status_code == 404

@@ -1,4 +1,4 @@
-"""Contacts: create or match, read, change, tag; their timeline and metric summaries.
+"""Contacts: create or match, read, change, tag, erase; their timeline and metric summaries.
 
 Every change records its seed metric (Contact Created, Contact Updated, Tag Added, Tag
 Removed) with source `api`, in the transaction that makes the change.
@@ -98,6 +98,24 @@ async def patch_contact(request: Request, contact_id: str) -> Response:
         raise NotFound(f"no contact {contact_id}")
     tags = await svc.run(svc.ledger.list_tags, key.account_id, contact.id)
     return json_response(contact_view(contact, tags))
+
+
+@router.delete(
+    "/v1/contacts/{contact_id}",
+    summary="Erase a contact and everything of it (LGPD art. 18 VI, GDPR art. 17)",
+    status_code=204,
+    responses={204: {"description": "Erased"}, **_ID_ERRORS},
+)
+async def erase_contact(request: Request, contact_id: str) -> Response:
+    """Irreversible: its events, summaries, executions, tags, identities, conversations
+    and commerce links go in one transaction (README, "Erasing a contact"). The admin
+    scope: an erasure destroys the ledger's data, which ingest and read keys never do."""
+    svc = service(request)
+    key = await svc.authorize(request, "admin")
+    ident = _path_id(contact_id)
+    if not await svc.run(svc.ledger.erase_contact, key.account_id, ident):
+        raise NotFound(f"no contact {contact_id}")
+    return Response(status_code=204)
 
 
 @router.post(
