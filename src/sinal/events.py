@@ -129,7 +129,7 @@ class PreparedEvent(NamedTuple):
             "integration_id": _opt_str(self.integration_id),
             "entity_type": self.entity_type,
             "entity_id": self.entity_id,
-            "occurred_at": self.occurred_at.isoformat(),
+            "occurred_at": stamp(self.occurred_at),
             "automation_execution_id": _opt_str(self.automation_execution_id),
         }
 
@@ -721,6 +721,12 @@ def in_utc(when: datetime) -> datetime | None:
         return when.astimezone(UTC)
     except OverflowError:
         return None
+
+
+def stamp(when: datetime) -> str:
+    """`when` as every answer, CLI line and outgoing body writes a time: RFC 3339 in UTC
+    with "Z", microseconds only when there are some ("2026-11-29T12:00:00Z")."""
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _to_datetime(raw: object) -> datetime | None:

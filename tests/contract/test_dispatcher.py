@@ -192,6 +192,7 @@ def test_trace_says_why_an_automation_did_not_run(
 
     assert world.executions() == []
     assert event.event_id is not None
+    assert event.event_id is not None
     stored = world.ledger.get_event(world.account.id, event.event_id)
     assert stored is not None
     [trace] = world.automations.trace(stored)
@@ -203,6 +204,7 @@ def test_automation_created_after_the_event_does_not_fire(world: World) -> None:
     world.automations.create(world.account.id, THANKS)
     world.drain(world.dispatcher())
     assert world.executions() == []
+    assert event.event_id is not None
     assert event.event_id is not None
     stored = world.ledger.get_event(world.account.id, event.event_id)
     assert stored is not None
@@ -650,6 +652,11 @@ def test_webhook_step_posts_the_event_with_an_idempotency_key(world: World) -> N
     [request] = hook.requests
     assert request["body"]["event"]["id"] == str(event.event_id)
     assert request["body"]["event"]["value"] == "297.90"
+    assert event.event_id is not None
+    stored = world.ledger.get_event(world.account.id, event.event_id)
+    assert stored is not None
+    sent_at = request["body"]["event"]["occurred_at"]  # written as the API writes times
+    assert (sent_at[-1], datetime.fromisoformat(sent_at)) == ("Z", stored.occurred_at)
     assert request["headers"]["Idempotency-Key"].endswith(":0")
     # no secret, no signature: as before secrets existed
     assert not [k for k in request["headers"] if k.lower().startswith("webhook-")]

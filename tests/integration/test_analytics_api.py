@@ -130,8 +130,8 @@ async def test_the_accounts_timezone_is_the_default(api: Api, ana: str) -> None:
     assert patched.json()["timezone"] == "Europe/Lisbon"
     assert rows["timezone"] == "Europe/Lisbon"
     assert [(r["bucket"], r["value"]) for r in rows["data"]] == [
-        ("2026-11-01T00:00:00+00:00", 0),
-        ("2026-11-02T00:00:00+00:00", 1),
+        ("2026-11-01T00:00:00Z", 0),
+        ("2026-11-02T00:00:00Z", 1),
     ]
 
 

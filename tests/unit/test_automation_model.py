@@ -674,7 +674,7 @@ def test_to_dict_is_json_and_parses_back_equal() -> None:
     spec = parse_automation(FULL)
     data = orjson.loads(dumps_json(spec.to_dict()))
     assert parse_automation(data) == spec
-    assert data["steps"][1] == {"type": "wait", "until": "2026-12-01T13:00:00+00:00"}
+    assert data["steps"][1] == {"type": "wait", "until": "2026-12-01T13:00:00Z"}
     assert "trigger_metric" not in data
 
 

@@ -721,7 +721,7 @@ def test_as_input_is_json_ready() -> None:
     data = orjson.loads(orjson.dumps(event.as_input()))
     assert data["value"] == "297.9"
     assert data["properties"] == {"price": "297.90"}
-    assert data["occurred_at"] == "2026-11-29T12:00:00+00:00"
+    assert data["occurred_at"] == "2026-11-29T12:00:00Z"
     assert data["contact_id"] == CONTACT
 
 

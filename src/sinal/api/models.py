@@ -22,7 +22,15 @@ _DECIMAL = {
 }
 Decimalish = Annotated[Any, WithJsonSchema(_DECIMAL)]
 DecimalText = Annotated[str, Field(description='Exact decimal, as a string: "297.90"')]
-Stamp = Annotated[str, Field(description="ISO 8601 with an offset (UTC in answers)")]
+Stamp = Annotated[
+    str,
+    Field(
+        description='RFC 3339 in UTC with "Z", microseconds only when there are some',
+        pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{6})?Z$",
+        examples=["2026-11-29T12:00:00Z", "2026-11-29T12:00:00.120000Z"],
+    ),
+]
+ZoneStamp = Annotated[str, Field(description="RFC 3339 with the zone's offset, \"Z\" for UTC's")]
 
 
 class _Input(BaseModel):
@@ -225,7 +233,7 @@ class MetricList(BaseModel):
 class Bucket(BaseModel):
     """One bucket: its first instant in the zone, its value (and group, with `by`)."""
 
-    bucket: Stamp
+    bucket: ZoneStamp
     value: int | DecimalText
     group: str | None = None
 

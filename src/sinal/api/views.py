@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -15,18 +15,13 @@ from starlette.responses import Response
 from sinal.aggregates import Aggregate
 from sinal.catalog import get_metric_category, get_metric_label, match_locale, negotiate_locale
 from sinal.errors import FieldError, InvalidQuery
-from sinal.events import decimal_text, in_utc
+from sinal.events import decimal_text, in_utc, stamp
 from sinal.store.base import Account, Contact, MetricInfo, Rejection, StoredEvent, SummaryRow
 
 
 def json_response(body: Any, status: int = 200) -> Response:
     """A JSON answer serialized by orjson."""
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
-def stamp(when: datetime) -> str:
-    """A UTC timestamp as ISO 8601 with "Z"."""
-    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def opt_str(value: object | None) -> str | None:
@@ -106,7 +101,7 @@ def aggregate_view(
     data = []
     for row in result.rows:
         value = decimal_text(row.value) if isinstance(row.value, Decimal) else row.value
-        item: dict[str, Any] = {"bucket": row.bucket.isoformat(), "value": value}
+        item: dict[str, Any] = {"bucket": zone_stamp(row.bucket), "value": value}
         if by is not None:
             item["group"] = row.group
         data.append(item)
@@ -118,6 +113,13 @@ def aggregate_view(
         "data": data,
         "groups_truncated": result.groups_truncated,
     }
+
+
+def zone_stamp(when: datetime) -> str:
+    """A bucket's start with its zone's offset (its calendar is what was asked for), which
+    `stamp`'s "Z" spells when that offset is UTC's: "2026-11-01T00:00:00-03:00"."""
+    text = when.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 def rejection_view(rejection: Rejection) -> dict[str, Any]:

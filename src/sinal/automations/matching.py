@@ -49,6 +49,7 @@ from sinal.automations.model import (
     to_moment,
 )
 from sinal.automations.templates import MISSING, Path, lookup, to_decimal
+from sinal.events import stamp
 from sinal.integrations.whatsapp import SENT_BY_AUTOMATION
 
 __all__ = [
@@ -254,8 +255,8 @@ def explain_match(
     if created_at > arrived:
         return MatchDecision(
             "created_after_event",
-            f"the automation was created at {created_at.isoformat()}, "
-            f"after the event arrived at {arrived.isoformat()}",
+            f"the automation was created at {stamp(created_at)}, "
+            f"after the event arrived at {stamp(arrived)}",
         )
     result = evaluate_filters(automation.filters, event)
     if not result.matched:

@@ -73,7 +73,7 @@ from sinal.catalog import TRIGGER_TO_METRIC, TRIGGER_TYPES
 from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone, normalize_tag
 from sinal.currencies import is_currency
 from sinal.errors import FieldError, InvalidContact, _FieldErrors
-from sinal.events import MAX_METRIC_NAME
+from sinal.events import MAX_METRIC_NAME, stamp
 from sinal.integrations.links import MAX_CAMPAIGN_LENGTH
 from sinal.urls import MAX_URL_LENGTH, target_url_problem
 
@@ -316,7 +316,7 @@ class Wait:
     def to_dict(self) -> dict[str, Any]:
         """The step as JSON-like data."""
         if self.until is not None:
-            return {"type": self.type, "until": self.until.isoformat()}
+            return {"type": self.type, "until": stamp(self.until)}
         return {"type": self.type, "seconds": self.seconds}
 
 

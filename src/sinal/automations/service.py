@@ -21,6 +21,7 @@ from sinal.automations.model import (
 )
 from sinal.automations.steps import DEFAULT_WHATSAPP_API
 from sinal.errors import FieldError, InvalidIntegration
+from sinal.events import stamp
 from sinal.ids import new_id
 from sinal.ledger import Ledger
 from sinal.store.automations import (
@@ -142,8 +143,8 @@ def automation_view(row: AutomationRow) -> dict[str, Any]:
         "id": str(row.id),
         **redact_secrets(row.spec),
         "resolved_metric": row.trigger_metric,
-        "created_at": row.created_at.isoformat(),
-        "updated_at": row.updated_at.isoformat(),
+        "created_at": stamp(row.created_at),
+        "updated_at": stamp(row.updated_at),
     }
 
 
@@ -155,7 +156,7 @@ def integration_view(integration: Integration, base_url: str = "") -> dict[str, 
         "name": integration.name,
         **integration.settings,
         "secrets_set": sorted(k for k, v in integration.secrets.items() if v),
-        "created_at": integration.created_at.isoformat(),
+        "created_at": stamp(integration.created_at),
     }
     if integration.kind in ("whatsapp", "shopify", "yampi"):
         view["webhook_url"] = f"{base_url}/webhooks/{integration.kind}/{integration.id}"
@@ -172,10 +173,10 @@ def execution_summary(x: Execution) -> dict[str, Any]:
         "status": x.status,
         "next_step": x.next_step,
         "attempts": x.attempts,
-        "run_at": x.run_at.isoformat(),
+        "run_at": stamp(x.run_at),
         "last_error": x.last_error,
-        "created_at": x.created_at.isoformat(),
-        "updated_at": x.updated_at.isoformat(),
+        "created_at": stamp(x.created_at),
+        "updated_at": stamp(x.updated_at),
     }
 
 
@@ -188,13 +189,13 @@ def execution_view(x: Execution, emitted: list[StoredEvent]) -> dict[str, Any]:
                 "index": s.step_index, "type": s.step_type, "status": s.status,
                 "attempts": s.attempts, "result": s.result, "error": s.error,
                 "event_id": None if s.event_id is None else str(s.event_id),
-                "started_at": s.started_at.isoformat(),
-                "finished_at": None if s.finished_at is None else s.finished_at.isoformat(),
+                "started_at": stamp(s.started_at),
+                "finished_at": None if s.finished_at is None else stamp(s.finished_at),
             }
             for s in x.steps
         ],
         "emitted_events": [
-            {"id": str(e.id), "metric": e.metric_name, "occurred_at": e.occurred_at.isoformat()}
+            {"id": str(e.id), "metric": e.metric_name, "occurred_at": stamp(e.occurred_at)}
             for e in emitted
         ],
     }  # fmt: skip

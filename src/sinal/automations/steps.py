@@ -57,7 +57,7 @@ from sinal.automations.model import (
 )
 from sinal.automations.templates import render_text, render_value
 from sinal.errors import ConfigurationError, InvalidLink, RetryLater, SinalError, StoreError
-from sinal.events import EmitEvent, build_unique_event_id, decimal_text
+from sinal.events import EmitEvent, build_unique_event_id, decimal_text, stamp
 from sinal.integrations.links import rewrite_urls
 from sinal.integrations.whatsapp import sent_callback_data
 from sinal.store.automations import Claim, Execution, Integration
@@ -301,7 +301,7 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
             "id": str(event.id), "metric": event.metric_name, "contact_id": str(event.contact_id),
             "value": None if event.value is None else decimal_text(event.value),
             "currency": event.currency, "source": event.source,
-            "occurred_at": event.occurred_at.isoformat(), "properties": event.properties,
+            "occurred_at": stamp(event.occurred_at), "properties": event.properties,
         },
     }  # fmt: skip
     # The receiver dedupes on the key, which is what makes resending safe: after a crash,
@@ -345,7 +345,7 @@ def sign_webhook(key: bytes, message_id: str, timestamp: int, content: bytes) ->
 def _wait(step: Any, ctx: StepContext) -> StepOutcome:
     assert isinstance(step, Wait)
     until = step.until or ctx.now + timedelta(seconds=step.seconds or 0)
-    return StepOutcome(result={"until": until.isoformat()}, control="wait", resume_at=until)
+    return StepOutcome(result={"until": stamp(until)}, control="wait", resume_at=until)
 
 
 def _filter(step: Any, ctx: StepContext) -> StepOutcome:

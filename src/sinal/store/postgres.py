@@ -255,7 +255,7 @@ outboxed AS (
     SELECT account_id, id, metric_name FROM stored WHERE automation_execution_id IS NULL
 )"""
 # A rejection keeps its input as SQLite's does (`PreparedEvent.as_input`): occurred_at as
-# Python's isoformat writes a UTC time, microseconds only when there are some.
+# `events.stamp` writes it, in UTC with "Z", microseconds only when there are some.
 _REJECTED = """
 rejected AS (
     INSERT INTO rejections (account_id, id, reason, message, source, payload)
@@ -273,7 +273,7 @@ rejected AS (
                'entity_type', i.entity_type, 'entity_id', i.entity_id,
                'occurred_at', replace(to_char(i.occurred_at AT TIME ZONE 'UTC',
                                               'YYYY-MM-DD"T"HH24:MI:SS.US'), '.000000', '')
-                              || '+00:00',
+                              || 'Z',
                'automation_execution_id', i.execution_id)
     FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.ord = i.ord)
     RETURNING id

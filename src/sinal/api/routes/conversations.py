@@ -25,9 +25,9 @@ from sinal.api.views import (
     encode_cursor,
     json_response,
     parse_path_id,
-    stamp,
 )
 from sinal.errors import FieldError, InvalidQuery
+from sinal.events import stamp
 from sinal.store.messaging import Conversation, ConversationQuery
 
 router = APIRouter(tags=["conversations"])

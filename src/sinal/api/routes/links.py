@@ -13,7 +13,8 @@ from sinal import links
 from sinal.api.body import read_json, validate
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.service import service
-from sinal.api.views import json_response, opt_str, stamp
+from sinal.api.views import json_response, opt_str
+from sinal.events import stamp
 from sinal.integrations.links import is_prefetch
 from sinal.store.messaging import Link
 from sinal.urls import MAX_URL_LENGTH
