@@ -33,7 +33,7 @@ async def test_replay_after_the_contact_exists_stores_the_event_once(api: Api) -
     again = await api.post(path, {"contact_id": str(contact.id)})
 
     assert still.status_code == 422
-    assert still.json()["reason"] == "contact_not_found"
+    assert still.json()["reason"] == "contact_required"
     assert replayed.status_code == 201, replayed.text
     assert again.status_code == 200
     assert again.json() == replayed.json() | {"status": "already_replayed"}
@@ -45,6 +45,23 @@ async def test_replay_after_the_contact_exists_stores_the_event_once(api: Api) -
         "shopify:event:1",
     )
     assert count(api.url, "events") == 1
+
+
+async def test_replay_without_a_contact_answers_the_reason_it_was_kept_for(api: Api) -> None:
+    none = await api.client.post(f"/v1/rejections/{await reject(api, None)}/replay")
+    unknown = await api.client.post(f"/v1/rejections/{await reject(api, uuid.uuid4(), '2')}/replay")
+
+    assert (none.status_code, none.json()["reason"]) == (422, "contact_required")
+    assert none.json()["errors"] == [
+        {
+            "field": "contact_id",
+            "code": "contact_required",
+            "message": "the event names no contact: give contact_id in the replay request",
+        }
+    ]
+    assert (unknown.status_code, unknown.json()["reason"]) == (422, "contact_not_found")
+    assert [e["code"] for e in unknown.json()["errors"]] == ["contact_not_found"]
+    assert count(api.url, "events") == 0
 
 
 async def test_concurrent_replays_store_one_event(api: Api) -> None:

@@ -270,13 +270,22 @@ class AggregateCell:
 class Replay:
     """What replaying a kept rejection did.
 
-    `outcome` is None when the cause persists (nothing was written); `earlier` says the
-    rejection had been replayed before, and `outcome` is then that replay's event.
+    `outcome` is None when the cause persists (nothing was written), and `reason` then
+    names it as an emit would: `contact_required` (the event still names no contact) or
+    `contact_not_found`. `earlier` says the rejection had been replayed before, and
+    `outcome` is then that replay's event.
     """
 
     rejection: Rejection
     outcome: Outcome | None
     earlier: bool = False
+    reason: str | None = None
+
+    @classmethod
+    def refused(cls, rejection: Rejection, event: PreparedEvent) -> Replay:
+        """Nothing written: `event`, the replay's, has no contact or an unknown one."""
+        reason = "contact_required" if event.contact_id is None else "contact_not_found"
+        return cls(rejection, None, reason=reason)
 
 
 BuildEvent = Callable[[Contact], PreparedEvent]

@@ -1300,7 +1300,7 @@ class PostgresStore(
                 event.contact_id is None
                 or self._contact(conn, account_id, event.contact_id) is None
             ):
-                return Replay(rejection, None)
+                return Replay.refused(rejection, event)
             [outcome] = _record_in(conn, [event])
             conn.execute(
                 "UPDATE rejections SET replayed_at = now(), replayed_event_id = %s "

@@ -977,7 +977,7 @@ class SQLiteStore(
                 ).fetchone()
                 is None
             ):
-                return Replay(rejection, None)
+                return Replay.refused(rejection, event)
             [outcome] = _record_in(conn, [event])
             conn.execute(
                 "UPDATE rejections SET replayed_at = ?, replayed_event_id = ? "

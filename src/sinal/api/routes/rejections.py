@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated
+from uuid import UUID
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
@@ -24,6 +25,11 @@ from sinal.errors import FieldError, InvalidEvent
 
 router = APIRouter(tags=["rejections"])
 MAX_BODY = 4096
+# The 422 message of a replay whose cause persists, by reason.
+_STILL = {
+    "contact_required": "the event names no contact: give contact_id in the replay request",
+    "contact_not_found": "the event's contact still does not exist in this account",
+}
 
 
 @router.get(
@@ -63,7 +69,8 @@ async def list_rejections(
 )
 async def replay(request: Request, rejection_id: str) -> Response:
     """Give `contact_id` for an input that had none. At most one event per rejection,
-    however often (or concurrently) it is replayed; 422 while the contact is unknown."""
+    however often (or concurrently) it is replayed; 422 while the event still names no
+    contact (`contact_required`) or an unknown one (`contact_not_found`)."""
     svc = service(request)
     key = await svc.authorize(request, "ingest")
     ident = parse_path_id(rejection_id)
@@ -79,17 +86,22 @@ async def replay(request: Request, rejection_id: str) -> Response:
     if done is None:
         raise NotFound(f"no rejection {rejection_id}")
     if done.outcome is None:
-        message = "the event's contact still does not exist in this account"
-        raise Rejected(
-            message,
-            [FieldError("contact_id", "contact_not_found", message)],
-            reason="contact_not_found",
-            rejection_id=str(ident),
-        )
+        raise _still_rejected(done.reason or "contact_not_found", ident)
     status = "already_replayed" if done.earlier else done.outcome.kind
     svc.metrics.count_event("replay", "duplicate" if done.earlier else done.outcome.kind)
     body = {"status": status, "event_id": str(done.outcome.event_id), "rejection_id": str(ident)}
     return json_response(body, 201 if status == "created" else 200)
+
+
+def _still_rejected(reason: str, rejection_id: UUID) -> Rejected:
+    """The 422 of a replay whose cause persists, under the reason it was kept for."""
+    message = _STILL[reason]
+    return Rejected(
+        message,
+        [FieldError("contact_id", reason, message)],
+        reason=reason,
+        rejection_id=str(rejection_id),
+    )
 
 
 async def _has_body(request: Request) -> bool:
