@@ -188,6 +188,26 @@ async def test_a_database_that_does_not_answer_in_time_is_not_ready_and_the_back
     assert _gauges(metrics.text) == {}
 
 
+async def test_docs_routes_have_their_own_metrics_label_and_unknown_paths_share_one(
+    api: Api,
+) -> None:
+    paths = ["/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc", "/no/such/path"]
+    statuses = [(await api.client.get(path)).status_code for path in paths]
+    await api.client.post("/docs")
+    await api.client.get("/other/unknown/path")
+    metrics = (await api.client.get("/metrics")).text
+
+    requests = {x for x in metrics.splitlines() if x.startswith("sinal_http_requests_total")}
+    assert statuses == [200, 200, 200, 200, 404]
+    assert {f'sinal_http_requests_total{{method="GET",route="{p}",status="200"}} 1.0'
+            for p in paths[:4]} <= requests  # fmt: skip
+    assert 'sinal_http_requests_total{method="POST",route="/docs",status="405"} 1.0' in requests
+    unmatched = {x for x in requests if 'route="unmatched"' in x}
+    assert unmatched == {
+        'sinal_http_requests_total{method="GET",route="unmatched",status="404"} 2.0'
+    }
+
+
 async def test_a_batch_counts_each_outcome_in_the_metrics(api: Api) -> None:
     contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
     event = {"metric": "Order Paid", "contact_id": str(contact.id), "source": "shopify"}

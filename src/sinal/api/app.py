@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -102,7 +103,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     hot = next(r for r in app.routes if getattr(r, "path", "") == "/v1/events"
                and "POST" in getattr(r, "methods", ()))  # fmt: skip
     app.add_middleware(IngestFastPath, route=hot)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: sees both paths
+    # Outermost: sees both paths. `plain`: the routes FastAPI does not label (/docs, ...).
+    plain = [r for r in app.routes if not isinstance(r, APIRoute)]
+    app.add_middleware(MetricsMiddleware, metrics=metrics, plain=plain)
 
     def openapi() -> dict[str, Any]:
         return build_openapi(app, (*REQUEST_MODELS, *automations.MODELS))

@@ -12,12 +12,13 @@ from __future__ import annotations
 import collections
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from starlette.routing import BaseRoute, Match
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -128,11 +129,19 @@ def _alive(pid: int) -> bool:
 
 
 class MetricsMiddleware:
-    """Pure ASGI middleware (no per-request task or body copy) timing every request."""
+    """Pure ASGI middleware (no per-request task or body copy) timing every request.
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    A request is labelled with its route's path template, or `unmatched` (a 404): labels
+    come from the app's routes, never from the path, so a client cannot add label values.
+    FastAPI's router puts only its own routes (`APIRoute`) in `scope["route"]`; `plain` are
+    the app's other routes (/docs, /openapi.json, ...), matched here again when a request
+    ends without one.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, plain: Sequence[BaseRoute]) -> None:
         self.app = app
         self.metrics = metrics
+        self.plain = tuple(plain)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -150,6 +159,11 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
+            route = scope.get("route") or self._plain_route(scope)
             # path_format: the template without converters ({tag}, not {tag:path})
-            route = getattr(scope.get("route"), "path_format", None) or "unmatched"
-            self.metrics.observe(scope["method"], route, status, time.perf_counter() - start)
+            label = getattr(route, "path_format", None) or "unmatched"
+            self.metrics.observe(scope["method"], label, status, time.perf_counter() - start)
+
+    def _plain_route(self, scope: Scope) -> BaseRoute | None:
+        """The route among `plain` that answered (or refused the method of) the request."""
+        return next((r for r in self.plain if r.matches(scope)[0] is not Match.NONE), None)
