@@ -20,7 +20,14 @@ import unicodedata
 from typing import cast
 from uuid import UUID, uuid5
 
-from sinal.errors import ConfigurationError, FieldError, InvalidLink, SinalError, StoreError
+from sinal.errors import (
+    ConfigurationError,
+    ContactNotFound,
+    FieldError,
+    InvalidLink,
+    SinalError,
+    StoreError,
+)
 from sinal.ids import new_id
 from sinal.integrations.links import (
     MAX_CAMPAIGN_LENGTH,
@@ -83,7 +90,10 @@ def create_link(
             campaign=clean_campaign, automation_execution_id=execution,
             created_at=ledger.clock(),
         )  # fmt: skip
-        saved = _store(ledger).save_link(link)
+        try:
+            saved = _store(ledger).save_link(link)
+        except ContactNotFound:  # erased since it was checked above
+            raise InvalidLink([_no_contact(contact_id)]) from None
         if saved is not None:
             return saved
     raise StoreError("no free link token found")
@@ -151,9 +161,13 @@ def _contact_id(
         return None
     ident = _uuid(raw)
     if ident is None or ledger.get_contact(account_id, ident) is None:
-        errors.append(FieldError("contact_id", "not_found", f"no contact {raw}"))
+        errors.append(_no_contact(raw))
         return None
     return ident
+
+
+def _no_contact(raw: UUID | str | None) -> FieldError:
+    return FieldError("contact_id", "not_found", f"no contact {raw}")
 
 
 def _execution_id(

@@ -44,7 +44,7 @@ from sinal.catalog import (
     METRIC_CONVERSATION_CLOSED,
     METRIC_CONVERSATION_OPENED,
 )
-from sinal.errors import ConversationClosed, InvalidContact, InvalidEvent
+from sinal.errors import ContactNotFound, ConversationClosed, InvalidContact, InvalidEvent
 from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.integrations import parse_body
 from sinal.integrations.base import ContactRef, DeliveryDeferred, Mapped, UnmappablePayload
@@ -178,15 +178,23 @@ class _Inbox:
         if found is None:
             if ref.is_empty:
                 raise _Skip("no_contact")
-            contact, _ = self.ledger.resolve_contact(
-                self.account_id, phone=ref.phone, external_id=ref.external_id,
-                name=ref.name, source=SOURCE,
-            )  # fmt: skip
-            found = contact.id
-            if ref.user_id:
-                found = self.store.link_whatsapp_user(self.account_id, ref.user_id, found)
+            try:
+                found = self.resolved(ref)
+            except ContactNotFound:  # erased meanwhile: as after the erasure, a new contact
+                found = self.resolved(ref)
         self.contacts[key] = found
         return found
+
+    def resolved(self, ref: ContactRef) -> UUID:
+        """The contact found or created by `ref`'s phone (or external id), remembered for
+        its user id; raises `ContactNotFound` when an erasure deleted it meanwhile."""
+        contact, _ = self.ledger.resolve_contact(
+            self.account_id, phone=ref.phone, external_id=ref.external_id,
+            name=ref.name, source=SOURCE,
+        )  # fmt: skip
+        if not ref.user_id:
+            return contact.id
+        return self.store.link_whatsapp_user(self.account_id, ref.user_id, contact.id)
 
     def receive(self, message: Mapped) -> None:
         """Message Received, and a conversation when none is open."""
@@ -207,6 +215,15 @@ class _Inbox:
         self.store.record_inbound_message(event, opened)
 
     def apply_status(self, update: StatusUpdate) -> None:
+        """Advance the message's status row and record its status event; when an erasure
+        deletes the message's contact meanwhile, again, as for a message sent to a contact
+        that no longer exists (its send record went with it)."""
+        try:
+            self.apply_status_once(update)
+        except ContactNotFound:
+            self.apply_status_once(update)
+
+    def apply_status_once(self, update: StatusUpdate) -> None:
         """Advance the message's status row and record its status event."""
         if update.rank is None:
             return  # a status sinal does not track (deleted, warning): nothing to record

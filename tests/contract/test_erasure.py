@@ -13,14 +13,25 @@ import psycopg
 import pytest
 
 import sinal
-from sinal import Ledger
+from sinal import Ledger, webhooks
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
+from sinal.errors import InvalidLink
 from sinal.events import EmitEvent
 from sinal.ledger import CHUNK
 from sinal.links import create_link
+from sinal.store.automations import Integration
+from sinal.store.erasure import erase_in
 from sinal.store.messaging import MessagingStore
+from sinal.store.postgres_erasure import _ERASE as ERASE
 from tests.helpers import sql, wait_until
+from tests.integration.whatsapp import (
+    APP_SECRET,
+    PHONE_NUMBER_ID,
+    meta_bytes,
+    statuses,
+    text_message,
+)
 
 PING = {"name": "ping", "trigger_metric": "Ping", "steps": [{"type": "add_tag", "tag": "p"}]}
 WHEN = "2026-12-01T12:00:00+00:00"
@@ -138,16 +149,14 @@ def test_erasing_another_accounts_contact_finds_nothing(ledger: Ledger, database
 
 
 def while_erased(database_url: str, contact: sinal.Contact, write: Callable[[], object]) -> Any:
-    """What `write` answers when it starts while a transaction holds `contact` as an
-    erasure does (locked FOR UPDATE, then deleted) and that transaction commits once
-    `write` waits for it (or has answered: it did not wait)."""
+    """What `write` answers when it starts while an erasure of `contact` has run its
+    statements (the contact locked FOR UPDATE, all of it deleted) and that erasure commits
+    once `write` waits for it (or has answered: it did not wait)."""
     if not database_url.startswith("postgres"):
         pytest.skip("SQLite runs one writer at a time")
     answers: list[object] = []
     with psycopg.connect(database_url) as eraser:
-        eraser.execute("SELECT 1 FROM contacts WHERE id = %s FOR UPDATE", (contact.id,))
-        eraser.execute("DELETE FROM contact_identities WHERE contact_id = %s", (contact.id,))
-        eraser.execute("DELETE FROM contacts WHERE id = %s", (contact.id,))
+        assert erase_in(eraser, ERASE, {"account": contact.account_id, "contact": contact.id})
         writer = threading.Thread(target=lambda: answers.append(write()))
         writer.start()
         wait_until(lambda: not writer.is_alive() or sql(
@@ -194,3 +203,76 @@ def test_a_tag_or_a_change_during_an_erasure_finds_no_contact(
     )
 
     assert (tagged, changed) == (None, None)
+
+
+def whatsapp(ledger: Ledger, account: sinal.Account) -> Integration:
+    data = {"kind": "whatsapp", "secret": APP_SECRET, "verify_token": "v",
+            "phone_number_id": PHONE_NUMBER_ID, "access_token": "EAAG-test"}  # fmt: skip
+    return Automations(ledger).create_integration(account.id, data)
+
+
+def delivered(ledger: Ledger, integration: Integration, body: dict[str, Any]) -> webhooks.Received:
+    return webhooks.receive(
+        ledger, integration, topic=None, delivery_id=str(uuid.uuid4()), headers={},
+        body=meta_bytes(body),
+    )  # fmt: skip
+
+
+def test_a_link_during_an_erasure_finds_no_contact(ledger: Ledger, database_url: str) -> None:
+    """PostgreSQL: refused as a link for an unknown contact is (the API's 422), not a store
+    error from the link's foreign key."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, email="ana@example.com")
+
+    def link() -> object:
+        try:
+            return create_link(ledger, account.id, url="https://loja.example/p", contact_id=ana.id)
+        except InvalidLink as exc:
+            return [(e.field, e.code) for e in exc.errors]
+
+    assert while_erased(database_url, ana, link) == [("contact_id", "not_found")]
+    assert sql(database_url, "SELECT count(*) FROM links") == [(0,)]
+
+
+def test_a_whatsapp_message_during_an_erasure_comes_from_a_new_contact(
+    ledger: Ledger, database_url: str
+) -> None:
+    """PostgreSQL: as a message after the erasure, its sender is created anew from the phone
+    (and remembered by Meta's user id), not a failed delivery."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, phone="+55 11 98765-4321")
+    integration = whatsapp(ledger, account)
+    body = text_message("wamid.racing", "5511987654321", "Oi", name="Ana")
+    value = body["entry"][0]["changes"][0]["value"]
+    value["contacts"][0]["user_id"] = value["messages"][0]["from_user_id"] = "BR.a1b2c3"
+
+    received = while_erased(database_url, ana, lambda: delivered(ledger, integration, body))
+
+    assert (received.status, received.reason) == ("processed", None)
+    [(contact_id,)] = sql(database_url, "SELECT contact_id FROM whatsapp_users")
+    assert str(contact_id) != str(ana.id)
+    assert sql(
+        database_url, "SELECT count(*) FROM events WHERE metric_name = 'Message Received' "
+        "AND contact_id = ?", str(contact_id)
+    ) == [(1,)]  # fmt: skip
+
+
+def test_a_whatsapp_status_during_an_erasure_is_of_an_unknown_message(
+    ledger: Ledger, database_url: str
+) -> None:
+    """PostgreSQL: the status of a message sent to the contact, arriving during its erasure,
+    waits as a status of a message sinal has no record of (the record went with the
+    contact), not a failed delivery."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, phone="+55 11 98765-4321")
+    integration = whatsapp(ledger, account)
+    ledger.emit_event(
+        account_id=account.id, contact_id=ana.id, metric_name="Message Sent", source="api",
+        source_id="wamid.sent", entity_type="message", entity_id="wamid.sent",
+    )  # fmt: skip
+    body = statuses(("wamid.sent", "delivered", 1715360000))
+
+    received = while_erased(database_url, ana, lambda: delivered(ledger, integration, body))
+
+    assert received.status == "deferred", received.reason
+    assert sql(database_url, "SELECT count(*) FROM message_statuses") == [(0,)]

@@ -84,6 +84,7 @@ from psycopg_pool.base import AttemptWithBackoff
 
 from sinal.errors import (
     ConfigurationError,
+    ContactNotFound,
     DuplicateKey,
     IdentityConflict,
     StoreError,
@@ -403,6 +404,8 @@ SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::text[])
 # psycopg's message for a text parameter holding a NUL ("PostgreSQL text fields cannot
 # contain NUL (0x00) bytes"); it raises a plain DataError, with no SQLSTATE to tell by.
 _NUL_REFUSED = "cannot contain NUL"
+# How the foreign keys to contacts are named (PostgreSQL's default names).
+_CONTACT_KEY = "_account_id_contact_id_fkey"
 
 
 @contextmanager
@@ -419,6 +422,13 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     closed pool), chained to it."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
         raise DuplicateKey(exc.diag.constraint_name) from exc
+    if isinstance(exc, psycopg.errors.ForeignKeyViolation) and str(
+        exc.diag.constraint_name
+    ).endswith(_CONTACT_KEY):
+        # a row naming a contact that an erasure deleted meanwhile: the writer waited for
+        # the erasure's lock (the key's check takes the contact FOR KEY SHARE), then found
+        # no contact, as if it had come after the erasure
+        raise ContactNotFound(str(exc)) from exc
     if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
         # psycopg's own check, before anything is sent: a text parameter holds a NUL
         raise UnstorableText from exc
