@@ -7,6 +7,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, cast
 
 import psycopg
@@ -33,6 +34,7 @@ from tests.integration.whatsapp import (
     text_message,
 )
 
+SHOPIFY = Path(__file__).parent.parent / "fixtures" / "shopify"
 PING = {"name": "ping", "trigger_metric": "Ping", "steps": [{"type": "add_tag", "tag": "p"}]}
 WHEN = "2026-12-01T12:00:00+00:00"
 
@@ -276,3 +278,20 @@ def test_a_whatsapp_status_during_an_erasure_is_of_an_unknown_message(
 
     assert received.status == "deferred", received.reason
     assert sql(database_url, "SELECT count(*) FROM message_statuses") == [(0,)]
+
+
+def test_an_order_during_an_erasure_keeps_no_contact(ledger: Ledger, database_url: str) -> None:
+    """PostgreSQL: orders have no foreign key to contacts; one saved during the erasure of its
+    buyer is detached as the erasure detaches the buyer's orders, not left naming the gone
+    contact's id."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, email="ana.souza@exemplo.com.br")
+    shop = Automations(ledger).create_integration(account.id, {"kind": "shopify", "secret": "s"})
+    body = (SHOPIFY / "orders_create.json").read_bytes()
+
+    received = while_erased(database_url, ana, lambda: webhooks.receive(
+        ledger, shop, topic="orders/create", delivery_id="o-1", headers={}, body=body,
+    ))  # fmt: skip
+
+    assert received.status == "processed", received.reason
+    assert sql(database_url, "SELECT contact_id FROM orders") == [(None,)]

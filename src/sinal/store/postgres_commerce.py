@@ -45,6 +45,10 @@ _HAS_ORDER = (
     "SELECT 1 FROM orders WHERE account_id = %s AND integration_id = %s "
     "AND (checkout_token = %s OR cart_token = %s) LIMIT 1"
 )
+# An order's contact, NULL when there is none: orders have no foreign key to contacts (an
+# erasure detaches them), so an order written while its contact is erased would keep the
+# erased id. FOR KEY SHARE waits for the erasure's lock, then finds no contact.
+_KNOWN_CONTACT = "(SELECT id FROM contacts WHERE account_id = %s AND id = %s FOR KEY SHARE)"
 # Is the checkout's integration still connected (not deleted)?
 _IS_LIVE = "SELECT 1 FROM integrations WHERE account_id = %s AND id = %s AND deleted_at IS NULL"
 # A cart reminder (the abandonment itself) and the order carrying its token can race with
@@ -208,19 +212,22 @@ def _write_order(conn: Conn, order: Order, *, is_new: bool) -> None:
     if is_new:
         conn.execute(
             f"INSERT INTO orders ({ORDER_COLUMNS}) VALUES "
-            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+            f"{_KNOWN_CONTACT}, %s, %s, %s)",
             (o.account_id, o.id, o.provider, o.integration_id, o.external_id, o.number,
              o.status, o.provider_status, o.total, o.refunded, o.currency, o.checkout_token,
-             o.cart_token, o.contact_id, o.source_updated_at, o.created_at, o.updated_at),
+             o.cart_token, o.account_id, o.contact_id, o.source_updated_at, o.created_at,
+             o.updated_at),
         )  # fmt: skip
         return
     conn.execute(
         "UPDATE orders SET number = %s, status = %s, provider_status = %s, total = %s, "
-        "refunded = %s, currency = %s, checkout_token = %s, cart_token = %s, contact_id = %s, "
-        "source_updated_at = %s, updated_at = %s WHERE account_id = %s AND id = %s",
+        "refunded = %s, currency = %s, checkout_token = %s, cart_token = %s, "
+        f"contact_id = {_KNOWN_CONTACT}, source_updated_at = %s, updated_at = %s "
+        "WHERE account_id = %s AND id = %s",
         (o.number, o.status, o.provider_status, o.total, o.refunded, o.currency,
-         o.checkout_token, o.cart_token, o.contact_id, o.source_updated_at, o.updated_at,
-         o.account_id, o.id),
+         o.checkout_token, o.cart_token, o.account_id, o.contact_id, o.source_updated_at,
+         o.updated_at, o.account_id, o.id),
     )  # fmt: skip
 
 
