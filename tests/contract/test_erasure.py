@@ -3,9 +3,11 @@ nothing of any other contact changes; on PostgreSQL an emit racing the erasure w
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable
+from contextlib import closing
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
@@ -25,6 +27,7 @@ from sinal.store.automations import Integration
 from sinal.store.erasure import erase_in
 from sinal.store.messaging import MessagingStore
 from sinal.store.postgres_erasure import _ERASE as ERASE
+from sinal.store.sqlite_erasure import _ERASE as SQLITE_ERASE
 from tests.helpers import sql, wait_until
 from tests.integration.whatsapp import (
     APP_SECRET,
@@ -295,3 +298,38 @@ def test_an_order_during_an_erasure_keeps_no_contact(ledger: Ledger, database_ur
 
     assert received.status == "processed", received.reason
     assert sql(database_url, "SELECT contact_id FROM orders") == [(None,)]
+
+
+def plan_of(database_url: str, statement: str, params: dict[str, Any]) -> list[str]:
+    """The lines of `statement`'s plan (PostgreSQL's with sequential scans priced out, as
+    on a table too large to read: a small test table would be read whole anyway)."""
+    if database_url.startswith("sqlite:"):
+        with closing(sqlite3.connect(database_url.removeprefix("sqlite:///"))) as lite:
+            return [r[-1] for r in lite.execute(f"EXPLAIN QUERY PLAN {statement}", params)]
+    with psycopg.connect(database_url) as conn:  # one transaction: the setting holds
+        conn.execute("SET LOCAL enable_seqscan = off")
+        return [r[0] for r in conn.execute(f"EXPLAIN {statement}", params)]
+
+
+# The tables migration 0018 indexes by contact (the others had such an index already).
+INDEXED = ("executions", "contact_identities", "message_statuses", "whatsapp_users", "links",
+           "checkouts")  # fmt: skip
+
+
+@pytest.mark.parametrize("table", INDEXED)
+def test_an_erasure_finds_the_contacts_rows_by_index(
+    ledger: Ledger, database_url: str, table: str
+) -> None:
+    """The erasure's delete reads the contact's rows through an index leading with
+    (account_id, contact_id) (migration 0018), not every row of the account while the
+    contact is locked: a key on contact_id in its plan, and no table read whole."""
+    params = {"account": uuid.uuid4(), "contact": uuid.uuid4()}
+    [n] = [i for i, s in enumerate(ERASE) if s.startswith(f"DELETE FROM {table} WHERE")]
+    if database_url.startswith("sqlite:"):
+        plan = plan_of(database_url, SQLITE_ERASE[n], {k: str(v) for k, v in params.items()})
+        assert any("contact_id=?" in line for line in plan), plan
+        assert not any(line.startswith("SCAN ") for line in plan), plan
+        return
+    plan = plan_of(database_url, ERASE[n], params)
+    assert any("Index Cond" in line and "contact_id =" in line for line in plan), plan
+    assert not any("Seq Scan" in line for line in plan), plan
