@@ -27,6 +27,7 @@ from sinal.store.automations import Integration
 from sinal.store.erasure import erase_in
 from sinal.store.messaging import MessagingStore
 from sinal.store.postgres_erasure import _ERASE as ERASE
+from sinal.store.postgres_erasure import LOCK_EVENTS
 from sinal.store.sqlite_erasure import _ERASE as SQLITE_ERASE
 from tests.helpers import sql, wait_until
 from tests.integration.whatsapp import (
@@ -155,12 +156,13 @@ def test_erasing_another_accounts_contact_finds_nothing(ledger: Ledger, database
 
 def while_erased(database_url: str, contact: sinal.Contact, write: Callable[[], object]) -> Any:
     """What `write` answers when it starts while an erasure of `contact` has run its
-    statements (the contact locked FOR UPDATE, all of it deleted) and that erasure commits
-    once `write` waits for it (or has answered: it did not wait)."""
+    statements (`events` locked, the contact locked FOR UPDATE, all of it deleted) and that
+    erasure commits once `write` waits for it (or has answered: it did not wait)."""
     if not database_url.startswith("postgres"):
         pytest.skip("SQLite runs one writer at a time")
     answers: list[object] = []
     with psycopg.connect(database_url) as eraser:
+        eraser.execute(LOCK_EVENTS)
         assert erase_in(eraser, ERASE, {"account": contact.account_id, "contact": contact.id})
         writer = threading.Thread(target=lambda: answers.append(write()))
         writer.start()

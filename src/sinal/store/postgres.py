@@ -41,9 +41,13 @@ statement a fifth of its time).
 An event's contact and metric are checked by these statements, not by foreign keys
 (migration 0009; the summaries' key to contacts went in 0012): the contact is looked up
 in the account before the insert, and the metric is upserted in the same transaction as
-the event and its summary. The lookup locks the contact FOR KEY SHARE (migration 0017),
-as the key did: an erasure of the contact (`postgres_erasure`) and an emit for it take
-turns, so no event is stored for a contact erased meanwhile.
+the event and its summary. The lookup is a plain read (a row lock per event cost
+`emit_event` ~80 µs of PostgreSQL's CPU, session 38): an erasure (`postgres_erasure`)
+instead locks `events` against writers, SHARE ROW EXCLUSIVE, before it looks at the
+contact. Every transaction that records holds ROW EXCLUSIVE on `events` before it reads
+the contact (the record statement and the one-event function take it as they start; a
+streamed batch with a LOCK TABLE first), so an emit that found the contact commits before
+the erasure deletes, and one that comes during it waits, then finds no contact.
 """
 
 from __future__ import annotations
@@ -201,8 +205,7 @@ _KNOWN = """
 known AS (
     SELECT i.* FROM input i
     CROSS JOIN LATERAL (SELECT 1 FROM contacts c
-                        WHERE c.account_id = i.account_id AND c.id = i.contact_id LIMIT 1
-                        FOR KEY SHARE) c
+                        WHERE c.account_id = i.account_id AND c.id = i.contact_id LIMIT 1) c
 )"""
 # A metric is made by an event stored, never by a duplicate or a rejection (as the
 # one-event function and a streamed batch's closing statements do).
@@ -369,14 +372,17 @@ CROSS JOIN LATERAL (SELECT * FROM events
 # The places of the pairs whose contact is not in the account: usually none, where the
 # found ones were a row each to read (~200 a batch of 500 in bench/ingest.py). The LATERAL
 # subquery's LIMIT keeps the plan an index probe per pair, as `_DUPLICATES_SQL`'s: a NOT
-# EXISTS could become a hash anti join over the whole table. The found ones are locked FOR
-# KEY SHARE until the batch commits, as by `_KNOWN`: an erasure (`postgres_erasure`) waits.
+# EXISTS could become a hash anti join over the whole table. Read after the batch's LOCK
+# TABLE (`_LOCK_EVENTS`): an erasure of one of the contacts waits for the batch, or the
+# batch for it (see the module).
+# A streamed batch reads its contacts before its COPY: it holds ROW EXCLUSIVE on `events`
+# first, as a statement that inserts does from its start (see the module).
+_LOCK_EVENTS = "LOCK TABLE events IN ROW EXCLUSIVE MODE"
 _MISSING_CONTACTS_SQL = """
 SELECT k.ord
 FROM unnest(%b::uuid[], %b::uuid[]) WITH ORDINALITY AS k(account_id, contact_id, ord)
 LEFT JOIN LATERAL (SELECT true AS found FROM contacts
-                   WHERE account_id = k.account_id AND id = k.contact_id LIMIT 1
-                   FOR KEY SHARE) c ON true
+                   WHERE account_id = k.account_id AND id = k.contact_id LIMIT 1) c ON true
 WHERE c.found IS NULL
 """
 # A streamed batch's new events, in the record statement's insert order (the ledger sends
@@ -426,7 +432,7 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
         exc.diag.constraint_name
     ).endswith(_CONTACT_KEY):
         # a row naming a contact that an erasure deleted meanwhile: the writer waited for
-        # the erasure's lock (the key's check takes the contact FOR KEY SHARE), then found
+        # the erasure's lock (the writer's check takes the contact FOR KEY SHARE), then found
         # no contact, as if it had come after the erasure
         raise ContactNotFound(str(exc)) from exc
     if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
@@ -1381,6 +1387,7 @@ def _record_copied(
             # BEGIN goes with the lookups: outside a pipeline it waits for its answer. (Not
             # `conn.transaction()`, which in a pipeline keeps one open around its block.)
             transaction.enter_context(psycopg.Transaction(conn))
+            conn.execute(_LOCK_EVENTS, prepare=False)
             dedup = _key_arrays((k.account_id, k.unique_event_id) for k in keys)
             found = conn.execute(_DUPLICATES_SQL, dedup, prepare=False)
             contacts = _pair_arrays(

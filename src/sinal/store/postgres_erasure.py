@@ -1,10 +1,16 @@
-"""PostgreSQL side of `ErasureStore`: the contact's row is locked first (`FOR UPDATE`).
+"""PostgreSQL side of `ErasureStore`: `events` is locked against writers first (SHARE ROW
+EXCLUSIVE, `LOCK_EVENTS`), then the contact's row (`FOR UPDATE`).
 
-Every statement that records an event checks its contact `FOR KEY SHARE` (migration
-0017, `_KNOWN`, `_MISSING_CONTACTS_SQL`), which that lock excludes: an emit that checked
-the contact before the erasure commits first, and the erasure's later statements (each
-with a fresh snapshot) delete what it wrote; one that comes during the erasure waits for
-it, finds no contact and is rejected `contact_not_found`, as for any unknown contact.
+A transaction that records an event holds ROW EXCLUSIVE on `events` before it reads the
+contact (plain reads: see `sinal.store.postgres`), so the table lock waits for every emit
+that may have found the contact — they commit, and the erasure's statements (each with a
+fresh snapshot) delete what they wrote — and an emit that comes during the erasure waits
+for it, then finds no contact and is rejected `contact_not_found`, as for any unknown
+contact. Every writer of events waits that long, whatever its account: the price of not
+locking a contact's row for each event (an erasure is rare, an event is not). The lock is
+self-exclusive, so two erasures take turns instead of deadlocking on each other's deletes.
+Other writers naming the contact (tags, orders) lock it FOR KEY SHARE, which `FOR UPDATE`
+excludes; one with a foreign key to it finds it gone (`ContactNotFound`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from sinal.store.erasure import erase_in, erase_statements
 T = TypeVar("T")
 Conn = psycopg.Connection[TupleRow]
 
+LOCK_EVENTS = "LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE"
 _ERASE = erase_statements(
     "%(account)s", "%(contact)s", "payload ->> 'contact_id' = %(contact)s::text", " FOR UPDATE"
 )
@@ -33,7 +40,12 @@ class PostgresErasure:
         raise NotImplementedError
 
     def erase_contact(self, account_id: UUID, contact_id: UUID) -> bool:
-        """The erasure's statements after the lock (see the module), again on a deadlock
+        """The erasure's statements after the locks (see the module), again on a deadlock
         (with a worker recording steps of the contact's executions)."""
         params: dict[str, Any] = {"account": account_id, "contact": contact_id}
-        return self._retrying(lambda conn: erase_in(conn, _ERASE, params))
+
+        def erase(conn: Conn) -> bool:
+            conn.execute(LOCK_EVENTS)
+            return erase_in(conn, _ERASE, params)
+
+        return self._retrying(erase)
