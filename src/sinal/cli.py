@@ -538,9 +538,10 @@ def prune(as_json: JsonOption = False, database_url: DatabaseOption = None) -> N
         pruned = prune_rows(ledger, retention, max_rounds=None, progress=advance)
     if as_json:
         _echo_json({"pruned": pruned})
-    elif not pruned:
+        return
+    if not pruned:
         console.print("nothing to prune: every SINAL_*_RETENTION_DAYS is 0 (kept for ever)")
-    for kind, n in [] if as_json else pruned.items():
+    for kind, n in pruned.items():
         console.print(f"pruned {n} {kind} older than {getattr(retention, kind)} days")
 
 

@@ -284,8 +284,7 @@ class Replay:
     @classmethod
     def refused(cls, rejection: Rejection, event: PreparedEvent) -> Replay:
         """Nothing written: `event`, the replay's, has no contact or an unknown one."""
-        reason = "contact_required" if event.contact_id is None else "contact_not_found"
-        return cls(rejection, None, reason=reason)
+        return cls(rejection, None, reason=contact_reason(event))
 
 
 BuildEvent = Callable[[Contact], PreparedEvent]
@@ -528,6 +527,11 @@ def compare_summaries(
             report.changed += 1
             report.details.append(f"wrong figures: contact {key[0]}, {key[1]}")
     return report
+
+
+def contact_reason(event: PreparedEvent) -> str:
+    """Why `event`, whose contact was not found, is refused: it names none, or an unknown one."""
+    return "contact_required" if event.contact_id is None else "contact_not_found"
 
 
 def rejection_message(reason: str, event: PreparedEvent) -> str:

@@ -122,6 +122,7 @@ from sinal.store.base import (
     StoredEvent,
     SummaryRow,
     compare_summaries,
+    contact_reason,
     read_migrations,
     rebuild_accounts,
     rejection_message,
@@ -369,15 +370,15 @@ CROSS JOIN LATERAL (SELECT * FROM events
                     WHERE account_id = k.account_id AND unique_event_id = k.unique_event_id
                     LIMIT 1) e
 """
-# The places of the pairs whose contact is not in the account: usually none, where the
-# found ones were a row each to read (~200 a batch of 500 in bench/ingest.py). The LATERAL
-# subquery's LIMIT keeps the plan an index probe per pair, as `_DUPLICATES_SQL`'s: a NOT
-# EXISTS could become a hash anti join over the whole table. Read after the batch's LOCK
-# TABLE (`_LOCK_EVENTS`): an erasure of one of the contacts waits for the batch, or the
-# batch for it (see the module).
 # A streamed batch reads its contacts before its COPY: it holds ROW EXCLUSIVE on `events`
 # first, as a statement that inserts does from its start (see the module).
 _LOCK_EVENTS = "LOCK TABLE events IN ROW EXCLUSIVE MODE"
+# The places of the pairs whose contact is not in the account: usually none, where the
+# found ones were a row each to read (~200 a batch of 500 in bench/ingest.py). The LATERAL
+# subquery's LIMIT keeps the plan an index probe per pair, as `_DUPLICATES_SQL`'s: a NOT
+# EXISTS could become a hash anti join over the whole table. Read after the batch's
+# `_LOCK_EVENTS`: an erasure of one of the contacts waits for the batch, or the batch for
+# it (see the module).
 _MISSING_CONTACTS_SQL = """
 SELECT k.ord
 FROM unnest(%b::uuid[], %b::uuid[]) WITH ORDINALITY AS k(account_id, contact_id, ord)
@@ -1761,7 +1762,7 @@ def _outcome(
     if created:
         return Outcome("created", event_id=event.id)
     if not known:
-        reason = "contact_required" if event.contact_id is None else "contact_not_found"
+        reason = contact_reason(event)
         return Outcome(
             "rejected",
             reason=reason,
