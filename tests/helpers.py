@@ -134,13 +134,20 @@ class WatchedLedger(Ledger):
 
 def cut_connections(url: str) -> int:
     """Terminate every other session on the PostgreSQL database at `url` (what a server
-    restart or a network cut does to them); how many there were."""
-    [(cut,)] = sql(
+    restart or a network cut does to them); how many there were.
+
+    Returns once each of them has exited: `pg_terminate_backend` without a timeout only
+    signals, so a statement sent at once raced the backend's exit, and once in CI failed
+    with "connection socket closed" instead of the server's "terminating connection"."""
+    cut = sql(
         url,
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "SELECT pid, pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
         "WHERE datname = current_database() AND pid <> pg_backend_pid()",
     )
-    return int(cut)
+    pids = [pid for pid, _ in cut]
+    left = sql(url, "SELECT pid FROM pg_stat_activity WHERE pid = ANY(?)", pids)
+    assert not left, f"sessions {left} still running 10 s after being terminated"
+    return len(cut)
 
 
 def free_port() -> int:
