@@ -208,6 +208,24 @@ async def test_docs_routes_have_their_own_metrics_label_and_unknown_paths_share_
     }
 
 
+async def test_a_redirect_to_a_known_route_is_labelled_with_that_route(api: Api) -> None:
+    docs = await api.client.get("/docs/")
+    events = await api.client.post("/v1/events/", json={})  # not the ingest fast path's
+    contact = await api.client.get("/v1/contacts/abc/")
+    unknown = await api.client.get("/no/such/path/")
+    metrics = (await api.client.get("/metrics")).text
+
+    requests = {x for x in metrics.splitlines() if x.startswith("sinal_http_requests_total")}
+    assert [r.status_code for r in (docs, events, contact, unknown)] == [307, 307, 307, 404]
+    assert docs.headers["location"] == "http://sinal.test/docs"
+    redirected = [("GET", "/docs"), ("POST", "/v1/events"), ("GET", "/v1/contacts/{contact_id}")]
+    assert {f'sinal_http_requests_total{{method="{method}",route="{route}",status="307"}} 1.0'
+            for method, route in redirected} <= requests  # fmt: skip
+    assert {x for x in requests if 'route="unmatched"' in x} == {
+        'sinal_http_requests_total{method="GET",route="unmatched",status="404"} 1.0'
+    }
+
+
 async def test_a_batch_counts_each_outcome_in_the_metrics(api: Api) -> None:
     contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
     event = {"metric": "Order Paid", "contact_id": str(contact.id), "source": "shopify"}

@@ -105,7 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(IngestFastPath, route=hot)
     # Outermost: sees both paths. `plain`: the routes FastAPI does not label (/docs, ...).
     plain = [r for r in app.routes if not isinstance(r, APIRoute)]
-    app.add_middleware(MetricsMiddleware, metrics=metrics, plain=plain)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, plain=plain, routes=app.routes)
 
     def openapi() -> dict[str, Any]:
         return build_openapi(app, (*REQUEST_MODELS, *automations.MODELS))

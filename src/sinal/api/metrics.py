@@ -26,6 +26,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# The status of the router's answer to a path that a known route matches with its trailing
+# slash added or removed (`redirect_slashes`): a redirect to that route.
+SLASH_REDIRECT = 307
 MAX_SOURCES = 50  # distinct `source` label values per process; the rest count as "other"
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -135,13 +138,22 @@ class MetricsMiddleware:
     come from the app's routes, never from the path, so a client cannot add label values.
     FastAPI's router puts only its own routes (`APIRoute`) in `scope["route"]`; `plain` are
     the app's other routes (/docs, /openapi.json, ...), matched here again when a request
-    ends without one.
+    ends without one. The router's redirect of `/docs/` to `/docs` (or `/v1/events/` to
+    `/v1/events`) sets no route: it is labelled with the route it redirects to, among
+    `routes` (all of the app's).
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, plain: Sequence[BaseRoute]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: Metrics,
+        plain: Sequence[BaseRoute],
+        routes: Sequence[BaseRoute],
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.plain = tuple(plain)
+        self.routes = tuple(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -160,10 +172,26 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_status)
         finally:
             route = scope.get("route") or self._plain_route(scope)
+            if route is None and status == SLASH_REDIRECT:
+                route = self._redirected_to(scope)
             # path_format: the template without converters ({tag}, not {tag:path})
             label = getattr(route, "path_format", None) or "unmatched"
             self.metrics.observe(scope["method"], label, status, time.perf_counter() - start)
 
     def _plain_route(self, scope: Scope) -> BaseRoute | None:
         """The route among `plain` that answered (or refused the method of) the request."""
-        return next((r for r in self.plain if r.matches(scope)[0] is not Match.NONE), None)
+        return _matching(self.plain, scope)
+
+    def _redirected_to(self, scope: Scope) -> BaseRoute | None:
+        """The route the router redirected the request to, with the trailing slash of its
+        path removed or added (as `starlette.routing.Router` decides it)."""
+        path = scope["path"]
+        if path == scope.get("root_path", "") + "/":  # the root is never redirected
+            return None
+        other = path.rstrip("/") if path.endswith("/") else path + "/"
+        return _matching(self.routes, {**scope, "path": other})
+
+
+def _matching(routes: Sequence[BaseRoute], scope: Scope) -> BaseRoute | None:
+    """The first of `routes` that matches the request (or refuses its method)."""
+    return next((r for r in routes if r.matches(scope)[0] is not Match.NONE), None)
