@@ -10,6 +10,15 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from sinal.api.automation_models import (
+    AutomationList,
+    AutomationOut,
+    ExecutionDetail,
+    ExecutionList,
+    IntegrationList,
+    IntegrationOut,
+    TraceOut,
+)
 from sinal.api.body import read_json
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.openapi import body_of
@@ -96,6 +105,7 @@ def _automations(request: Request) -> Automations:
     "/v1/integrations",
     summary="Connect a provider (WhatsApp Cloud API, AI endpoint, Shopify, Yampi)",
     status_code=201,
+    response_model=IntegrationOut,
     openapi_extra=body_of(IntegrationIn),
     responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
 )
@@ -112,6 +122,7 @@ async def create_integration(request: Request) -> Response:
 @router.get(
     "/v1/integrations",
     summary="The account's integrations (no secrets)",
+    response_model=IntegrationList,
     responses=problem_responses(401, 403, 503),
 )
 async def list_integrations(request: Request) -> Response:
@@ -126,6 +137,7 @@ async def list_integrations(request: Request) -> Response:
 @router.get(
     "/v1/integrations/{integration_id}",
     summary="One integration (no secrets)",
+    response_model=IntegrationOut,
     responses=problem_responses(401, 403, 404, 503),
 )
 async def get_integration(request: Request, integration_id: str) -> Response:
@@ -143,7 +155,7 @@ async def get_integration(request: Request, integration_id: str) -> Response:
     "/v1/integrations/{integration_id}",
     summary="Disconnect a provider",
     status_code=204,
-    responses=problem_responses(401, 403, 404, 503),
+    responses={204: {"description": "Disconnected"}, **problem_responses(401, 403, 404, 503)},
 )
 async def delete_integration(request: Request, integration_id: str) -> Response:
     """Its webhooks answer 404 from then on."""
@@ -163,6 +175,7 @@ async def delete_integration(request: Request, integration_id: str) -> Response:
     "/v1/automations",
     summary="Create an automation",
     status_code=201,
+    response_model=AutomationOut,
     openapi_extra=body_of(AutomationIn),
     responses=problem_responses(400, 401, 403, 413, 415, 422, 503),
 )
@@ -178,6 +191,7 @@ async def create_automation(request: Request) -> Response:
 @router.get(
     "/v1/automations",
     summary="The account's automations",
+    response_model=AutomationList,
     responses=problem_responses(401, 403, 503),
 )
 async def list_automations(request: Request) -> Response:
@@ -191,6 +205,7 @@ async def list_automations(request: Request) -> Response:
 @router.get(
     "/v1/automations/{automation_id}",
     summary="One automation",
+    response_model=AutomationOut,
     responses=problem_responses(401, 403, 404, 503),
 )
 async def get_automation(request: Request, automation_id: str) -> Response:
@@ -204,6 +219,7 @@ async def get_automation(request: Request, automation_id: str) -> Response:
 @router.patch(
     "/v1/automations/{automation_id}",
     summary="Change an automation (e.g. pause it)",
+    response_model=AutomationOut,
     openapi_extra=body_of(AutomationPatch),
     responses=problem_responses(400, 401, 403, 404, 413, 415, 422, 503),
 )
@@ -224,7 +240,7 @@ async def patch_automation(request: Request, automation_id: str) -> Response:
     "/v1/automations/{automation_id}",
     summary="Delete an automation (its executions stay visible)",
     status_code=204,
-    responses=problem_responses(401, 403, 404, 503),
+    responses={204: {"description": "Deleted"}, **problem_responses(401, 403, 404, 503)},
 )
 async def delete_automation(request: Request, automation_id: str) -> Response:
     """It stops triggering at once, and its pending and waiting executions end stopped
@@ -241,6 +257,7 @@ async def delete_automation(request: Request, automation_id: str) -> Response:
 @router.get(
     "/v1/automations/{automation_id}/executions",
     summary="An automation's executions, newest first",
+    response_model=ExecutionList,
     responses=problem_responses(401, 403, 404, 422, 503),
 )
 async def list_executions(
@@ -262,6 +279,7 @@ async def list_executions(
 @router.get(
     "/v1/executions/{execution_id}",
     summary="One execution: steps, attempts, errors, emitted events",
+    response_model=ExecutionDetail,
     responses=problem_responses(401, 403, 404, 503),
 )
 async def get_execution(request: Request, execution_id: str) -> Response:
@@ -278,6 +296,7 @@ async def get_execution(request: Request, execution_id: str) -> Response:
 @router.get(
     "/v1/events/{event_id}/trace",
     summary="For every automation: triggered (with its execution) or why not",
+    response_model=TraceOut,
     responses=problem_responses(401, 403, 404, 503),
 )
 async def trace(request: Request, event_id: str) -> Response:

@@ -123,7 +123,7 @@ async def erase_contact(request: Request, contact_id: str) -> Response:
     summary="Tag a contact",
     response_model=ContactOut,
     openapi_extra=body_of(TagsIn),
-    responses=_WRITE_ERRORS,
+    responses=problem_responses(400, 401, 403, 404, 413, 415, 422, 503),  # no identity: no 409
 )
 async def add_tags(request: Request, contact_id: str) -> Response:
     """Each tag the contact did not have records Tag Added; the contact is returned."""
