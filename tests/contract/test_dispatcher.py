@@ -338,7 +338,7 @@ def test_completed_step_is_not_repeated_when_the_execution_resumes(world: World)
     claim = world.claim_thanks("doomed-worker", 2.0)
     doomed = world.dispatcher()
     doomed.settings = replace(doomed.settings, worker_id="doomed-worker")
-    outcome = doomed._run_step(claim, 0, spec_of(claim.automation))
+    outcome = doomed._run_step(claim, 0, spec_of(claim.automation), claim.tags)
     assert outcome is not None  # step 0 sent and recorded; the worker dies before step 1
     time.sleep(2.2)
 
@@ -617,6 +617,30 @@ def test_filter_step_stops_the_execution(world: World) -> None:
     [execution] = world.executions()
     assert execution.status == "stopped"
     assert world.whatsapp.requests == []
+
+
+def test_a_filter_sees_the_tags_earlier_steps_of_its_run_added_or_removed(world: World) -> None:
+    world.ledger.add_tags(world.account.id, world.contact.id, ["vip"])
+    marks = world.automations.create(world.account.id, {
+        "name": "marca e filtra", "trigger_type": "order_paid",
+        "steps": [{"type": "add_tag", "tag": "comprou"},
+                  {"type": "filter", "conditions": [
+                      {"field": "contact.tags", "op": "contains", "value": "comprou"}]},
+                  {"type": "send_message", "text": "Obrigado!"}],
+    })  # fmt: skip
+    unmarks = world.automations.create(world.account.id, {
+        "name": "desmarca e filtra", "trigger_type": "order_paid",
+        "steps": [{"type": "remove_tag", "tag": "vip"},
+                  {"type": "filter", "conditions": [
+                      {"field": "contact.tags", "op": "contains", "value": "vip"}]},
+                  {"type": "send_message", "text": "Oi VIP!"}],
+    })  # fmt: skip
+    world.order_paid()
+    world.drain(world.dispatcher())
+
+    outcomes = {e.automation_id: e.status for e in world.executions()}
+    assert outcomes == {marks.id: "completed", unmarks.id: "stopped"}
+    assert [m["text"]["body"] for m in world.whatsapp.bodies()] == ["Obrigado!"]
 
 
 def test_ai_respond_asks_the_model_and_sends_its_answer(world: World) -> None:

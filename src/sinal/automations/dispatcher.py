@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, Generic, TypeVar, cast
@@ -47,7 +47,14 @@ import orjson
 from sinal.automations.backoff import RetryPolicy, is_exhausted, next_delay
 from sinal.automations.matching import explain_match
 from sinal.automations.metrics import WorkerMetrics
-from sinal.automations.model import AutomationSpec, InvalidAutomation, parse_automation
+from sinal.automations.model import (
+    AddTag,
+    AutomationSpec,
+    InvalidAutomation,
+    RemoveTag,
+    Step,
+    parse_automation,
+)
 from sinal.automations.steps import (
     EXTERNAL_SENDS,
     OutcomeUnknown,
@@ -140,8 +147,6 @@ class DispatchSettings:
         """These settings with a worker id (host:pid:random) if none was set."""
         if self.worker_id:
             return self
-        from dataclasses import replace
-
         ident = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         return replace(self, worker_id=ident)
 
@@ -511,20 +516,25 @@ class Dispatcher:
             return
         done = {s.step_index: s for s in claim.execution.steps}
         index = claim.execution.next_step
+        tags = claim.tags  # as the claim found them, then with this run's tag steps applied
         while index < len(spec.steps):
             record = done.get(index)
             if record is not None and record.status == "completed":
                 index += 1
                 continue
-            if self._run_step(claim, index, spec) is None:
+            if self._run_step(claim, index, spec, tags) is None:
                 return  # the execution was settled (or the claim lost) with the step
+            tags = _tags_after(spec.steps[index], tags)
             index += 1
         # every step had completed before (a resume): settle the execution
         self._advance(claim, Advance("completed", index))
 
-    def _run_step(self, claim: Claim, index: int, spec: AutomationSpec) -> StepOutcome | None:
-        """Run one step; its outcome when the execution goes on to the next step, None when
-        the step settled it (waiting, stopped, completed, failed, unknown) or lost it."""
+    def _run_step(
+        self, claim: Claim, index: int, spec: AutomationSpec, tags: tuple[str, ...]
+    ) -> StepOutcome | None:
+        """Run one step, the contact's tags being `tags`; its outcome when the execution goes
+        on to the next step, None when the step settled it (waiting, stopped, completed,
+        failed, unknown) or lost it."""
         if self._stopping.is_set():  # the worker is stopping: another one runs the rest
             self._release(claim, index)
             return None
@@ -558,7 +568,7 @@ class Dispatcher:
             finish("failed", error=str(failed), then=self._retry(claim, index, failed))
             return None
         try:
-            outcome = run_step(step, self._context(claim, index))
+            outcome = run_step(step, self._context(claim, index, tags))
         except OutcomeUnknown as exc:
             finish("unknown", error=str(exc), then=Advance("unknown", index, last_error=str(exc)))
             return None
@@ -653,7 +663,7 @@ class Dispatcher:
         log.warning("lost the claim on execution %s", claim.execution.id)
         self.metrics.lost.inc()
 
-    def _context(self, claim: Claim, index: int) -> StepContext:
+    def _context(self, claim: Claim, index: int, tags: tuple[str, ...]) -> StepContext:
         account, contact = claim.execution.account_id, claim.execution.contact_id
 
         def change_tag(tag: str, add: bool, event: EmitEvent) -> None:
@@ -670,7 +680,7 @@ class Dispatcher:
             )
 
         return StepContext(
-            claim=claim,
+            claim=claim if tags == claim.tags else replace(claim, tags=tags),
             index=index,
             now=self.ledger.clock(),
             http=self.http,
@@ -689,6 +699,16 @@ class Dispatcher:
             self._pool = None
         if not self._late:
             self.http.close()
+
+
+def _tags_after(step: Step, tags: tuple[str, ...]) -> tuple[str, ...]:
+    """The contact's tags once `step` completed, as the steps after it in the same run see
+    them (sorted, as the claim reads them): a filter after `add_tag` finds the tag."""
+    if isinstance(step, AddTag) and step.tag not in tags:
+        return tuple(sorted((*tags, step.tag)))
+    if isinstance(step, RemoveTag):
+        return tuple(t for t in tags if t != step.tag)
+    return tags
 
 
 def _settles(outcome: StepOutcome, index: int, steps: int) -> Advance | None:
