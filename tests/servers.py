@@ -9,6 +9,8 @@ import hashlib
 import hmac
 import itertools
 import json
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +28,12 @@ class Behaviour:
 
     status: int = 200
     delay: float = 0.0  # seconds before answering (past the client's timeout: a timeout)
-    fail_times: int = 0  # answer 503 this many times first
+    fail_times: int = 0  # answer `fail_status` (with `fail_body`, if given) this many times first
+    fail_status: int = 503
+    fail_body: bytes | None = None
+    # Close this many connections first once their request is read, answering nothing (a
+    # server, or a proxy before it, that crashed after the request arrived).
+    hang_up_times: int = 0
     # Called with (request body, request number) before answering: what the far side does
     # meanwhile (Meta's status webhook outrunning the API's answer).
     before_answer: Callable[[Any, int], None] | None = None
@@ -60,6 +67,9 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(length)
             body = json.loads(raw) if raw else None
             with recorder.lock:
+                hang_up = recorder.behaviour.hang_up_times > 0
+                if hang_up:
+                    recorder.behaviour.hang_up_times -= 1
                 recorder.requests.append(
                     {
                         "path": self.path,
@@ -71,15 +81,20 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
                     }
                 )
                 behaviour = recorder.behaviour
-                failing = behaviour.fail_times > 0
+                failing = not hang_up and behaviour.fail_times > 0
                 if failing:
                     behaviour.fail_times -= 1
                 n = next(recorder.counter)
+            if hang_up:  # closed without an answer, and reset (no linger)
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                           struct.pack("ii", 1, 0))  # fmt: skip
+                self.close_connection = True
+                return
             if behaviour.before_answer is not None and not failing:
                 behaviour.before_answer(body, n)
             if behaviour.delay:
                 time.sleep(behaviour.delay)
-            status = 503 if failing else behaviour.status
+            status = behaviour.fail_status if failing else behaviour.status
             payload = json.dumps(
                 (behaviour.answer or answer)(body, n)
                 if status < 400
@@ -87,6 +102,8 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
             ).encode()
             if status >= 400 and not failing and behaviour.refusal is not None:
                 payload = behaviour.refusal
+            if failing and behaviour.fail_body is not None:
+                payload = behaviour.fail_body
             trickled = b" " * int(behaviour.trickle / 0.05)
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -106,9 +123,9 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def _serve(answer: Any) -> Iterator[tuple[str, Recorder]]:
+def _serve(answer: Any, port: int = 0) -> Iterator[tuple[str, Recorder]]:
     recorder = Recorder()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(recorder, answer))
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(recorder, answer))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -138,9 +155,19 @@ def _ai_answer(body: Any, n: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def whatsapp_server() -> Any:
-    """A WhatsApp Cloud API: POST /{phone_number_id}/messages → {"messages": [{"id": wamid}]}."""
-    return _serve(_whatsapp_answer)
+def whatsapp_server(port: int = 0) -> Any:
+    """A WhatsApp Cloud API: POST /{phone_number_id}/messages → {"messages": [{"id": wamid}]};
+    on `port` if given (a free one otherwise)."""
+    return _serve(_whatsapp_answer, port)
+
+
+def meta_error(code: int, message: str, details: str = "") -> bytes:
+    """The body of the Cloud API's refusal with Meta's error `code`, as Graph API writes it."""
+    error: dict[str, Any] = {"message": f"(#{code}) {message}", "type": "OAuthException",
+                             "code": code, "fbtrace_id": "AbCdEf123"}  # fmt: skip
+    if details:
+        error["error_data"] = {"messaging_product": "whatsapp", "details": details}
+    return json.dumps({"error": error}).encode()
 
 
 def ai_server() -> Any:

@@ -35,10 +35,11 @@ from sinal.store.automations import (
 )
 from sinal.store.base import EventQuery
 from sinal.store.postgres import PostgresStore
-from tests.helpers import count, cut_connections, sql, wait_until
+from tests.helpers import count, cut_connections, free_port, sql, wait_until
 from tests.servers import (
     Recorder,
     ai_server,
+    meta_error,
     verify_signature,
     webhook_receiver,
     whatsapp_server,
@@ -268,7 +269,9 @@ def test_a_chain_continues_only_from_an_execution_of_the_events_own_account(
 
 def test_transient_failures_retry_with_backoff_then_succeed(world: World) -> None:
     world.automations.create(world.account.id, THANKS)
-    world.whatsapp.behaviour.fail_times = 2
+    world.whatsapp.behaviour.fail_times = 2  # Meta's throughput limit: refused, not sent
+    world.whatsapp.behaviour.fail_status = 400
+    world.whatsapp.behaviour.fail_body = meta_error(130429, "Rate limit hit")
     world.order_paid()
     dispatcher = world.dispatcher()
 
@@ -280,7 +283,7 @@ def test_transient_failures_retry_with_backoff_then_succeed(world: World) -> Non
 
     [execution] = world.executions()
     assert execution.status == "completed"
-    assert len(world.whatsapp.requests) == 3  # two 503s, one success
+    assert len(world.whatsapp.requests) == 3  # two refusals, one success
     detail = world.automations.store.get_execution(world.account.id, execution.id)
     assert detail is not None
     assert detail.steps[0].attempts == 3
@@ -296,7 +299,7 @@ def test_permanent_failure_is_dead_with_its_error_and_can_be_retried(world: Worl
     [execution] = world.executions()
     assert execution.status == "dead"
     assert execution.last_error is not None
-    assert "refused the request (400)" in execution.last_error
+    assert "refused the message (400, error 400): refused" in execution.last_error
 
     world.whatsapp.behaviour.status = 200
     assert world.automations.store.retry_dead(world.account.id) == 1
@@ -515,7 +518,7 @@ def test_the_worker_counts_what_it_does(world: World) -> None:
 
 def test_the_worker_counts_retries_and_dead_executions(world: World) -> None:
     world.automations.create(world.account.id, THANKS)
-    world.whatsapp.behaviour.status = 503  # retried: three attempts, then dead
+    world.whatsapp.behaviour.status = 429  # retried: three attempts, then dead
     world.order_paid()
     dispatcher = world.dispatcher()
 
@@ -1729,3 +1732,162 @@ def test_a_closed_postgres_store_stays_closed(world: World) -> None:
     for _ in range(2):  # the first call after close made a new pool, the second used it
         with pytest.raises(StoreError, match="the PostgreSQL store is closed"):
             store.get_account(world.account.id)
+
+
+# -- a send's outcome: sent again only when it certainly did not leave ------------------------
+
+UNDELIVERABLE = meta_error(
+    131026, "Message undeliverable",
+    "Unable to deliver the message. Reasons can include: the recipient phone number is not a "
+    "WhatsApp phone number.",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "status", "requests", "said"),
+    [
+        # refused for now (Meta's rate limits, 429): nothing left; sent again, and it goes
+        (
+            {"fail_times": 1, "fail_status": 400,
+             "fail_body": meta_error(130429, "Rate limit hit")},
+            "completed", 2, None,
+        ),
+        (
+            {"fail_times": 1, "fail_status": 400, "fail_body": meta_error(
+                131056, "(Business Account, Consumer Account) pair rate limit hit")},
+            "completed", 2, None,
+        ),
+        ({"fail_times": 1, "fail_status": 429}, "completed", 2, None),
+        # refused for good: nothing left, and would not as configured; dead, with Meta's reason
+        (
+            {"status": 400, "refusal": UNDELIVERABLE}, "dead", 1,
+            "refused the message (400, error 131026): (#131026) Message undeliverable: Unable "
+            "to deliver the message.",
+        ),
+        (
+            {"status": 401, "refusal": meta_error(190, "Access token has expired")}, "dead", 1,
+            "refused the message (401, error 190): (#190) Access token has expired",
+        ),
+        (
+            {"status": 400, "refusal": meta_error(131047, "Re-engagement message")}, "dead", 1,
+            "(400, error 131047)",
+        ),
+        # may have left: unknown, never sent again (the next attempt would have gone through)
+        (
+            {"fail_times": 1, "fail_status": 500,
+             "fail_body": meta_error(131000, "Something went wrong")},
+            "unknown", 1, "answered 500, a server error: the request may or may not have been "
+            'carried out: {"error": {"message": "(#131000) Something went wrong"',
+        ),
+        ({"fail_times": 1, "fail_status": 503}, "unknown", 1, "answered 503, a server error"),
+        (
+            {"fail_times": 1, "fail_status": 502, "fail_body": b"<html>Bad Gateway</html>"},
+            "unknown", 1, "answered 502, a server error",
+        ),
+        ({"hang_up_times": 1}, "unknown", 1, "broke off"),
+        ({"delay": 1.0}, "unknown", 1, "did not answer in time"),
+    ],
+    ids=[
+        "rate-limit-130429", "pair-rate-limit-131056", "http-429", "undeliverable-131026",
+        "token-expired-190", "re-engagement-131047", "500", "503", "502-html", "hang-up",
+        "read-timeout",
+    ],
+)  # fmt: skip
+def test_a_whatsapp_sends_outcome_settles_its_execution(
+    world: World, behaviour: dict[str, Any], status: str, requests: int, said: str | None
+) -> None:
+    """Each outcome of a send to the Cloud API, from a real server: refused for now (sent
+    again), refused for good (dead), or maybe sent (unknown, and never sent again: the
+    Cloud API has no idempotency key, and a retry would send the contact a duplicate)."""
+    for name, value in behaviour.items():
+        setattr(world.whatsapp.behaviour, name, value)
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+
+    execution = _until_settled(world, world.dispatcher())
+    world.drain(world.dispatcher())  # later workers: nothing is due
+
+    assert (execution.status, len(world.whatsapp.requests)) == (status, requests)
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    send = detail.steps[0]
+    assert send.status == {"completed": "completed", "dead": "failed", "unknown": "unknown"}[status]
+    assert send.attempts == requests
+    if said is not None:
+        assert said in (detail.last_error or ""), detail.last_error
+        assert send.error == detail.last_error
+    if status == "unknown":  # and says so
+        assert (detail.last_error or "").endswith("so the contact gets no duplicate")
+    sent = world.ledger.list_events(EventQuery(world.account.id, metric_name="Message Sent"))
+    assert len(sent) == (1 if status == "completed" else 0)
+
+
+def test_a_send_whose_connection_is_refused_goes_once_the_api_listens(world: World) -> None:
+    """Refused at connect, the request never left: the step is tried again, and sent once."""
+    port = free_port()
+    _connect_whatsapp(world, api_base_url=f"http://127.0.0.1:{port}")
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    dispatcher = world.dispatcher()
+
+    dispatcher.run_once()
+    [execution] = world.executions()
+    assert (execution.status, execution.attempts) == ("pending", 1)
+    assert f"could not connect to 127.0.0.1:{port}" in (execution.last_error or "")
+
+    with whatsapp_server(port) as (_url, meta):
+        execution = _until_settled(world, dispatcher)
+    assert execution.status == "completed"
+    assert len(meta.requests) == 1
+
+
+def test_a_send_whose_api_name_does_not_resolve_is_retried_never_unknown(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name the DNS does not know: nothing was sent, so it is a failed attempt, tried
+    again until the attempts are spent, never "may have been sent"."""
+    real_getaddrinfo = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "graph.down.example":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    _connect_whatsapp(world, api_base_url="http://graph.down.example/v21.0")
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+
+    execution = _until_settled(world, world.dispatcher())
+
+    assert (execution.status, execution.attempts) == ("dead", 3)
+    assert "could not connect to graph.down.example" in (execution.last_error or "")
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "status", "requests"),
+    [
+        ({"fail_times": 1, "fail_status": 500}, "completed", 2),
+        ({"fail_times": 1, "fail_status": 503}, "completed", 2),
+        ({"hang_up_times": 1}, "completed", 2),
+        ({"fail_times": 1, "fail_status": 429}, "completed", 2),
+        ({"status": 400}, "dead", 1),
+    ],
+    ids=["500", "503", "hang-up", "429", "400"],
+)
+def test_a_webhooks_outcome_settles_its_execution_as_a_sends_would_but_resent_when_unsure(
+    world: World, behaviour: dict[str, Any], status: str, requests: int
+) -> None:
+    """The same outcomes sorted the same way; what differs is the one a send stops at: a
+    webhook that may have arrived is sent again, since its receiver dedupes on the
+    Idempotency-Key, the same on every attempt."""
+    with webhook_receiver() as (hook_url, hook):
+        for name, value in behaviour.items():
+            setattr(hook.behaviour, name, value)
+        _hook(world, f"{hook_url}/hook")
+        world.order_paid()
+        execution = _until_settled(world, world.dispatcher())
+
+    assert (execution.status, len(hook.requests)) == (status, requests)
+    keys = {r["headers"]["Idempotency-Key"] for r in hook.requests}
+    assert keys == {f"{execution.id}:0"}

@@ -14,7 +14,7 @@ from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.ledger import Ledger
 from tests.integration.conftest import Api, running_api
-from tests.servers import verify_signature, webhook_receiver, whatsapp_server
+from tests.servers import meta_error, verify_signature, webhook_receiver, whatsapp_server
 
 pytestmark = pytest.mark.anyio
 
@@ -39,6 +39,15 @@ async def _order(api: Api, total: str, source_id: str) -> dict[str, Any]:
     assert response.status_code == 201, response.text
     body: dict[str, Any] = response.json()
     return body
+
+
+async def _connect(api: Api, wa_url: str) -> None:
+    """The account's WhatsApp connection, sending to `wa_url`."""
+    made = await api.post("/v1/integrations", {
+        "kind": "whatsapp", "secret": "app-secret", "verify_token": "v",
+        "phone_number_id": "1234", "access_token": "EAAG", "api_base_url": wa_url,
+    })  # fmt: skip
+    assert made.status_code == 201, made.text
 
 
 def _drain(api: Api) -> None:
@@ -86,6 +95,40 @@ async def test_automation_lifecycle_runs_and_is_traced(api: Api) -> None:
     assert miss["automations"][0]["filter_field"] == "properties.total"
 
 
+async def test_a_send_answered_with_a_server_error_is_unknown_saying_why_never_resent(
+    api: Api,
+) -> None:
+    """Meta's API failed while handling the send (500): the message may have gone out, and
+    the Cloud API has no idempotency key, so it is not sent again. The operator sees the
+    execution `unknown` with the answer, and decides (`sinal executions retry`)."""
+    with whatsapp_server() as (wa_url, wa):
+        wa.behaviour.fail_times = 1
+        wa.behaviour.fail_status = 500
+        wa.behaviour.fail_body = meta_error(131000, "Something went wrong")
+        await _connect(api, wa_url)
+        automation = (await api.post("/v1/automations", AUTOMATION)).json()
+        await _order(api, "297.90", "1001")
+        _drain(api)
+        _drain(api)  # the API answers again by now: nothing is due all the same
+        assert len(wa.requests) == 1
+
+    runs = await api.client.get(f"/v1/automations/{automation['id']}/executions")
+    [run] = runs.json()["data"]
+    detail = (await api.client.get(f"/v1/executions/{run['id']}")).json()
+    assert (run["status"], detail["status"]) == ("unknown", "unknown")
+    [send] = detail["steps"]  # the tag step never started
+    assert (send["status"], send["attempts"]) == ("unknown", 1)
+    host = wa_url.removeprefix("http://")
+    said = (
+        f"{host} answered 500, a server error: the request may or may not have been carried "
+        'out: {"error": {"message": "(#131000) Something went wrong", "type": "OAuthException", '
+        '"code": 131000, "fbtrace_id": "AbCdEf123"}}; not sent again, so the contact gets no '
+        "duplicate"
+    )
+    assert (send["error"], detail["last_error"]) == (said, said)
+    assert detail["emitted_events"] == []
+
+
 async def test_patch_pauses_and_delete_removes(api: Api) -> None:
     automation = (await api.post("/v1/automations", AUTOMATION)).json()
     paused = await api.client.patch(f"/v1/automations/{automation['id']}",
@@ -109,10 +152,7 @@ REMINDER = {
 async def _reminder_waiting(api: Api, wa_url: str) -> tuple[str, str]:
     """REMINDER's execution for an order, its first message sent and its wait begun: the
     automation's id and the execution's."""
-    await api.post("/v1/integrations", {
-        "kind": "whatsapp", "secret": "app-secret", "verify_token": "v",
-        "phone_number_id": "1234", "access_token": "EAAG", "api_base_url": wa_url,
-    })  # fmt: skip
+    await _connect(api, wa_url)
     automation = (await api.post("/v1/automations", REMINDER)).json()
     await _order(api, "297.90", "1001")
     _drain(api)

@@ -21,7 +21,7 @@ from sinal.store.automations import AutomationStore, Execution
 from tests.helpers import count, sql
 from tests.integration.conftest import Api, running_api
 from tests.integration.whatsapp import connect_whatsapp, events
-from tests.servers import Recorder, ai_server, whatsapp_server
+from tests.servers import Recorder, ai_server, meta_error, whatsapp_server
 
 pytestmark = pytest.mark.anyio
 
@@ -147,7 +147,9 @@ async def test_message_step_run_again_after_a_failed_send_sends_the_same_links(
     )
     with whatsapp_server() as (wa_url, server):
         connect_whatsapp(api, api_base_url=wa_url)
-        server.behaviour.fail_times = 1  # 503: not sent, the step runs again later
+        server.behaviour.fail_times = 1  # refused, not sent: the step runs again later
+        server.behaviour.fail_status = 400
+        server.behaviour.fail_body = meta_error(131056, "pair rate limit hit")
         await _order_fulfilled(api)
         execution = _run(linking_dispatcher(api.ledger, PUBLIC), api)
     assert execution.status == "completed", execution.last_error

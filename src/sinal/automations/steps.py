@@ -2,15 +2,19 @@
 contact's own data (tags, conversations). Each runner returns a `StepOutcome`; the
 dispatcher records it.
 
-Failures are sorted by what a retry can do:
+Failures are sorted by what happened, then by whether sending again is safe:
 
-- `StepFailed(retry=True)`: definitely not done (connection refused, 408, 429, 5xx): retry
-  later.
-- `StepFailed(retry=False)`: will never work as configured (no WhatsApp connection, 400).
-- `OutcomeUnknown`: the request left and no answer came back (timeout). It may have been
-  delivered, so it is never resent blindly: the execution stops as `unknown`. Not for
-  `ai_respond`'s question to the AI endpoint, which is harmless to ask again: only its
-  send to WhatsApp can be unknown.
+- `StepFailed(retry=True)`: definitely not done, and may work later: no connection could be
+  made (refused, a name that does not resolve), or the server refused it for now (408,
+  429, and the WhatsApp API's rate limits: `sinal.integrations.whatsapp_api`).
+- `StepFailed(retry=False)`: refused, and will be again as configured (no WhatsApp
+  connection, a 4xx such as an undeliverable message or an expired token).
+- `OutcomeUnknown`: the request left and no answer says what became of it: no answer in
+  time, the connection broken off, a 5xx (the server failed, maybe after acting). A
+  WhatsApp send is never repeated on it, since the Cloud API has no idempotency key: the
+  execution stops as `unknown`, for an operator to check and revive. A webhook carries its
+  `Idempotency-Key`, and `ai_respond`'s question to the AI endpoint is harmless to ask
+  again: both are retried (`StepFailed(retry=True)`); only a send to WhatsApp is unknown.
 
 Whatever else goes wrong in a step (a host name IDNA refuses, a header value that is not
 ASCII, a database error, a bug) happened before its request could leave, or `_post` says
@@ -60,6 +64,7 @@ from sinal.errors import ConfigurationError, InvalidLink, RetryLater, SinalError
 from sinal.events import EmitEvent, build_unique_event_id, decimal_text, stamp
 from sinal.integrations.links import rewrite_urls
 from sinal.integrations.whatsapp import sent_callback_data
+from sinal.integrations.whatsapp_api import read_refusal
 from sinal.store.automations import Claim, Execution, Integration
 
 log = logging.getLogger("sinal.steps")
@@ -428,7 +433,11 @@ def _whatsapp_send(
             "to": phone.lstrip("+"), **message, "biz_opaque_callback_data": callback}  # fmt: skip
     # Meta's own API (the default) is no address of the account's choosing: not looked up
     is_meta = base == DEFAULT_WHATSAPP_API
-    answer = _post_json(ctx, url, body, wa.secrets.get("access_token"), is_trusted=is_meta)
+    token = wa.secrets.get("access_token")
+    try:
+        answer = _post_json(ctx, url, body, token, is_trusted=is_meta, refused=_whatsapp_refused)
+    except OutcomeUnknown as exc:  # the Cloud API has no idempotency key to resend with
+        raise OutcomeUnknown(f"{exc}; not sent again, so the contact gets no duplicate") from exc
     try:
         return str(answer["messages"][0]["id"]), phone
     except (KeyError, IndexError, TypeError) as exc:
@@ -437,18 +446,25 @@ def _whatsapp_send(
 
 
 def _post_json(
-    ctx: StepContext, url: str, body: dict[str, Any], token: Any, *, is_trusted: bool = False
+    ctx: StepContext,
+    url: str,
+    body: dict[str, Any],
+    token: Any,
+    *,
+    is_trusted: bool = False,
+    refused: _Refusal | None = None,
 ) -> Any:
     """POST `body` to a connection's URL, its answer parsed. The account sets a connection's
     base URL as it sets a webhook's: unless `is_trusted`, it is checked alike as the request
-    leaves (`refuse_private_target`), and a new connection goes to the address checked."""
+    leaves (`refuse_private_target`), and a new connection goes to the address checked.
+    A 4xx answer becomes `refused`'s `StepFailed` (by default, `_refused`'s)."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     addresses = None
     if not (is_trusted or ctx.allow_private_webhooks):
         addresses = refuse_private_target(url)
-    answer = _post(ctx, url, orjson.dumps(body), headers, addresses)
+    answer = _post(ctx, url, orjson.dumps(body), headers, addresses, refused=refused)
     if not answer.complete:
         raise OutcomeUnknown(
             f"{url} answered {answer.status_code} with more than {MAX_ANSWER} bytes, or too "
@@ -475,6 +491,10 @@ class _Answer:
         return self.content.decode(self.encoding, "replace")
 
 
+# Makes the `StepFailed` of a 4xx answer from a URL: whether trying again can help.
+_Refusal = Callable[[_Answer, str], StepFailed]
+
+
 def _read(response: httpx.Response, seconds: float | None) -> _Answer:
     """The status and up to `MAX_ANSWER` bytes of the body, read for at most `seconds`: the
     client's timeout bounds each read, not their sum, and a server trickling its answer
@@ -497,10 +517,13 @@ def _post(
     content: bytes,
     headers: Mapping[str, str],
     addresses: Sequence[str] | None = None,
+    *,
+    refused: _Refusal | None = None,
 ) -> _Answer:
     """POST, sorting every failure by whether the request may have been delivered; with
     `addresses`, a new connection goes to the first of them (see `_NewConnectionGate`).
-    The answer is read up to `MAX_ANSWER` bytes, for at most the timeout once it began."""
+    The answer is read up to `MAX_ANSWER` bytes, for at most the timeout once it began.
+    A 5xx is `OutcomeUnknown`; a 4xx, `refused`'s `StepFailed` (by default, `_refused`'s)."""
     gate = _NewConnectionGate(url, ctx.http.timeout.connect, addresses)
     sent = httpx.Headers({"Content-Type": "application/json"})
     sent.update(headers)  # case-insensitively: a `content-type` given replaces ours
@@ -524,16 +547,37 @@ def _post(
         raise StepFailed(f"could not send to {host}: {what}", retry=True) from exc
     finally:
         gate.release()
-    # 408: the server gave up waiting for the request (a proxy's client timeout), as 429 and
-    # 5xx say "not now" rather than "never"
-    if answer.status_code in (408, 429) or answer.status_code >= 500:
-        raise StepFailed(f"{_host(url)} answered {answer.status_code}", retry=True)
-    if answer.status_code >= 400:
-        raise StepFailed(
-            f"{_host(url)} refused the request ({answer.status_code}): {answer.text[:300]}",
-            retry=False,
+    if answer.status_code >= 500:
+        # the server failed while handling the request: maybe before it acted, maybe after
+        said = answer.text[:300].strip()
+        raise OutcomeUnknown(
+            f"{_host(url)} answered {answer.status_code}, a server error: the request may or "
+            "may not have been carried out" + (f": {said}" if said else "")
         )
+    if answer.status_code >= 400:
+        raise (refused or _refused)(answer, url)
     return answer
+
+
+def _refused(answer: _Answer, url: str) -> StepFailed:
+    """A 4xx from anyone: 408 (the server, or its proxy, gave up waiting for the request)
+    and 429 say "not now"; the rest, "not like this"."""
+    if answer.status_code in (408, 429):
+        return StepFailed(f"{_host(url)} answered {answer.status_code}", retry=True)
+    return StepFailed(
+        f"{_host(url)} refused the request ({answer.status_code}): {answer.text[:300]}",
+        retry=False,
+    )
+
+
+def _whatsapp_refused(answer: _Answer, url: str) -> StepFailed:
+    """A 4xx from the WhatsApp Cloud API: no message left; Meta's error code says whether
+    one may leave later (a rate limit) or will be refused again (an undeliverable message,
+    an expired token)."""
+    refusal = read_refusal(answer.status_code, answer.content)
+    if refusal.is_temporary:
+        return StepFailed(f"{_host(url)} refused the message for now {refusal}", retry=True)
+    return StepFailed(f"{_host(url)} refused the message {refusal}", retry=False)
 
 
 class _NewConnectionGate:
