@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from sinal.automations.backoff import DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from sinal.errors import ConfigurationError
 from sinal.group_commit import MAX_DELAY
 from sinal.ledger import MAX_BATCH
@@ -144,10 +145,22 @@ class Settings:
         "steps, stays after its last change"
     )
     max_attempts: int = _setting(
-        8, "attempts of a failing execution before it is dead", within=(1, 100)
+        DEFAULT_MAX_ATTEMPTS,
+        "attempts of a failing execution before it is dead (the defaults retry for 20.7 to "
+        "41.4 hours)",
+        within=(1, 100),
     )
     retry_base: float = _setting(
-        1.0, "seconds of the first retry's backoff (doubles, jittered)", within=(0, 3_600)
+        DEFAULT_BASE,
+        "seconds of the first retry's backoff ceiling; each later one doubles, up to "
+        "SINAL_RETRY_CAP, and the wait is drawn from its upper half",
+        within=(0.01, 3_600),
+    )
+    retry_cap: float = _setting(
+        DEFAULT_CAP,
+        "seconds two attempts of a failing execution are apart, at most (at least "
+        "SINAL_RETRY_BASE)",
+        within=(1, 604_800),
     )
     http_timeout: float = _setting(
         30.0, "seconds a step waits for WhatsApp, AI or a webhook", within=(0.1, 3_600)
@@ -176,6 +189,11 @@ class Settings:
                 )
         if not self.host.strip():
             raise ConfigurationError(f"{env_name('host')} must not be empty")
+        if self.retry_cap < self.retry_base:
+            raise ConfigurationError(
+                f"{env_name('retry_cap')}={_number(self.retry_cap)} must be at least "
+                f"{env_name('retry_base')}={_number(self.retry_base)}"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -197,6 +215,10 @@ class Settings:
             webhook_deliveries=self.webhook_deliveries_retention_days,
             executions=self.executions_retention_days,
         )
+
+    def retry(self) -> RetryPolicy:
+        """How a worker retries a failing execution, as `sinal.automations.backoff` takes it."""
+        return RetryPolicy(max_attempts=self.max_attempts, base=self.retry_base, cap=self.retry_cap)
 
     def with_overrides(self, **overrides: Any) -> Settings:
         """A copy with the given (non-None) values replaced."""

@@ -11,7 +11,6 @@ from typing import cast
 
 from prometheus_client import CollectorRegistry
 
-from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import HOUSEKEEPING_GRACE, Dispatcher, DispatchSettings
 from sinal.automations.metrics import WorkerMetrics, serve_worker_metrics
 from sinal.config import Settings
@@ -37,7 +36,7 @@ def dispatch_settings(settings: Settings) -> DispatchSettings:
         concurrency=settings.worker_concurrency,
         poll_interval=settings.worker_poll_interval,
         hold_interval=settings.worker_hold_interval,
-        retry=RetryPolicy(max_attempts=settings.max_attempts, base=settings.retry_base),
+        retry=settings.retry(),
         http_timeout=settings.http_timeout,
         allow_private_webhooks=settings.allow_private_webhooks,
         housekeeping_interval=settings.housekeeping_interval,

@@ -149,6 +149,9 @@ def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
             "-1",
             "SINAL_EXECUTIONS_RETENTION_DAYS=-1 must be 0 or within 1..36500",
         ),
+        # a worker's retries: no backoff at all, or a cap below the first delay
+        ("SINAL_RETRY_BASE", "0", "SINAL_RETRY_BASE=0 must be within 0.01..3600"),
+        ("SINAL_RETRY_CAP", "5", "SINAL_RETRY_CAP=5 must be at least SINAL_RETRY_BASE=10"),
     ],
     ids=[
         "public_url",
@@ -157,6 +160,8 @@ def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
         "worker_concurrency",
         "housekeeping_interval",
         "executions_retention_days",
+        "retry_base",
+        "retry_cap",
     ],
 )
 def test_cli_malformed_setting_is_one_line_naming_it(

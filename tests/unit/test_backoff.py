@@ -1,4 +1,4 @@
-"""Retry delays: exponential backoff with full jitter, bounded, repeatable with a seed."""
+"""Retry delays: exponential backoff with jitter, bounded, repeatable with a seed."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ class Fixed:
 @pytest.mark.parametrize(
     ("attempt", "kwargs", "ceiling"),
     [
-        (1, {}, 1.0),
-        (2, {}, 2.0),
-        (3, {}, 4.0),
-        (12, {}, 2048.0),
-        (13, {}, 3600.0),  # 4096 capped
-        (10_000, {}, 3600.0),  # 2.0 ** 9999 overflows a float: the cap applies
+        (1, {}, 10.0),
+        (2, {}, 20.0),
+        (3, {}, 40.0),
+        (12, {}, 20_480.0),
+        (13, {}, 21_600.0),  # 40960 capped at 6 h
+        (10_000, {}, 21_600.0),  # 2.0 ** 9999 overflows a float: the cap applies
         (3, {"base": 0.5, "factor": 3.0}, 4.5),
-        (5, {"factor": 1.0}, 1.0),  # constant backoff
+        (5, {"factor": 1.0}, 10.0),  # constant backoff
         (4, {"base": 10.0, "cap": 60.0}, 60.0),
         (1, {"base": 5.0, "cap": 2.0}, 2.0),
         (3, {"cap": 0.0}, 0.0),
@@ -47,10 +47,13 @@ def test_delay_ceiling_grows_exponentially_up_to_the_cap(
 
 @pytest.mark.parametrize(
     ("draw", "attempt", "delay"),
-    [(0.0, 1, 0.0), (0.5, 1, 0.5), (0.5, 4, 4.0), (0.999, 20, 3596.4), (0.25, 13, 900.0)],
+    [(0.0, 1, 0.5), (0.5, 1, 0.75), (0.5, 4, 6.0), (0.999, 20, 3598.2), (0.25, 13, 2250.0)],
 )
-def test_next_delay_is_the_draw_times_the_ceiling(draw: float, attempt: int, delay: float) -> None:
-    assert next_delay(attempt, jitter=Fixed(draw)) == pytest.approx(delay)
+def test_next_delay_is_drawn_from_the_upper_half_of_the_ceiling(
+    draw: float, attempt: int, delay: float
+) -> None:
+    drawn = next_delay(attempt, base=1.0, cap=3600.0, jitter=Fixed(draw))
+    assert drawn == pytest.approx(delay)
 
 
 def test_next_delay_is_repeatable_with_a_seeded_random() -> None:
@@ -59,17 +62,17 @@ def test_next_delay_is_repeatable_with_a_seeded_random() -> None:
     assert first == second
 
 
-def test_next_delay_spreads_retries_over_the_whole_window() -> None:
+def test_next_delay_spreads_retries_over_the_upper_half_of_the_ceiling() -> None:
     rng = random.Random(7)
-    delays = [next_delay(5, jitter=rng) for _ in range(2000)]
-    assert min(delays) < 0.5
-    assert max(delays) > 15.5
-    assert 7.0 < sum(delays) / len(delays) < 9.0  # uniform on [0, 16]: mean 8
+    delays = [next_delay(5, base=1.0, jitter=rng) for _ in range(2000)]
+    assert 8.0 <= min(delays) < 8.5
+    assert 15.5 < max(delays) <= 16.0
+    assert 11.5 < sum(delays) / len(delays) < 12.5  # uniform on [8, 16]: mean 12
 
 
 def test_next_delay_uses_the_random_module_by_default() -> None:
     delays = {next_delay(10) for _ in range(20)}
-    assert all(0.0 <= d <= 512.0 for d in delays)
+    assert all(2560.0 <= d <= 5120.0 for d in delays)
     assert len(delays) > 1
 
 
@@ -107,7 +110,7 @@ def test_is_exhausted_rejects_a_limit_below_one() -> None:
 
 def test_retry_policy_bundles_the_settings() -> None:
     policy = RetryPolicy(max_attempts=3, base=2.0, factor=3.0, cap=100.0)
-    assert policy.next_delay(3, jitter=Fixed(0.5)) == 9.0
+    assert policy.next_delay(3, jitter=Fixed(0.5)) == 13.5
     assert policy.next_delay(9, jitter=Fixed(1.0)) == 100.0
     assert not policy.is_exhausted(2)
     assert policy.is_exhausted(3)
@@ -129,12 +132,26 @@ def test_retry_policy_rejects_nonsense(kwargs: dict[str, Any]) -> None:
     cap=st.floats(0.0, 1e6),
     seed=st.integers(0, 2**32),
 )
-def test_next_delay_stays_within_zero_and_the_capped_ceiling(
+def test_next_delay_stays_within_half_and_all_of_the_capped_ceiling(
     attempt: int, base: float, factor: float, cap: float, seed: int
 ) -> None:
     delay = next_delay(attempt, base=base, factor=factor, cap=cap, jitter=random.Random(seed))
-    assert 0.0 <= delay <= min(cap, delay_ceiling(attempt, base=base, factor=factor, cap=cap))
+    ceiling = min(cap, delay_ceiling(attempt, base=base, factor=factor, cap=cap))
+    assert ceiling / 2 <= delay <= ceiling
     assert delay_ceiling(attempt, base=base, factor=factor, cap=cap) <= cap
     if attempt > 1:
         previous = delay_ceiling(attempt - 1, base=base, factor=factor, cap=cap)
         assert delay_ceiling(attempt, base=base, factor=factor, cap=cap) >= previous
+
+
+def test_retry_policy_by_default_outlasts_an_outage_of_twenty_hours() -> None:
+    """The attempts of a failing execution span 20.7 h at least (the lower halves of the
+    ceilings 10 s, 20 s, ... 5 h 41 min, then 6 h five times), 41.4 h at most: a provider's
+    outage of minutes or hours makes nothing dead (8 attempts from 1 s did, after 2 min)."""
+    least, most = RetryPolicy().window()
+    assert (least, most) == (74_475.0, 148_950.0)
+    assert RetryPolicy(max_attempts=8, base=1.0, cap=3600.0).window() == (63.5, 127.0)
+
+
+def test_retry_policy_window_of_one_attempt_is_empty() -> None:
+    assert RetryPolicy(max_attempts=1).window() == (0.0, 0.0)

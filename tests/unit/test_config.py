@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from sinal.automations.backoff import RetryPolicy
 from sinal.config import Settings, describe
 from sinal.errors import ConfigurationError
 from sinal.retention import Retention
+from sinal.worker import dispatch_settings
 
 
 @pytest.mark.parametrize(
@@ -195,7 +197,14 @@ def test_settings_public_url_is_unset_by_default() -> None:
             "SINAL_EXECUTIONS_RETENTION_DAYS='forever' is not a whole number",
         ),
         ("SINAL_MAX_ATTEMPTS", "0", "SINAL_MAX_ATTEMPTS=0 must be within 1..100"),
-        ("SINAL_RETRY_BASE", "-1", "SINAL_RETRY_BASE=-1 must be within 0..3600"),
+        ("SINAL_RETRY_BASE", "-1", "SINAL_RETRY_BASE=-1 must be within 0.01..3600"),
+        # no backoff at all: every attempt at once (it failed at startup with a traceback)
+        ("SINAL_RETRY_BASE", "0", "SINAL_RETRY_BASE=0 must be within 0.01..3600"),
+        ("SINAL_RETRY_BASE", "nan", "SINAL_RETRY_BASE=nan must be within 0.01..3600"),
+        ("SINAL_RETRY_CAP", "0.5", "SINAL_RETRY_CAP=0.5 must be within 1..604800"),
+        ("SINAL_RETRY_CAP", "inf", "SINAL_RETRY_CAP=inf must be within 1..604800"),
+        ("SINAL_RETRY_CAP", "6h", "SINAL_RETRY_CAP='6h' is not a number"),
+        ("SINAL_RETRY_CAP", "5", "SINAL_RETRY_CAP=5 must be at least SINAL_RETRY_BASE=10"),
         ("SINAL_HTTP_TIMEOUT", "0", "SINAL_HTTP_TIMEOUT=0 must be within 0.1..3600"),
         ("SINAL_SERVE_WORKER", "maybe", "SINAL_SERVE_WORKER='maybe' is not true or false"),
         ("SINAL_HOST", " ", "SINAL_HOST must not be empty"),
@@ -231,6 +240,9 @@ def test_settings_out_of_range_is_refused_naming_the_variable_and_the_range(
         ("SINAL_WEBHOOK_DELIVERIES_RETENTION_DAYS", "30", "webhook_deliveries_retention_days", 30),
         ("SINAL_EXECUTIONS_RETENTION_DAYS", "36500", "executions_retention_days", 36_500),
         ("SINAL_RETRY_BASE", "0.05", "retry_base", 0.05),
+        ("SINAL_RETRY_CAP", "10", "retry_cap", 10.0),  # = the base: a constant backoff
+        ("SINAL_RETRY_CAP", "604800", "retry_cap", 604_800.0),
+        ("SINAL_MAX_ATTEMPTS", "100", "max_attempts", 100),
         ("SINAL_SERVE_WORKER", "off", "serve_worker", False),
     ],
 )
@@ -280,3 +292,12 @@ def test_settings_keep_every_row_for_ever_by_default() -> None:
         "SINAL_REJECTIONS_RETENTION_DAYS": "30", "SINAL_EXECUTIONS_RETENTION_DAYS": "90",
     })  # fmt: skip
     assert taken.retention() == Retention(rejections=30, webhook_deliveries=0, executions=90)
+
+
+def test_settings_retry_policy_is_the_one_a_worker_retries_with() -> None:
+    settings = Settings.from_env(
+        {"SINAL_MAX_ATTEMPTS": "5", "SINAL_RETRY_BASE": "2", "SINAL_RETRY_CAP": "60"}
+    )
+
+    assert dispatch_settings(settings).retry == RetryPolicy(max_attempts=5, base=2.0, cap=60.0)
+    assert dispatch_settings(Settings()).retry == RetryPolicy()  # the library's defaults

@@ -6,7 +6,7 @@ The dispatcher and the HTTP API build on these; nothing here does I/O.
 spec = parse_automation(request_json)              # InvalidAutomation lists every bad field
 decision = explain_match(spec, event, created_at)  # "triggered", or the first reason not
 text = render_text(step.text, template_context(event, contact))
-delay = next_delay(attempt)                        # exponential backoff, full jitter
+delay = next_delay(attempt)                        # exponential backoff, jittered
 ```
 
 Errors, under `sinal.errors.SinalError`:

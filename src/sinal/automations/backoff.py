@@ -1,10 +1,17 @@
-"""Retry delays: exponential backoff with full jitter, and when to give up. No I/O.
+"""Retry delays: exponential backoff with jitter, and when to give up. No I/O.
 
-Full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter"): the delay before
-the next attempt is drawn uniformly from `[0, min(cap, base * factor ** (attempt - 1))]`.
-Spreading retries over the whole window keeps many workers that failed together (a
-provider outage) from retrying together. Pass a seeded `random.Random` for repeatable
+The delay before the next attempt is drawn uniformly from the upper half of its ceiling,
+`[c / 2, c]` with `c = min(cap, base * factor ** (attempt - 1))` ("equal jitter", AWS
+Architecture Blog, "Exponential Backoff And Jitter"). The spread keeps many executions that
+failed together (a provider outage) from retrying together; the lower half is left out so
+that the attempts span a known time at least (`RetryPolicy.window`): full jitter, drawing
+from `[0, c]`, could spend every attempt within seconds of an outage's start, and the
+executions would be dead before it ended. Pass a seeded `random.Random` for repeatable
 delays in tests.
+
+The defaults (18 attempts, 10 s doubling up to 6 h) retry for 20.7 to 41.4 hours, as
+webhook senders do (Stripe for three days, Svix for a day): an outage of a provider, or of
+this service's network, lasting hours makes nothing dead.
 """
 
 from __future__ import annotations
@@ -25,8 +32,19 @@ class RandomSource(Protocol):
         ...
 
 
+# The defaults: the first retry after 5 to 10 s, doubling up to 6 h apart.
+DEFAULT_MAX_ATTEMPTS = 18
+DEFAULT_BASE = 10.0
+DEFAULT_FACTOR = 2.0
+DEFAULT_CAP = 6 * 3600.0
+
+
 def delay_ceiling(
-    attempt: int, *, base: float = 1.0, factor: float = 2.0, cap: float = 3600.0
+    attempt: int,
+    *,
+    base: float = DEFAULT_BASE,
+    factor: float = DEFAULT_FACTOR,
+    cap: float = DEFAULT_CAP,
 ) -> float:
     """The largest delay `next_delay` may return after `attempt` failed attempts."""
     if attempt < 1:
@@ -47,15 +65,16 @@ def delay_ceiling(
 def next_delay(
     attempt: int,
     *,
-    base: float = 1.0,
-    factor: float = 2.0,
-    cap: float = 3600.0,
+    base: float = DEFAULT_BASE,
+    factor: float = DEFAULT_FACTOR,
+    cap: float = DEFAULT_CAP,
     jitter: RandomSource | None = None,
 ) -> float:
-    """Seconds to wait after `attempt` failed attempts (1 = the first failure)."""
+    """Seconds to wait after `attempt` failed attempts (1 = the first failure): drawn from
+    the upper half of its ceiling."""
     ceiling = delay_ceiling(attempt, base=base, factor=factor, cap=cap)
     draw = (jitter or random).random()
-    return draw * ceiling
+    return ceiling * (1.0 + draw) / 2.0
 
 
 def is_exhausted(attempt: int, max_attempts: int) -> bool:
@@ -69,10 +88,10 @@ def is_exhausted(attempt: int, max_attempts: int) -> bool:
 class RetryPolicy:
     """How an execution retries: the backoff shape and how many attempts in all."""
 
-    max_attempts: int = 8
-    base: float = 1.0
-    factor: float = 2.0
-    cap: float = 3600.0
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    base: float = DEFAULT_BASE
+    factor: float = DEFAULT_FACTOR
+    cap: float = DEFAULT_CAP
 
     def __post_init__(self) -> None:
         delay_ceiling(1, base=self.base, factor=self.factor, cap=self.cap)  # validates
@@ -86,3 +105,12 @@ class RetryPolicy:
     def is_exhausted(self, attempt: int) -> bool:
         """Whether no retry is left after `attempt` failed attempts."""
         return is_exhausted(attempt, self.max_attempts)
+
+    def window(self) -> tuple[float, float]:
+        """The least and the most seconds from the first attempt's failure to the last
+        attempt: an outage shorter than the least never makes an execution dead."""
+        ceilings = [
+            delay_ceiling(n, base=self.base, factor=self.factor, cap=self.cap)
+            for n in range(1, self.max_attempts)
+        ]
+        return sum(ceilings) / 2.0, sum(ceilings)
