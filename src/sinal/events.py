@@ -454,7 +454,11 @@ class _Validator:
         if raw is None or raw == "":
             return None
         if isinstance(raw, int) and not isinstance(raw, bool):
-            raw = str(raw)  # numeric ids (Shopify's) are common; their text is the id
+            try:
+                raw = str(raw)  # numeric ids (Shopify's) are common; their text is the id
+            except ValueError:  # more digits than Python writes (4,300): far too long
+                self.fail(name, "too_long", f"{name} is longer than {MAX_ID_TEXT} characters")
+                return None
         if not isinstance(raw, str):
             self.fail(name, "invalid_type", f"{name} must be a string")
         elif len(raw) > MAX_ID_TEXT:
@@ -534,7 +538,10 @@ class _Validator:
                 self.fail(path, "non_string_key", f"{path} has a non-string key {_short(key)}")
                 continue
             self._json_string(f"{path} key", key)
-            out[key] = self._json_value(f"{path}.{key}", item, depth + 1)
+            # a str subclass as its text, as orjson writes one as a value (as a key, it
+            # refuses it: TypeError, raised from prepare before)
+            text = key if type(key) is str else str.__str__(key)
+            out[text] = self._json_value(f"{path}.{text}", item, depth + 1)
         return out
 
     def _json_string(self, path: str, value: str) -> str:
@@ -748,7 +755,10 @@ def _kind(value: object) -> str:
 
 
 def _short(value: object) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more digits than Python writes (4,300)
+        return f"an integer of {value.bit_length()} bits" if isinstance(value, int) else "?"
     return text if len(text) <= 40 else text[:37] + "..."
 
 

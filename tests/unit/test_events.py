@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import pickle
 from datetime import UTC, datetime, timedelta, timezone
@@ -261,6 +262,19 @@ def test_properties_checks_each_float_whatever_the_json_text_looks_like(
     assert orjson.loads(accept(properties=properties).properties_json) == properties
     spoiled = {**properties, "z": [NAN]}
     assert rejections(properties=spoiled) == [("properties.z[0]", "not_finite")]
+
+
+def test_properties_keys_of_a_str_subclass_are_stored_as_their_text() -> None:
+    # orjson refuses a str subclass as a key: prepare raised its TypeError (and emit_many
+    # with it, for the whole batch)
+    class Key(str):
+        pass
+
+    class Field(enum.StrEnum):
+        TOTAL = "total"
+
+    event = accept(properties={Key("sku"): Key("A-1"), Field.TOTAL: 2, "n": {Key("x"): 1}})
+    assert event.properties_json == '{"sku":"A-1","total":2,"n":{"x":1}}'
 
 
 def test_properties_serialize_decimals_as_strings_and_datetimes_as_iso() -> None:
@@ -535,9 +549,22 @@ UUID_FIELDS = ["account_id", "contact_id", "integration_id", "automation_executi
 
 
 @pytest.mark.parametrize("name", UUID_FIELDS)
-@pytest.mark.parametrize("raw", ["not-a-uuid", "1234", 123, ACCOUNT + "0"])
+@pytest.mark.parametrize(
+    "raw",
+    ["not-a-uuid", "1234", 123, ACCOUNT + "0", pytest.param(10**5000, id="int-of-5001-digits")],
+)
 def test_uuid_fields_reject_what_is_not_a_uuid(name: str, raw: object) -> None:
     assert rejections(**{name: raw}) == [(name, "invalid_uuid")]
+
+
+def test_an_integer_too_long_to_write_is_named_by_its_size() -> None:
+    # repr() of an int of more than 4,300 digits raises ValueError: the message that
+    # quotes the input raised it instead of InvalidEvent
+    assert rejections(currency=10**5000, properties={10**5000: 1}) == [
+        ("properties", "non_string_key"), ("currency", "invalid_currency"),
+    ]  # fmt: skip
+    with pytest.raises(InvalidEvent, match="got an integer of 16610 bits"):
+        prepare(make(integration_id=10**5000), NOW)
 
 
 @pytest.mark.parametrize("raw", [None, ""])
@@ -609,6 +636,9 @@ def test_entity_type_is_optional(raw: str | None) -> None:
         (1.5, "invalid_type"),
         (True, "invalid_type"),
         (["1001"], "invalid_type"),
+        (10**256, "too_long"),
+        # more digits than str() writes: its ValueError came out of prepare before
+        pytest.param(10**5000, "too_long", id="int-of-5001-digits"),
     ],
 )
 def test_external_ids_reject_long_or_control_text(name: str, raw: object, code: str) -> None:
