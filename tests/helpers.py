@@ -70,6 +70,20 @@ def count(url: str, table: str) -> int:
     return int(sql(url, f"SELECT count(*) FROM {table}")[0][0])
 
 
+# A refusal no validation foresaw (a value, a text, a constraint): the database refuses
+# any event whose value is 13.
+_REFUSE_13 = {
+    "sqlite": "CREATE TRIGGER refuse_13 BEFORE INSERT ON events "
+              "WHEN CAST(NEW.value AS REAL) = 13 BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    "postgres": "ALTER TABLE events ADD CONSTRAINT refuse_13 CHECK (value IS DISTINCT FROM 13)",
+}  # fmt: skip
+
+
+def refuse_13(url: str) -> None:
+    """Make the database at `url` refuse every event of value 13 (constraint `refuse_13`)."""
+    sql(url, _REFUSE_13["sqlite" if url.startswith("sqlite") else "postgres"])
+
+
 def save_checkouts(
     ledger: Ledger, account_id: UUID, n: int, updated_at: datetime, prefix: str = "checkout"
 ) -> UUID:

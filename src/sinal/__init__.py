@@ -32,6 +32,7 @@ from sinal.errors import (
     SinalError,
     StoreError,
     StoreUnavailable,
+    UnstorableInput,
     UnstorableText,
     WebhookError,
 )
@@ -91,6 +92,7 @@ __all__ = [  # noqa: PLE0604 - the catalog's names are re-exported whole
     "SinalError",
     "StoreError",
     "StoreUnavailable",
+    "UnstorableInput",
     "UnstorableText",
     "SummaryRow",
     "WebhookError",

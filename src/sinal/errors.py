@@ -15,7 +15,8 @@ SinalError
 ├── ConfigurationError    # a malformed setting, or a database not in UTF8
 ├── StoreError            # the driver's error is __cause__
 │   ├── DuplicateKey      # .constraint
-│   ├── UnstorableText    # a NUL character PostgreSQL refused: the input's fault
+│   ├── UnstorableInput   # data the database refused (a value, a text, a constraint)
+│   │   └── UnstorableText  # a NUL character PostgreSQL refused: the input's fault
 │   └── SchemaOutOfDate   # migrations not applied
 ├── WebhookError
 │   ├── SignatureMismatch
@@ -130,7 +131,22 @@ class DuplicateKey(StoreError):
         super().__init__(f"duplicate key ({constraint})")
 
 
-class UnstorableText(StoreError, ValueError):
+class UnstorableInput(StoreError, ValueError):
+    """The database refused the data of a statement: a value out of a column's range, a
+    text or JSON it cannot hold, a constraint (PostgreSQL's SQLSTATE classes 22, 23 but
+    for a unique key, and 54; SQLite's constraint and data errors). The input is at fault
+    and trying again cannot help, unlike most `StoreError`s. Validation refuses every such
+    input it knows of first; this is the net under a check that was missed. Its message is
+    the first line of the database's, which may name tables and quote data: the API
+    answers with its title instead."""
+
+    def __init__(
+        self, message: str = "the database refused the input's data; sending it again fails alike"
+    ) -> None:
+        super().__init__(message)
+
+
+class UnstorableText(UnstorableInput):
     """A text sent to PostgreSQL holds a NUL character, which it can neither store nor
     compare: the input is at fault, and trying again cannot help (unlike most
     `StoreError`s). Inputs are checked for NULs before they get here; this is the net

@@ -9,9 +9,11 @@ its own round trips, commit and NOTIFY. Every caller is answered only after the
 transaction holding its event has committed, so an acknowledged event is durable.
 
 A transaction that fails fails every caller in it when the database is away or busy
-(`StoreUnavailable`: each may retry). One the database refuses (a `StoreError`, rolled
-back whole) is tried again in halves, down to the events it refuses: only their callers
-get the error, and the others are stored as if those were not there.
+(`StoreUnavailable`: each may retry). An event whose data the database refuses comes
+back rejected ("refused") from the store, which stores the others of the transaction.
+One that fails otherwise (another `StoreError`, rolled back whole) is tried again in
+halves, down to the events it fails on: only their callers get the error, and the others
+are stored as if those were not there.
 """
 
 from __future__ import annotations
@@ -115,11 +117,12 @@ class GroupCommitter:
                 future.set_result(result)
 
     async def _isolate(self, batch: _Pending) -> None:
-        """Record a batch the database refused in halves, one after the other, down to the
-        events it refuses: a statement refused for one event (a value, a text, a constraint
-        no validation foresaw) fails that event's caller alone, not every caller who
-        shared its transaction. The refused transaction was rolled back whole, so nothing
-        is stored twice; the halves go in order, so a repeat still follows its first."""
+        """Record a batch the database failed in halves, one after the other, down to the
+        events it fails on: a statement failing for one event (a trigger's error; data the
+        database refuses comes back "refused" from the store instead) fails that event's
+        caller alone, not every caller who shared its transaction. The failed transaction
+        was rolled back whole, so nothing is stored twice; the halves go in order, so a
+        repeat still follows its first."""
         half = len(batch.events) // 2
         for part in (slice(None, half), slice(half, None)):
             await self._commit(_Pending(batch.events[part], batch.futures[part]))

@@ -182,7 +182,8 @@ class Ledger:
         """Record one event; the keyword arguments are `EmitEvent`'s fields.
 
         Raises `InvalidEvent` (one entry per bad field) and writes nothing when the input
-        is malformed; a valid event that cannot be recorded comes back `rejected`.
+        is malformed; a valid event that cannot be recorded comes back `rejected` (reason
+        "refused", nothing written, when the database refuses its data).
         """
         return self.emit(EmitEvent(**params))
 
@@ -195,8 +196,9 @@ class Ledger:
     def emit_many(self, events: Sequence[EmitEvent]) -> list[EmitResult]:
         """Record up to 1,000 events in one transaction; one result per item, in order.
 
-        Invalid items come back `rejected` with reason "invalid" and their field errors;
-        the valid ones are recorded. Within the batch the first of a unique id wins.
+        Invalid items come back `rejected` with reason "invalid" and their field errors,
+        those whose data the database refuses with reason "refused" (`Store.record`); the
+        others are recorded. Within the batch the first of a unique id wins.
 
         The batch goes to the store in chunks ordered by dedup key, each validated only
         when the store asks for it: PostgreSQL stores one chunk while the next is checked.

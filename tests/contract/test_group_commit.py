@@ -116,11 +116,12 @@ _REFUSE_13 = {
 }  # fmt: skip
 
 
-async def test_an_event_the_database_refuses_fails_its_caller_alone(
+async def test_an_event_the_database_refuses_is_rejected_alone(
     ledger: Ledger, account: sinal.Account, database_url: str
 ) -> None:
-    """The others sharing its transaction are stored and answered as if it were not there
-    (a transaction the database refuses is tried again in halves)."""
+    """Its caller gets it rejected, reason "refused"; the others sharing its transaction
+    are stored and answered as if it were not there, in that one transaction (the store
+    records a refused batch again in parts)."""
     contact = ledger.create_contact(account.id, phone="+5511987654321")
     sql(database_url, _REFUSE_13["sqlite" if database_url.startswith("sqlite") else "postgres"])
     watched = WatchedLedger(ledger)
@@ -129,17 +130,47 @@ async def test_an_event_the_database_refuses_fails_its_caller_alone(
     answers = await asyncio.gather(
         *(committer.emit(paid(account, contact, n)) for n in range(20)),
         committer.emit(paid(account, contact, 5)),  # a repeat, in the other half
-        return_exceptions=True,
     )
 
-    assert watched.sizes[0] == 21  # all in one transaction first, which was refused
+    assert watched.sizes == [21]
     refused = answers.pop(13)
-    assert type(refused) is sinal.StoreError, refused
-    results = [a for a in answers if isinstance(a, EmitResult)]
-    assert [r.status for r in results] == ["created"] * 19 + ["duplicate"], answers
-    assert (results[-1].event_id, results[-1].differs) == (results[5].event_id, False)
+    assert (refused.status, refused.reason, refused.event_id) == ("rejected", "refused", None)
+    assert [r.status for r in answers] == ["created"] * 19 + ["duplicate"], answers
+    assert (answers[-1].event_id, answers[-1].differs) == (answers[5].event_id, False)
     assert count(database_url, "events") == 19
     assert sql(database_url, "SELECT event_count FROM contact_metrics_summary") == [(19,)]
+    assert count(database_url, "rejections") == 0
+
+
+@pytest.mark.postgres
+async def test_an_event_the_database_fails_otherwise_fails_its_caller_alone(pg_url: str) -> None:
+    """A statement failing for one event, not for its data (a trigger's own exception): the
+    transaction is tried again in halves, down to that event, whose caller gets the error."""
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, phone="+5511987654321")
+        sql(pg_url, "CREATE FUNCTION fail_13() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                    "BEGIN IF NEW.source_id = '13' THEN RAISE EXCEPTION 'no 13'; END IF; "
+                    "RETURN NEW; END $$")  # fmt: skip
+        sql(pg_url, "CREATE TRIGGER fail_13 BEFORE INSERT ON events FOR EACH ROW "
+                    "EXECUTE FUNCTION fail_13()")  # fmt: skip
+        watched = WatchedLedger(ledger)
+        committer = GroupCommitter(watched, max_delay=0.05)
+
+        answers = await asyncio.gather(
+            *(committer.emit(paid(account, contact, n)) for n in range(20)),
+            committer.emit(paid(account, contact, 5)),  # a repeat, in the other half
+            return_exceptions=True,
+        )
+
+        assert watched.sizes[0] == 21  # all in one transaction first, which failed
+        assert len(watched.sizes) > 2  # then in halves
+        failed = answers.pop(13)
+        assert type(failed) is sinal.StoreError, failed
+        results = [a for a in answers if isinstance(a, EmitResult)]
+        assert [r.status for r in results] == ["created"] * 19 + ["duplicate"], answers
+        assert (results[-1].event_id, results[-1].differs) == (results[5].event_id, False)
+        assert count(pg_url, "events") == 19
 
 
 @pytest.mark.parametrize(("settings", "message"), BAD_LIMITS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import socket
 import subprocess
@@ -1345,13 +1346,12 @@ def _prepared_directly(conn: psycopg.Connection[Any]) -> bool:
 
 @pytest.mark.postgres
 def test_one_event_goes_through_libpq_directly_and_back_to_psycopg_when_it_cannot(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A lone event on an idle pooled connection runs the function prepared by name, its
     answers the same as through psycopg (created, a duplicate with its stored payload, an
     unknown contact); inside a transaction, or when the direct call fails, psycopg runs
     it, and what it raises is what the caller gets."""
-    from sinal.errors import StoreError
     from sinal.events import prepare
     from sinal.store import postgres
     from sinal.store.postgres import PostgresStore
@@ -1385,10 +1385,13 @@ def test_one_event_goes_through_libpq_directly_and_back_to_psycopg_when_it_canno
         assert outcome.kind == "created"
         assert direct[-1] is False
 
-        # A failing call: psycopg runs it again and raises PostgreSQL's error.
+        # A failing call: psycopg runs it again, and PostgreSQL's refusal of its data
+        # makes it rejected, "refused" (`Store.record`), with the database's reason logged.
         sql(pg_url, "ALTER TABLE events ADD CONSTRAINT no_more CHECK (source <> 'x') NOT VALID")
-        with pytest.raises(StoreError, match="no_more"):
-            ledger.emit(order_paid(account, contact, source="x", source_id="3"))
+        with caplog.at_level(logging.WARNING, logger="sinal.store"):
+            refused = ledger.emit(order_paid(account, contact, source="x", source_id="3"))
+        assert (refused.status, refused.reason) == ("rejected", "refused")
+        assert "no_more" in caplog.text
         assert direct[-1] is False
         sql(pg_url, "ALTER TABLE events DROP CONSTRAINT no_more")
         after = ledger.emit(order_paid(account, contact, source_id="4"))

@@ -58,6 +58,31 @@ async def test_bad_contact_bodies_are_422_per_field(
     assert {(e["field"], e["code"]) for e in response.json()["errors"]} == expected
 
 
+# A refusal no check foresaw: the database refuses any contact named "Recusado".
+_REFUSE_NAME = {
+    "sqlite": "CREATE TRIGGER refuse_name BEFORE INSERT ON contacts WHEN NEW.name = 'Recusado' "
+              "BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    "postgres": "ALTER TABLE contacts ADD CONSTRAINT refuse_name "
+                "CHECK (name IS DISTINCT FROM 'Recusado')",
+}  # fmt: skip
+
+
+async def test_data_the_database_refuses_is_422_never_503(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    sql(api.url, _REFUSE_NAME["sqlite" if api.url.startswith("sqlite") else "postgres"])
+
+    response = await api.post("/v1/contacts", {"email": "ana@example.com", "name": "Recusado"})
+
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["type"] == "/problems/unstorable-input"
+    assert body["detail"] == "The database refused the request's data"  # not the database's
+    assert "Retry-After" not in response.headers
+    assert any("refuse" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert sql(api.url, "SELECT count(*) FROM contacts") == [(0,)]
+
+
 async def test_patch_changes_fields_and_records_contact_updated_once(api: Api) -> None:
     contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
     path = f"/v1/contacts/{contact['id']}"

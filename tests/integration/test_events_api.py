@@ -12,7 +12,7 @@ import pytest
 
 from sinal.api.routes import events as events_routes
 from sinal.ledger import CHUNK
-from tests.helpers import count, sql
+from tests.helpers import count, refuse_13, sql
 from tests.integration.conftest import Api
 
 pytestmark = pytest.mark.anyio
@@ -495,6 +495,47 @@ async def test_batch_of_a_thousand_is_stored_in_one_go(api: Api, contact_id: uui
     response = await api.post("/v1/events/batch", {"events": items})
     assert response.json()["created"] == 1000
     assert count(api.url, "events") == 1000
+
+
+async def test_an_event_the_database_refuses_is_422_refused_never_503(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    refuse_13(api.url)
+
+    response = await api.post("/v1/events", order(contact_id, value="13.00"))
+
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert (body["type"], body["reason"]) == ("/problems/event-rejected", "refused")
+    assert field_codes(response) == {("body", "refused")}
+    assert "rejection_id" not in body  # not kept: the data the database refused is in it
+    assert "Retry-After" not in response.headers
+    for table in ("events", "outbox", "contact_metrics_summary", "metrics", "rejections"):
+        assert count(api.url, table) == 0, table
+
+
+@pytest.mark.parametrize("size", [3, CHUNK + 1], ids=["one statement", "streamed"])
+async def test_batch_item_the_database_refuses_is_rejected_alone(
+    api: Api, contact_id: uuid.UUID, size: int
+) -> None:
+    refuse_13(api.url)
+    items = [order(contact_id, source_id=str(i)) for i in range(size)]
+    items[1]["value"] = 13
+
+    response = await api.post("/v1/events/batch", {"events": items})
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    refused = body["results"][1]
+    assert (refused["status"], refused["reason"], refused["event_id"]) == (
+        "rejected", "refused", None,
+    )  # fmt: skip
+    assert refused["unique_event_id"] == "shopify:order:1"
+    assert (body["created"], body["rejected"]) == (size - 1, 1)
+    assert count(api.url, "events") == count(api.url, "outbox") == size - 1
+    assert count(api.url, "rejections") == 0
+    summary = sql(api.url, "SELECT event_count FROM contact_metrics_summary")
+    assert summary == [(size - 1,)]
 
 
 # -- listing ------------------------------------------------------------------------------

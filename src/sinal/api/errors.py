@@ -46,6 +46,7 @@ from sinal.errors import (
     SignatureMismatch,
     StoreError,
     StoreUnavailable,
+    UnstorableInput,
     UnstorableText,
 )
 
@@ -153,8 +154,9 @@ PROBLEMS: dict[type[BaseException], Problem] = {
     InvalidLink: Problem(422, "invalid-link", "The link is invalid"),
     RequestValidationError: Problem(422, "invalid-query", "The query parameters are invalid"),
     Rejected: Problem(422, "event-rejected", "The event was not recorded"),
-    # Before StoreError (its parent): the input is at fault, and a retry cannot help.
+    # Before StoreError (their parent): the input is at fault, and a retry cannot help.
     UnstorableText: Problem(422, "unstorable-text", "The request holds a NUL character"),
+    UnstorableInput: Problem(422, "unstorable-input", "The database refused the request's data"),
     SchemaOutOfDate: Problem(503, "schema-out-of-date", "The database needs `sinal migrate`"),
     StoreError: Problem(503, "store-unavailable", "The database is unavailable; retry"),
     Exception: Problem(500, "internal-error", "Something went wrong on our side"),
@@ -214,6 +216,9 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         headers = {"Retry-After": RETRY_AFTER}
     if isinstance(exc, StoreUnavailable):
         _unavailable.log(request.method, path, exc)
+    elif isinstance(exc, UnstorableInput):  # a check validation lacks: worth a look
+        log.warning("%s %s: the database refused the request's data: %s", request.method,
+                    path, exc)  # fmt: skip
     elif problem.status >= 500:
         log.error("%s %s failed", request.method, path, exc_info=exc)
     extra = exc.extra if isinstance(exc, ApiError) else {}
@@ -267,7 +272,7 @@ def _errors_of(exc: BaseException) -> tuple[FieldError, ...]:
 
 
 def _detail(exc: BaseException, problem: Problem, errors: Sequence[FieldError]) -> str:
-    if problem.status >= 500:
+    if problem.status >= 500 or type(exc) is UnstorableInput:
         # Never echo a driver's message: it may name tables, hosts or data.
         return problem.title
     if isinstance(exc, AccountNotFound):

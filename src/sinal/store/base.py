@@ -7,6 +7,7 @@ sees a `sqlite3` or `psycopg` exception. One contract test suite runs against bo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,6 +25,7 @@ Measurement = Literal["count", "sum_value", "unique_contacts"]
 # Seconds a call waits for the database by default before `StoreUnavailable`: for a
 # PostgreSQL connection from the pool, for SQLite's write lock (SINAL_DATABASE_WAIT).
 DEFAULT_WAIT = 30.0
+log = logging.getLogger("sinal.store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +339,12 @@ class Store(Protocol):
         first round's included, and records the events it returns (repeats of a key
         whose earlier occurrence was rejected) in the same transaction as the next round,
         until it returns none: all the rounds commit, or none does. A transaction redone
-        starts again from the first round."""
+        starts again from the first round.
+
+        When the database refuses the batch for the data of some of its events
+        (`UnstorableInput`), the batch is recorded again in one transaction, in parts, down
+        to those events: they come back rejected, reason "refused" (`refused`), and the
+        others are recorded as if they were not there."""
         ...
 
     def record_chunks(
@@ -539,3 +546,24 @@ def rejection_message(reason: str, event: PreparedEvent) -> str:
     if reason == "contact_required":
         return "contact_id is required to record an event"
     return f"contact {event.contact_id} does not exist in account {event.account_id}"
+
+
+# A refused event's message: the database's own (`UnstorableInput`'s cause, in the log)
+# may name tables and quote data, and goes to no answer.
+REFUSED_MESSAGE = (
+    "the database refused this event's data (a value, a text or a constraint sinal's "
+    "validation did not foresee): it was not recorded, and sending it again fails alike"
+)
+
+
+def refused(event: PreparedEvent, cause: BaseException) -> Outcome:
+    """The outcome of an event the database refused (`UnstorableInput`) when its batch was
+    recorded again in parts: rejected, reason "refused", not kept (the data the database
+    refused may be in its kept payload too). Logged, with the database's reason: it names
+    a check validation lacks."""
+    reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:500]
+    log.warning(
+        "the database refused event %s of account %s, answered rejected (refused): %s",
+        event.unique_event_id or event.id, event.account_id, reason,
+    )  # fmt: skip
+    return Outcome("rejected", reason="refused", message=REFUSED_MESSAGE)

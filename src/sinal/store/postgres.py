@@ -93,6 +93,7 @@ from sinal.errors import (
     IdentityConflict,
     StoreError,
     StoreUnavailable,
+    UnstorableInput,
     UnstorableText,
 )
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
@@ -125,6 +126,7 @@ from sinal.store.base import (
     contact_reason,
     read_migrations,
     rebuild_accounts,
+    refused,
     rejection_message,
     summary_deltas,
 )
@@ -413,6 +415,11 @@ SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::text[])
 _NUL_REFUSED = "cannot contain NUL"
 # How the foreign keys to contacts are named (PostgreSQL's default names).
 _CONTACT_KEY = "_account_id_contact_id_fkey"
+# The SQLSTATE classes of a statement refused for the data it was given: data exception
+# (a value out of a column's range, a text or JSON PostgreSQL cannot hold), integrity
+# constraint violation, program limit exceeded (an index row too large). psycopg raises
+# class 54 as an OperationalError, which said "unavailable" (retry) for it before.
+_REFUSAL_CLASSES = ("22", "23", "54")
 
 
 @contextmanager
@@ -429,9 +436,7 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     closed pool), chained to it."""
     if isinstance(exc, psycopg.errors.UniqueViolation):
         raise DuplicateKey(exc.diag.constraint_name) from exc
-    if isinstance(exc, psycopg.errors.ForeignKeyViolation) and str(
-        exc.diag.constraint_name
-    ).endswith(_CONTACT_KEY):
+    if _is_contact_gone(exc):
         # a row naming a contact that an erasure deleted meanwhile: the writer waited for
         # the erasure's lock (the writer's check takes the contact FOR KEY SHARE), then found
         # no contact, as if it had come after the erasure
@@ -439,11 +444,29 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
         # psycopg's own check, before anything is sent: a text parameter holds a NUL
         raise UnstorableText from exc
+    if _is_refused(exc):  # its first line: the next ones may quote the whole row
+        raise UnstorableInput(_reason(exc)) from exc
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         # the connection (lost, refused, the pool's timeout), the server (shutting down),
         # or a transaction it rolled back to be retried (serialization, deadlock)
         raise StoreUnavailable(str(exc)) from exc
     raise StoreError(str(exc)) from exc
+
+
+def _is_contact_gone(exc: psycopg.Error) -> bool:
+    return isinstance(exc, psycopg.errors.ForeignKeyViolation) and str(
+        exc.diag.constraint_name
+    ).endswith(_CONTACT_KEY)
+
+
+def _is_refused(exc: psycopg.Error) -> bool:
+    """Whether PostgreSQL (or psycopg, for a NUL) refused a statement for its data:
+    `UnstorableInput`. Not a unique key (a race, redone) nor a contact erased meanwhile."""
+    if isinstance(exc, psycopg.errors.UniqueViolation) or _is_contact_gone(exc):
+        return False
+    if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
+        return True
+    return (exc.sqlstate or "")[:2] in _REFUSAL_CLASSES
 
 
 def _configure(conn: psycopg.Connection[TupleRow], lock_wait: float = DEFAULT_WAIT) -> None:
@@ -943,13 +966,18 @@ class PostgresStore(
         transaction holding its later rounds too (see `Store.record`)."""
         if not events:
             return []
+        record = _record_in
         for attempt in range(_ATTEMPTS):
             try:
                 with self._conn() as conn:
-                    if settle is None:
+                    if settle is None and record is _record_in:
                         return _record_in(conn, events)
                     with conn.transaction():
-                        return _record_rounds(conn, events, settle)
+                        return _record_rounds(conn, events, settle, record)
+            except UnstorableInput:
+                if record is _record_isolated:  # not one event's: the commit's, say
+                    raise
+                record = _record_isolated  # again, in parts, in one transaction
             except StoreError as exc:
                 if not isinstance(exc.__cause__, _RETRYABLE) or attempt == _ATTEMPTS - 1:
                     raise
@@ -976,7 +1004,8 @@ class PostgresStore(
             with self._conn() as conn:
                 return _record_copied(conn, keys, _pulling(pending, pulled), early, settle)
         except StoreError as exc:
-            if not isinstance(exc.__cause__, _REDONE):
+            # a refused batch is redone by `record`, which finds the events refused
+            if not isinstance(exc.__cause__, _REDONE) and not isinstance(exc, UnstorableInput):
                 raise
         return self.record([e for chunk in (*pulled, *pending) for e in chunk], settle)
 
@@ -1351,13 +1380,41 @@ def _record_in(
     return _outcomes(conn, events, rows)
 
 
-def _record_rounds(
-    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent], settle: Settle
+# Records events inside the caller's transaction: `_record_in`, or `_record_isolated`.
+_Recorder = Callable[[psycopg.Connection[TupleRow], Sequence[PreparedEvent]], list[Outcome]]
+
+
+def _record_isolated(
+    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
 ) -> list[Outcome]:
-    """Record `events`, then each round `settle` names after them, inside the caller's
-    transaction (see `Store.record`); the first round's outcomes."""
-    outcomes = _record_in(conn, events)
-    _record_later_rounds(conn, events, outcomes, settle)
+    """`_record_in` under a savepoint, inside the caller's transaction; when PostgreSQL
+    refuses the events' data (`_is_refused`), they are recorded again in halves, down to
+    the events it refuses, which come back rejected ("refused"). Only for a batch refused
+    once already: each part costs a round trip more."""
+    try:
+        with conn.transaction():  # a savepoint: a refused part is rolled back alone
+            return _record_in(conn, events)
+    except psycopg.Error as exc:
+        if not _is_refused(exc):
+            raise
+        if len(events) == 1:
+            return [refused(events[0], exc)]
+    half = len(events) // 2
+    return _record_isolated(conn, events[:half]) + _record_isolated(conn, events[half:])
+
+
+def _record_rounds(
+    conn: psycopg.Connection[TupleRow],
+    events: Sequence[PreparedEvent],
+    settle: Settle | None,
+    record: _Recorder | None = None,
+) -> list[Outcome]:
+    """Record `events` (by `record`, default `_record_in`), then each round `settle` names
+    after them, inside the caller's transaction (see `Store.record`); the first round's
+    outcomes."""
+    outcomes = (record or _record_in)(conn, events)
+    if settle is not None:
+        _record_later_rounds(conn, events, outcomes, settle, record)
     return outcomes
 
 
@@ -1366,11 +1423,13 @@ def _record_later_rounds(
     events: Sequence[PreparedEvent],
     outcomes: list[Outcome],
     settle: Settle,
+    record: _Recorder | None = None,
 ) -> None:
-    """The rounds `settle` names after `events` (recorded, with `outcomes`)."""
+    """The rounds `settle` names after `events` (recorded, with `outcomes`), by `record`
+    (default `_record_in`)."""
     more = settle(events, outcomes)
     while more:
-        done = _record_in(conn, more)
+        done = (record or _record_in)(conn, more)
         more = settle(more, done)
 
 

@@ -43,6 +43,7 @@ from sinal.errors import (
     IdentityConflict,
     StoreError,
     StoreUnavailable,
+    UnstorableInput,
 )
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
@@ -73,6 +74,7 @@ from sinal.store.base import (
     compare_summaries,
     read_migrations,
     rebuild_accounts,
+    refused,
     rejection_message,
     summary_deltas,
 )
@@ -151,7 +153,9 @@ def translated_errors() -> Iterator[None]:
     except sqlite3.IntegrityError as exc:
         if "UNIQUE" in str(exc):
             raise DuplicateKey(str(exc)) from exc
-        raise StoreError(str(exc)) from exc
+        raise UnstorableInput(str(exc)) from exc
+    except sqlite3.DataError as exc:  # a text or blob too big, say
+        raise UnstorableInput(str(exc)) from exc
     except sqlite3.Error as exc:
         code = getattr(exc, "sqlite_errorcode", None)  # the extended code; its low byte
         if code is not None and code & 0xFF in _UNAVAILABLE:
@@ -617,8 +621,13 @@ class SQLiteStore(
         self, events: Sequence[PreparedEvent], settle: Settle | None = None
     ) -> list[Outcome]:
         """Store a batch in one transaction, its rounds too (see `Store.record`)."""
+        try:
+            with self._write() as conn:
+                return _record_in(conn, events, settle)
+        except UnstorableInput:
+            pass  # rolled back: again, in parts, in one transaction
         with self._write() as conn:
-            return _record_in(conn, events, settle)
+            return _record_in(conn, events, settle, _record_isolated)
 
     def record_chunks(
         self,
@@ -1040,6 +1049,10 @@ class _Batch:
             )
         return Outcome("created", event_id=event.id)
 
+    def record_all(self, events: Sequence[PreparedEvent]) -> list[Outcome]:
+        """`record` each of `events`; their outcomes."""
+        return [self.record(event) for event in events]
+
     def contact_exists(self, account: str, contact: str) -> bool:
         key = (account, contact)
         if key not in self.contacts:
@@ -1128,19 +1141,51 @@ class _Batch:
             )
 
 
+# Records a round of events with a batch writer: `_Batch.record_all`, or `_record_isolated`.
+_Recorder = Callable[["_Batch", Sequence[PreparedEvent]], list[Outcome]]
+
+
 def _record_in(
-    conn: sqlite3.Connection, events: Sequence[PreparedEvent], settle: Settle | None = None
+    conn: sqlite3.Connection,
+    events: Sequence[PreparedEvent],
+    settle: Settle | None = None,
+    record: _Recorder | None = None,
 ) -> list[Outcome]:
     """Record events inside the caller's transaction, and the rounds `settle` names after
     them (see `Store.record`); the first round's outcomes."""
     batch = _Batch(conn)
-    outcomes = [batch.record(event) for event in events]
+    record_round = record or _Batch.record_all
+    outcomes = record_round(batch, events)
     if settle is not None:
         more = settle(events, outcomes)
         while more:
-            done = [batch.record(event) for event in more]
+            done = record_round(batch, more)
             more = settle(more, done)
     batch.flush_summaries()
+    return outcomes
+
+
+def _record_isolated(batch: _Batch, events: Sequence[PreparedEvent]) -> list[Outcome]:
+    """`batch.record_all(events)`, their summaries written, under a savepoint; when SQLite
+    refuses the events' data (a constraint, a text too big: `UnstorableInput`), they are
+    recorded again in halves, down to the events it refuses, which come back rejected
+    ("refused"). Only for a batch refused once already."""
+    conn = batch.conn
+    conn.execute("SAVEPOINT refusal")
+    try:
+        part = _Batch(conn)  # its own caches: a part rolled back leaves nothing behind
+        outcomes = part.record_all(events)
+        part.flush_summaries()
+    except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
+        conn.execute("ROLLBACK TO refusal")
+        conn.execute("RELEASE refusal")
+        if "UNIQUE" in str(exc):
+            raise
+        if len(events) == 1:
+            return [refused(events[0], exc)]
+        half = len(events) // 2
+        return _record_isolated(batch, events[:half]) + _record_isolated(batch, events[half:])
+    conn.execute("RELEASE refusal")
     return outcomes
 
 

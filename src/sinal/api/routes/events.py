@@ -291,8 +291,11 @@ def accepted(result: EmitResult, event: EmitEvent) -> dict[str, Any]:
 
 
 def rejected(result: EmitResult, field: str = "contact_id") -> Rejected:
-    """The 422 for a valid event that was not recorded (kept for replay)."""
+    """The 422 for a valid event that was not recorded (kept for replay), or that the
+    database refused (reason "refused", not kept: no one field is to blame, the body is)."""
     message = result.message or "the event was not recorded"
+    if result.reason == "refused":
+        field = "body"
     return Rejected(
         message,
         [FieldError(field, result.reason or "rejected", message)],
