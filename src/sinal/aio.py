@@ -10,7 +10,8 @@ many callers share commits instead of queueing up as many transactions.
 Each caller still gets its own result, and only once the transaction holding its event
 has committed. If that transaction fails (the database goes away), every caller in it
 gets the error and none of its events is stored; each may retry, and a retried event
-with a `source_id` is stored once. An event the database refuses fails its own caller
+with a `source_id` is stored once. An event whose data the database refuses comes back
+rejected ("refused") to its own caller alone, and one failing otherwise fails its caller
 alone: the others are stored (`sinal.group_commit`).
 """
 
