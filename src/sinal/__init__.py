@@ -28,6 +28,7 @@ from sinal.errors import (
     InvalidEvent,
     RetryLater,
     SchemaOutOfDate,
+    SecretUnreadable,
     SignatureMismatch,
     SinalError,
     StoreError,
@@ -37,6 +38,7 @@ from sinal.errors import (
     WebhookError,
 )
 from sinal.events import EmitEvent, EmitResult
+from sinal.keyring import Keyring, parse_keyring
 from sinal.ledger import Ledger, connect
 from sinal.store.base import Account, Contact, EventQuery, Rejection, SummaryRow
 
@@ -54,7 +56,8 @@ def default_ledger() -> Ledger:
             from sinal.config import Settings
 
             settings = Settings.from_env()
-            _default = connect(settings.database_url, wait=settings.database_wait)
+            _default = connect(settings.database_url, wait=settings.database_wait,
+                               keyring=settings.keyring())  # fmt: skip
         return _default
 
 
@@ -84,10 +87,12 @@ __all__ = [  # noqa: PLE0604 - the catalog's names are re-exported whole
     "InvalidAccount",
     "InvalidContact",
     "InvalidEvent",
+    "Keyring",
     "Ledger",
     "Rejection",
     "RetryLater",
     "SchemaOutOfDate",
+    "SecretUnreadable",
     "SignatureMismatch",
     "SinalError",
     "StoreError",
@@ -101,4 +106,5 @@ __all__ = [  # noqa: PLE0604 - the catalog's names are re-exported whole
     "default_ledger",
     "emit_event",
     "emit_many",
+    "parse_keyring",
 ]

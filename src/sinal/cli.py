@@ -24,7 +24,9 @@ from sinal.errors import (
     SinalError,
     StoreError,
 )
+from sinal.keyring import Keyring
 from sinal.ledger import Ledger, connect
+from sinal.store.automations import AutomationStore
 from sinal.store.base import latest_schema_version
 
 app = typer.Typer(
@@ -58,7 +60,8 @@ def open_ledger(database_url: str | None, *, is_migrating: bool = False) -> Ledg
     applies them itself (`is_migrating`): a raw "no such table" helps nobody. Only a
     command that migrates creates a SQLite file: a typo in the path makes none."""
     settings = Settings.from_env().with_overrides(database_url=database_url)
-    ledger = connect(settings.database_url, wait=settings.database_wait, create=is_migrating)
+    ledger = connect(settings.database_url, wait=settings.database_wait, create=is_migrating,
+                     keyring=settings.keyring())  # fmt: skip
     if not is_migrating:
         try:
             ledger.check_schema()
@@ -325,9 +328,11 @@ def serve(
         database_url=database_url, host=host, port=port, workers=workers
     )
     _check_host(settings.host)
-    with connect(settings.database_url, wait=settings.database_wait) as ledger:
+    keyring = settings.keyring()
+    with connect(settings.database_url, wait=settings.database_wait, keyring=keyring) as ledger:
         if migrate_first:
             ledger.migrate()
+        _warn_of_unsealed_secrets(ledger, keyring, may_count=migrate_first)
         if demo_key:
             _print_demo(ledger, settings)
     # The app is built by each worker from the environment: pass the settings on.
@@ -343,6 +348,31 @@ def serve(
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _warn_of_unsealed_secrets(ledger: Ledger, keyring: Keyring | None, *, may_count: bool) -> None:
+    """A warning when secrets are stored in plaintext (no SINAL_SECRET_KEYS), or, with
+    `may_count` (the database is up and migrated), when some are not sealed with the
+    current key."""
+    if keyring is None:
+        _print_warning(
+            "SINAL_SECRET_KEYS is not set: secrets (connections' access tokens, app secrets "
+            "and API keys, webhook steps' signing secrets) are stored in plaintext "
+            "(README: Secrets at rest)"
+        )
+        return
+    if not may_count:
+        return
+    try:
+        counts = cast(AutomationStore, ledger.store).count_secrets()
+    except StoreError:  # a warning is not worth failing the start for
+        return
+    stale = sum(n for kid, n in counts.items() if kid != keyring.current_id)
+    if stale:
+        _print_warning(
+            f"{stale} stored secret(s) not sealed with the current key {keyring.current_id!r} "
+            "(plaintext, or a previous key): run `sinal secrets rotate`"
+        )
 
 
 def _check_host(host: str) -> None:
@@ -432,7 +462,9 @@ def worker(database_url: DatabaseOption = None) -> None:
     # SINAL_LOG_LEVEL takes uvicorn's levels: its TRACE (5, below DEBUG) is not logging's
     logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(message)s")
-    with connect(settings.database_url, wait=settings.database_wait, create=False) as ledger:
+    keyring = settings.keyring()
+    with connect(settings.database_url, wait=settings.database_wait, create=False,
+                 keyring=keyring) as ledger:  # fmt: skip
         try:
             ledger.check_schema()  # SchemaOutOfDate: "run `sinal migrate`", exit 1
         except SchemaOutOfDate:
@@ -459,8 +491,6 @@ def executions_retry(
 ) -> None:
     """Revive dead executions (or one named execution, also when its outcome is unknown:
     check with the provider first that the message did not go out)."""
-    from sinal.store.automations import AutomationStore
-
     account_id = None if account is None else _parse_id(account, "--account")
     execution_id = None if execution is None else _parse_id(execution, "EXECUTION")
     with open_ledger(database_url) as ledger:
@@ -545,6 +575,63 @@ def prune(as_json: JsonOption = False, database_url: DatabaseOption = None) -> N
         console.print(f"pruned {n} {kind} older than {getattr(retention, kind)} days")
 
 
+secrets_app = typer.Typer(
+    help="Stored secrets, sealed with SINAL_SECRET_KEYS (README: Secrets at rest).",
+    no_args_is_help=True,
+)
+app.add_typer(secrets_app, name="secrets")
+
+
+@secrets_app.command("status")
+def secrets_status(as_json: JsonOption = False, database_url: DatabaseOption = None) -> None:
+    """Count the stored secrets per key that sealed them, and those in plaintext."""
+    from sinal.rotation import secret_status
+
+    with open_ledger(database_url) as ledger:
+        status = secret_status(ledger)
+    if as_json:
+        _echo_json(status.as_dict())
+        return
+    current = "none (SINAL_SECRET_KEYS is not set)" if status.current is None else status.current
+    console.print(f"current key: {current}")
+    for kid, n in sorted(status.counts.items()):
+        console.print(f"  {kid}: {n} secret(s)")
+    if status.stale and status.current is not None:
+        console.print(f"{status.stale} of {status.total} to rotate: run `sinal secrets rotate`")
+    else:
+        console.print(f"{status.total} secret(s) stored")
+
+
+@secrets_app.command("rotate")
+def secrets_rotate(as_json: JsonOption = False, database_url: DatabaseOption = None) -> None:
+    """Seal again with the current key (the first of SINAL_SECRET_KEYS) every stored secret
+    in plaintext or sealed with a previous key, 100 rows per transaction; running
+    it again finishes an interrupted rotation. Once it has run, drop the previous keys."""
+    from sinal.rotation import check_rotation, rotate_secrets, secret_status
+
+    with open_ledger(database_url) as ledger:
+        before = check_rotation(ledger)  # before the progress bar, which ends in a newline
+        with _progress() as progress:
+            task = progress.add_task("sealing secrets", total=before.total)
+            resealed = rotate_secrets(ledger, lambda read: progress.update(task, completed=read))
+        after = secret_status(ledger)
+    if as_json:
+        _echo_json({"resealed": resealed, **after.as_dict()})
+    else:
+        console.print(f"sealed {resealed} secret(s) with key {after.current}; "
+                      f"{after.total} stored, {after.stale} not sealed with it")  # fmt: skip
+
+
+@secrets_app.command("new-key")
+def secrets_new_key(
+    key_id: Annotated[str, typer.Argument(help="The new key's id, e.g. k2.")],
+) -> None:
+    """Print a fresh key, ID:BASE64, to put first in SINAL_SECRET_KEYS (it uses no database)."""
+    from sinal.keyring import new_key
+
+    typer.echo(new_key(key_id))
+
+
 @app.command()
 def version() -> None:
     """Print sinal's version."""
@@ -571,6 +658,11 @@ def main() -> None:
     except SinalError as exc:
         _print_error(str(exc))
         raise SystemExit(1) from exc
+
+
+def _print_warning(message: str) -> None:
+    """`warning: message` on stderr, on one line."""
+    err_console.print(Text.assemble(("warning:", "yellow"), " ", message), soft_wrap=True)
 
 
 def _print_error(message: str) -> None:

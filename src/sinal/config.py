@@ -14,6 +14,7 @@ from typing import Any
 from sinal.automations.backoff import DEFAULT_BASE, DEFAULT_CAP, DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from sinal.errors import ConfigurationError
 from sinal.group_commit import MAX_DELAY
+from sinal.keyring import Keyring, parse_keyring
 from sinal.ledger import MAX_BATCH
 from sinal.retention import MAX_DAYS, Retention
 from sinal.store import DEFAULT_WAIT
@@ -170,6 +171,17 @@ class Settings:
         "let webhook steps, and the WhatsApp and AI connections steps send with, call private "
         "and loopback addresses",
     )
+    # Never in a repr (a log line, a traceback's locals): it is the key to every secret.
+    secret_keys: str = field(
+        default="",
+        repr=False,
+        metadata={
+            "doc": "keys sealing stored secrets (integrations', webhook steps'): ID:BASE64 "
+            "(32 bytes), comma-separated, the first sealing, the others still opening "
+            "(rotation); unset: plaintext",
+            "within": None, "or_zero": False, "choices": None,
+        },
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         """`ConfigurationError` for the first value out of its field's range: refused when
@@ -194,6 +206,7 @@ class Settings:
                 f"{env_name('retry_cap')}={_number(self.retry_cap)} must be at least "
                 f"{env_name('retry_base')}={_number(self.retry_base)}"
             )
+        self.keyring()  # ConfigurationError naming SINAL_SECRET_KEYS, never quoting it
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -207,6 +220,10 @@ class Settings:
         if "public_url" in values:
             values["public_url"] = _public_url(values["public_url"])
         return cls(**values)
+
+    def keyring(self) -> Keyring | None:
+        """The keys of `secret_keys` (None when unset: secrets are stored as they are)."""
+        return parse_keyring(self.secret_keys, env_name("secret_keys"))
 
     def retention(self) -> Retention:
         """The retention periods, as `sinal.retention` takes them."""

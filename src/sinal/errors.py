@@ -13,6 +13,7 @@ SinalError
 ├── IdentityConflict      # .field: the identity already names another contact
 ├── ConversationClosed    # a closed conversation cannot be assigned
 ├── ConfigurationError    # a malformed setting, or a database not in UTF8
+├── SecretUnreadable      # .key_id: a stored secret no key of SINAL_SECRET_KEYS opens
 ├── StoreError            # the driver's error is __cause__
 │   ├── DuplicateKey      # .constraint
 │   ├── UnstorableInput   # data the database refused (a value, a text, a constraint)
@@ -117,6 +118,18 @@ class ConversationClosed(SinalError):
 class ConfigurationError(SinalError, ValueError):
     """A setting is malformed (e.g. an unsupported database URL), or the database it
     names cannot hold sinal's data (PostgreSQL not in UTF8)."""
+
+
+class SecretUnreadable(SinalError):
+    """A stored secret cannot be opened: the key that sealed it (`key_id`) is not in
+    `SINAL_SECRET_KEYS`, or the sealed value was altered or copied from another row."""
+
+    def __init__(self, key_id: str, message: str) -> None:
+        self.key_id = key_id
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[SecretUnreadable], tuple[str, str]]:
+        return (type(self), (self.key_id, str(self)))
 
 
 class StoreError(SinalError):

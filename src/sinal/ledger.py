@@ -62,6 +62,7 @@ from sinal.events import (
     utcnow,
 )
 from sinal.ids import new_id
+from sinal.keyring import Keyring
 from sinal.store import DEFAULT_WAIT, open_store
 from sinal.store.base import (
     Account,
@@ -604,12 +605,18 @@ class Ledger:
 
 
 def connect(
-    url: str, *, clock: Clock = utcnow, wait: float = DEFAULT_WAIT, create: bool = True
+    url: str,
+    *,
+    clock: Clock = utcnow,
+    wait: float = DEFAULT_WAIT,
+    create: bool = True,
+    keyring: Keyring | None = None,
 ) -> Ledger:
     """A ledger on the database at `url` ("sqlite:///path.db" or "postgresql://..."); a
     call waits up to `wait` seconds for the database; `create=False`: a SQLite file that
-    does not exist is an error, not a new database (see `open_store`)."""
-    return Ledger(open_store(url, wait=wait, create=create), clock=clock)
+    does not exist is an error, not a new database; `keyring`: seals and opens the stored
+    secrets (see `open_store`, `sinal.keyring.parse_keyring`)."""
+    return Ledger(open_store(url, wait=wait, create=create, keyring=keyring), clock=clock)
 
 
 def _result(event: PreparedEvent, outcome: Outcome) -> EmitResult:

@@ -55,9 +55,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ledger = await asyncio.to_thread(
-            functools.partial(connect, settings.database_url, wait=settings.database_wait)
+        opening = functools.partial(
+            connect, settings.database_url, wait=settings.database_wait, keyring=settings.keyring()
         )
+        ledger = await asyncio.to_thread(opening)
         svc = Service(settings, ledger, metrics)
         app.state.service = svc
         worker = None

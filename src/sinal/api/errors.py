@@ -43,6 +43,7 @@ from sinal.errors import (
     InvalidLink,
     InvalidQuery,
     SchemaOutOfDate,
+    SecretUnreadable,
     SignatureMismatch,
     StoreError,
     StoreUnavailable,
@@ -158,6 +159,11 @@ PROBLEMS: dict[type[BaseException], Problem] = {
     UnstorableText: Problem(422, "unstorable-text", "The request holds a NUL character"),
     UnstorableInput: Problem(422, "unstorable-input", "The database refused the request's data"),
     SchemaOutOfDate: Problem(503, "schema-out-of-date", "The database needs `sinal migrate`"),
+    # The server's keys (SINAL_SECRET_KEYS) cannot open a stored secret: its operator's to
+    # fix; the answer names no key (webhook routes answer anyone), the log line does.
+    SecretUnreadable: Problem(
+        503, "secret-unreadable", "A stored secret cannot be opened with the server's keys"
+    ),
     StoreError: Problem(503, "store-unavailable", "The database is unavailable; retry"),
     Exception: Problem(500, "internal-error", "Something went wrong on our side"),
 }
@@ -219,6 +225,8 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, UnstorableInput):  # a check validation lacks: worth a look
         log.warning("%s %s: the database refused the request's data: %s", request.method,
                     path, exc)  # fmt: skip
+    elif isinstance(exc, SecretUnreadable):  # a configuration, not a bug: no traceback
+        log.error("%s %s: answered 503: %s", request.method, path, exc)
     elif problem.status >= 500:
         log.error("%s %s failed", request.method, path, exc_info=exc)
     extra = exc.extra if isinstance(exc, ApiError) else {}

@@ -689,6 +689,7 @@ class Dispatcher:
             close_conversation=close_conversation,
             allow_private_webhooks=self.settings.allow_private_webhooks,
             links=self._links,
+            keyring=self.store.keyring,
         )
 
     def close(self) -> None:

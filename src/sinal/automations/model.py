@@ -56,7 +56,7 @@ import binascii
 import dataclasses
 import re
 import unicodedata
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -75,6 +75,7 @@ from sinal.currencies import is_currency
 from sinal.errors import FieldError, InvalidContact, _FieldErrors
 from sinal.events import MAX_METRIC_NAME, stamp
 from sinal.integrations.links import MAX_CAMPAIGN_LENGTH
+from sinal.keyring import SealedSecret, is_sealed
 from sinal.urls import MAX_URL_LENGTH, target_url_problem
 
 __all__ = [
@@ -102,9 +103,11 @@ __all__ = [
     "Wait",
     "Webhook",
     "apply_patch",
+    "has_sealed_secret",
     "parse_automation",
     "parse_condition_field",
     "redact_secrets",
+    "signing_key",
     "to_moment",
 ]
 
@@ -286,13 +289,9 @@ class Webhook:
 
     url: str
     headers: tuple[tuple[str, str], ...] = ()
-    secret: str | None = dataclasses.field(default=None, repr=False)
+    # as given, or as stored sealed (`sinal.keyring`): the step opens it when it runs
+    secret: str | SealedSecret | None = dataclasses.field(default=None, repr=False)
     type: ClassVar[Literal["webhook"]] = "webhook"
-
-    @property
-    def key(self) -> bytes | None:
-        """The HMAC key: the secret's bytes, or None when requests go unsigned."""
-        return None if self.secret is None else _secret_bytes(self.secret)
 
     def to_dict(self) -> dict[str, Any]:
         """The step as JSON-like data, its secret included (as stored; the API shows
@@ -300,9 +299,18 @@ class Webhook:
         data: dict[str, Any] = {"type": self.type, "url": self.url}
         if self.headers:
             data["headers"] = dict(self.headers)
-        if self.secret is not None:
+        if isinstance(self.secret, SealedSecret):
+            data["secret"] = self.secret.as_dict()
+        elif self.secret is not None:
             data["secret"] = self.secret
         return data
+
+
+def signing_key(secret: str) -> bytes:
+    """The HMAC key of a webhook step's secret (checked when the step was): its bytes."""
+    key = _secret_bytes(secret)
+    assert key is not None, "checked by parse_automation"
+    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,14 +470,24 @@ def _keep_secrets(steps: list[Any], stored: list[Any]) -> list[Any]:
         if _is_webhook(step) and step.get("secret") == SECRET_MASK:
             url = step.get("url")
             same = stored[i] if i < len(stored) else None
-            found = {s["secret"] for s in stored if _is_signed_webhook(s) and s.get("url") == url}
+            found = _distinct(s["secret"] for s in stored
+                              if _is_signed_webhook(s) and s.get("url") == url)  # fmt: skip
             if _is_signed_webhook(same) and (not found or same.get("url") == url):
-                found = {same["secret"]}
+                found = [same["secret"]]
             if len(found) == 1:
-                kept.append({**step, "secret": found.pop()})
+                kept.append({**step, "secret": found[0]})
                 continue
         kept.append(step)
     return kept
+
+
+def _distinct(secrets: Iterable[Any]) -> list[Any]:
+    """The different secrets among `secrets` (texts, or sealed values: dicts), in order."""
+    found: list[Any] = []
+    for secret in secrets:
+        if secret not in found:
+            found.append(secret)
+    return found
 
 
 def _is_webhook(step: object) -> TypeGuard[Mapping[str, Any]]:
@@ -477,7 +495,19 @@ def _is_webhook(step: object) -> TypeGuard[Mapping[str, Any]]:
 
 
 def _is_signed_webhook(step: object) -> TypeGuard[Mapping[str, Any]]:
-    return _is_webhook(step) and isinstance(step.get("secret"), str)
+    return _is_webhook(step) and (isinstance(step.get("secret"), str) or
+                                  is_sealed(step.get("secret")))  # fmt: skip
+
+
+def has_sealed_secret(steps: object) -> str | None:
+    """The path of the first webhook step of `steps` whose secret is a sealed value, or
+    None: a sealed value is what sinal stores, never what a client sends."""
+    if not isinstance(steps, list):
+        return None
+    for i, step in enumerate(steps):
+        if _is_webhook(step) and is_sealed(step.get("secret")):
+            return f"steps[{i}].secret"
+    return None
 
 
 def parse_condition_field(text: str, *, allow_contact: bool) -> tuple[Path, FieldKind]:
@@ -995,10 +1025,13 @@ def _webhook(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
     return None if url is None else Webhook(url, headers, secret)
 
 
-def _secret(c: _Checker, at: str, raw: object) -> str | None:
-    """A signing secret, checked; never quoted in an error (it is one)."""
+def _secret(c: _Checker, at: str, raw: object) -> str | SealedSecret | None:
+    """A signing secret, checked (or as stored sealed: checked before it was); never
+    quoted in an error (it is one)."""
     if raw is None:
         return None
+    if is_sealed(raw):
+        return SealedSecret.of(raw)
     if not isinstance(raw, str):
         c.fail(at, "invalid_type", f"secret must be text: {SECRET_PREFIX} and base64")
     elif raw == SECRET_MASK:

@@ -16,6 +16,7 @@ from sinal.automations.model import (
     MAX_NAME,
     InvalidAutomation,
     apply_patch,
+    has_sealed_secret,
     parse_automation,
     redact_secrets,
 )
@@ -91,6 +92,7 @@ class Automations:
 
     def create(self, account_id: UUID, data: object) -> AutomationRow:
         """Validate and store an automation."""
+        _refuse_sealed_secrets(data)
         spec = parse_automation(data)
         now = self.ledger.clock()
         row = AutomationRow(account_id, new_id(), spec.name, spec.status, spec.metric_name,
@@ -100,6 +102,7 @@ class Automations:
 
     def update(self, account_id: UUID, automation_id: UUID, patch: object) -> AutomationRow | None:
         """Apply a partial update (re-validated); None when there is no such automation."""
+        _refuse_sealed_secrets(patch)
 
         def change(row: AutomationRow) -> AutomationRow:  # under the row's write lock
             spec = apply_patch(row.spec, patch)  # as stored: a patch may repair what fails
@@ -134,6 +137,15 @@ class Automations:
                 entry["execution"] = execution_summary(execution)
             answer.append(entry)
         return answer
+
+
+def _refuse_sealed_secrets(data: object) -> None:
+    """`InvalidAutomation` for a webhook step sent with a sealed value as its secret: the
+    store seals secrets, and the API shows none, so a client has none to send."""
+    path = has_sealed_secret(data.get("steps")) if isinstance(data, Mapping) else None
+    if path is not None:
+        message = "secret must be text: whsec_ and base64"
+        raise InvalidAutomation([FieldError(path, "invalid_type", message)])
 
 
 def automation_view(row: AutomationRow) -> dict[str, Any]:

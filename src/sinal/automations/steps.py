@@ -58,13 +58,22 @@ from sinal.automations.model import (
     Step,
     Wait,
     Webhook,
+    signing_key,
 )
 from sinal.automations.templates import render_text, render_value
-from sinal.errors import ConfigurationError, InvalidLink, RetryLater, SinalError, StoreError
+from sinal.errors import (
+    ConfigurationError,
+    InvalidLink,
+    RetryLater,
+    SecretUnreadable,
+    SinalError,
+    StoreError,
+)
 from sinal.events import EmitEvent, build_unique_event_id, decimal_text, stamp
 from sinal.integrations.links import rewrite_urls
 from sinal.integrations.whatsapp import sent_callback_data
 from sinal.integrations.whatsapp_api import read_refusal
+from sinal.keyring import Keyring, SealedSecret, open_value, webhook_secret_place
 from sinal.store.automations import Claim, Execution, Integration
 
 log = logging.getLogger("sinal.steps")
@@ -130,6 +139,7 @@ class StepContext:
     ]
     allow_private_webhooks: bool = False
     links: LinkMaker | None = None  # None: steps with track_links fail (not retried)
+    keyring: Keyring | None = None  # opens the sealed signing secrets of webhook steps
 
     @property
     def template_data(self) -> dict[str, object]:
@@ -182,6 +192,8 @@ def run_step(step: Step, ctx: StepContext) -> StepOutcome:
         return runner(step, ctx)
     except (StepFailed, OutcomeUnknown, RetryLater):
         raise
+    except SecretUnreadable as exc:  # SINAL_SECRET_KEYS lacks a key: retried, may be fixed
+        raise StepFailed(str(exc), retry=True) from exc
     except Exception as exc:  # before any request left: `_post` sorts what happens after
         log.warning("step %d of execution %s failed unexpectedly", ctx.index,
                     ctx.claim.execution.id, exc_info=True)  # fmt: skip
@@ -316,8 +328,9 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
     key = f"{e.id}:{ctx.index}"
     headers["Idempotency-Key"] = key
     content = orjson.dumps(body)
-    if step.key is not None:
-        headers.update(sign_webhook(step.key, key, int(time.time()), content))
+    secret = _opened_secret(step, ctx)
+    if secret is not None:
+        headers.update(sign_webhook(signing_key(secret), key, int(time.time()), content))
     try:
         status = _post(ctx, step.url, content, headers, addresses).status_code
     except OutcomeUnknown as exc:
@@ -330,6 +343,17 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
             retry=False,
         )
     return StepOutcome(result={"status": status})
+
+
+def _opened_secret(step: Webhook, ctx: StepContext) -> str | None:
+    """The step's signing secret, opened if it is stored sealed (`SecretUnreadable` when
+    no key of the ring opens it: the step fails, retried, before anything is sent)."""
+    if not isinstance(step.secret, SealedSecret):
+        return step.secret
+    automation = ctx.claim.automation
+    place = webhook_secret_place(automation.account_id, automation.id)
+    opened: str = open_value(ctx.keyring, step.secret.as_dict(), place)
+    return opened
 
 
 def sign_webhook(key: bytes, message_id: str, timestamp: int, content: bytes) -> dict[str, str]:

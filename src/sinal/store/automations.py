@@ -9,13 +9,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from sinal.events import PreparedEvent
 from sinal.integrations.whatsapp import SENT_BY_EXECUTION
+from sinal.keyring import (
+    Keyring,
+    integration_place,
+    is_sealed,
+    open_all,
+    reseal,
+    reseal_all,
+    seal_all,
+    sealed_with,
+    webhook_secret_place,
+)
 from sinal.store.base import Contact, StoredEvent
 
 # Column lists both backends select, in the order the records' fields take them.
@@ -33,6 +44,8 @@ INTEGRATION_COLUMNS = "account_id, id, kind, name, settings, secrets, created_at
 
 
 IntegrationKind = Literal["whatsapp", "ai", "shopify", "yampi"]
+# The tables holding secrets: integrations' `secrets`, automations' webhook steps' `secret`.
+SecretTable = Literal["integrations", "automations"]
 ExecutionStatus = Literal["pending", "waiting", "completed", "stopped", "unknown", "dead"]
 StepStatus = Literal["started", "completed", "failed", "unknown"]
 # Why a held execution's next step does not start (see `AutomationStore.start_steps`).
@@ -90,8 +103,88 @@ class Integration:
     kind: IntegrationKind
     name: str | None
     settings: dict[str, Any]
-    secrets: dict[str, Any]
+    secrets: dict[str, Any] = field(repr=False)  # opened: never in a log line or traceback
     created_at: datetime
+
+
+def opened_integration(keyring: Keyring | None, stored: Integration) -> Integration:
+    """An integration as read from its row, its secrets opened (`SecretUnreadable` for one
+    no key of `keyring` opens)."""
+    place = integration_place(stored.account_id, stored.id)
+    return replace(stored, secrets=open_all(keyring, stored.secrets, place))
+
+
+def sealed_secrets(keyring: Keyring | None, integration: Integration) -> dict[str, Any]:
+    """An integration's secrets as its row stores them: sealed with `keyring`'s current
+    key, or as they are without one."""
+    place = integration_place(integration.account_id, integration.id)
+    return seal_all(keyring, integration.secrets, place)
+
+
+def sealed_spec(keyring: Keyring | None, row: AutomationRow) -> dict[str, Any]:
+    """An automation's definition as its row stores it: each webhook step's signing secret
+    sealed with `keyring`'s current key (as it is without one, or when sealed already)."""
+    steps = row.spec.get("steps")
+    if keyring is None or not isinstance(steps, list):
+        return row.spec
+    place = webhook_secret_place(row.account_id, row.id)
+    sealed = [{**step, "secret": keyring.seal(step["secret"], place)}
+              if _webhook_secret(step) and isinstance(step["secret"], str) else step
+              for step in steps]  # fmt: skip
+    return {**row.spec, "steps": sealed}
+
+
+def resealed_spec(
+    keyring: Keyring, account_id: UUID, automation_id: UUID, spec: dict[str, Any]
+) -> tuple[dict[str, Any] | None, int, int]:
+    """A stored definition with each webhook step's signing secret sealed with the current
+    key (None when every one was already), the number of its secrets, and of those sealed
+    again; `SecretUnreadable` for one no key opens."""
+    steps = spec.get("steps")
+    if not isinstance(steps, list):
+        return None, 0, 0
+    place = webhook_secret_place(account_id, automation_id)
+    fresh, scanned, resealed = [], 0, 0
+    for step in steps:
+        if _webhook_secret(step):
+            scanned += 1
+            if sealed_with(step["secret"]) != keyring.current_id:
+                fresh.append({**step, "secret": reseal(keyring, step["secret"], place)})
+                resealed += 1
+                continue
+        fresh.append(step)
+    return ({**spec, "steps": fresh} if resealed else None), scanned, resealed
+
+
+def resealed_row(
+    keyring: Keyring, table: SecretTable, account_id: UUID, ident: UUID, stored: dict[str, Any]
+) -> tuple[dict[str, Any] | None, int, int]:
+    """A row's stored secrets (an integration's `secrets`, an automation's `spec`) sealed
+    again with the current key (None: nothing to write), with the number of secrets read
+    and of those sealed again."""
+    if table == "automations":
+        return resealed_spec(keyring, account_id, ident, stored)
+    fresh = reseal_all(keyring, stored, integration_place(account_id, ident))
+    changed = 0 if fresh is None else sum(fresh[k] is not stored[k] for k in stored)
+    return fresh, len(stored), changed
+
+
+def _webhook_secret(step: object) -> bool:
+    """Whether `step` (as stored) is a webhook step with a signing secret."""
+    if not isinstance(step, dict) or step.get("type") != "webhook":
+        return False
+    secret = step.get("secret")
+    return isinstance(secret, str) or is_sealed(secret)
+
+
+@dataclass(frozen=True, slots=True)
+class ResealBatch:
+    """What one transaction of `AutomationStore.reseal_secrets` did: the secrets it read,
+    those it sealed again, and the last row it read (None: no row was left)."""
+
+    scanned: int
+    resealed: int
+    last: tuple[UUID, UUID] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +336,8 @@ Chooser = Callable[[StoredEvent, Sequence[AutomationRow]], list[UUID]]
 class AutomationStore(Protocol):
     """What the dispatcher and the automations API need from a database."""
 
+    keyring: Keyring | None  # seals the secrets written (integrations', webhook steps')
+
     def create_integration(self, integration: Integration) -> None:
         """Insert an integration."""
         ...
@@ -259,6 +354,22 @@ class AutomationStore(Protocol):
 
     def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
         """Soft-delete; False when there was none."""
+        ...
+
+    def count_secrets(self) -> dict[str, int]:
+        """The stored secrets — of every integration, and every webhook step's signing
+        secret, deleted rows' too — by the id of the key that sealed them (`PLAINTEXT` for
+        those not sealed)."""
+        ...
+
+    def reseal_secrets(
+        self, table: SecretTable, after: tuple[UUID, UUID] | None, limit: int
+    ) -> ResealBatch:
+        """Seal again, with the store's current key, the secrets that another key sealed or
+        none did, of up to `limit` rows of `table` (deleted ones too) past `after` in
+        (account_id, id) order — one short transaction, the rows locked; `SecretUnreadable`
+        (nothing of the batch written) for a secret no key opens. A row's other columns
+        (an automation's `updated_at`) stay as they are."""
         ...
 
     def create_automation(self, row: AutomationRow) -> None:
@@ -455,6 +566,8 @@ __all__ = [
     "Halt",
     "Integration",
     "Notices",
+    "ResealBatch",
+    "SecretTable",
     "StepFinish",
     "StepRecord",
     "StepStart",

@@ -98,6 +98,7 @@ from sinal.errors import (
 )
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id
+from sinal.keyring import Keyring
 from sinal.store import base
 from sinal.store.base import (
     DEFAULT_WAIT,
@@ -745,12 +746,19 @@ class PostgresStore(
     backend = "postgresql"
 
     def __init__(
-        self, url: str, *, min_size: int = 1, max_size: int = 8, wait: float = DEFAULT_WAIT
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        wait: float = DEFAULT_WAIT,
+        keyring: Keyring | None = None,
     ) -> None:
         """`wait`: seconds a call waits for a connection (all in use, or none can be
         made); once PostgreSQL has been unreachable for that long, calls fail at once
         until a connection can be made again (`_LifoPool.getconn`)."""
         self.url = url
+        self.keyring = keyring  # seals and opens stored secrets; None: plaintext
         self._network = network_defaults(url)  # for every connection the store makes
         self._wait = wait
         self._pool = self._new_pool(min_size, max_size)

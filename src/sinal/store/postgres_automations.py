@@ -23,8 +23,10 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
+from sinal.errors import ConfigurationError
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
+from sinal.keyring import PLAINTEXT, SECRET_KEYS_VARIABLE, Keyring
 from sinal.store.automations import (
     AUTOMATION_COLUMNS,
     CLAIMED_AUTOMATION_COLUMNS,
@@ -45,12 +47,18 @@ from sinal.store.automations import (
     FanOut,
     Integration,
     IntegrationKind,
+    ResealBatch,
+    SecretTable,
     StepFinish,
     StepRecord,
     StepStart,
     StepStarted,
     StepStatus,
     chain_parent,
+    opened_integration,
+    resealed_row,
+    sealed_secrets,
+    sealed_spec,
     storable_json,
     storable_text,
     too_deep,
@@ -264,8 +272,26 @@ _DISARM_OUTBOX = (
 T = TypeVar("T")
 
 
+# The secrets of integrations (each value of `secrets`) and of webhook steps (`secret`),
+# by the id of the key that sealed them (NULL: plaintext).
+_COUNT_SECRETS_SQL = """
+SELECT CASE WHEN jsonb_typeof(s.value) = 'object' THEN s.value ->> 'kid' END, count(*)
+FROM integrations i, jsonb_each(i.secrets) s GROUP BY 1
+UNION ALL
+SELECT CASE WHEN jsonb_typeof(st -> 'secret') = 'object' THEN st -> 'secret' ->> 'kid' END,
+       count(*)
+FROM automations a,
+     jsonb_array_elements(CASE WHEN jsonb_typeof(a.spec -> 'steps') = 'array'
+                               THEN a.spec -> 'steps' ELSE '[]' END) st
+WHERE st ->> 'type' = 'webhook' AND jsonb_typeof(st -> 'secret') IN ('string', 'object')
+GROUP BY 1
+"""
+
+
 class PostgresAutomations:
     """Mixin for `PostgresStore`: the `AutomationStore` methods."""
+
+    keyring: Keyring | None = None  # seals and opens stored secrets (`sinal.keyring`)
 
     def _conn(self) -> AbstractContextManager[Conn]:
         raise NotImplementedError
@@ -285,8 +311,8 @@ class PostgresAutomations:
             conn.execute(
                 f"INSERT INTO integrations ({INTEGRATION_COLUMNS}) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                (i.account_id, i.id, i.kind, i.name, Jsonb(i.settings), Jsonb(i.secrets),
-                 i.created_at),
+                (i.account_id, i.id, i.kind, i.name, Jsonb(i.settings),
+                 Jsonb(sealed_secrets(self.keyring, i)), i.created_at),
             )  # fmt: skip
 
     def get_integration(self, account_id: UUID, integration_id: UUID) -> Integration | None:
@@ -297,7 +323,7 @@ class PostgresAutomations:
                 "WHERE account_id = %s AND id = %s AND deleted_at IS NULL",
                 (account_id, integration_id),
             ).fetchone()
-        return None if row is None else Integration(*row)
+        return None if row is None else opened_integration(self.keyring, Integration(*row))
 
     def list_integrations(
         self, account_id: UUID, kind: IntegrationKind | None = None
@@ -309,7 +335,7 @@ class PostgresAutomations:
                 "AND deleted_at IS NULL AND (%s::text IS NULL OR kind = %s) ORDER BY created_at",
                 (account_id, kind, kind),
             ).fetchall()
-        return [Integration(*r) for r in rows]
+        return [opened_integration(self.keyring, Integration(*r)) for r in rows]
 
     def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
         """Soft-delete an integration."""
@@ -321,6 +347,44 @@ class PostgresAutomations:
             )
             return cur.rowcount == 1
 
+    def count_secrets(self) -> dict[str, int]:
+        """The stored secrets, by the key that sealed them (`PLAINTEXT`: none)."""
+        with self._conn() as conn:
+            rows = conn.execute(_COUNT_SECRETS_SQL).fetchall()
+        counts: dict[str, int] = {}
+        for kid, n in rows:
+            key = PLAINTEXT if kid is None else str(kid)
+            counts[key] = counts.get(key, 0) + n
+        return counts
+
+    def reseal_secrets(
+        self, table: SecretTable, after: tuple[UUID, UUID] | None, limit: int
+    ) -> ResealBatch:
+        """Seal the next `limit` rows' secrets again with the current key; the rows are
+        locked meanwhile (a concurrent rotation or update waits, then reads them done)."""
+        keyring = self.keyring
+        if keyring is None:
+            raise ConfigurationError(f"{SECRET_KEYS_VARIABLE} is not set: no key to seal with")
+        column = "secrets" if table == "integrations" else "spec"
+        past = "" if after is None else "WHERE (account_id, id) > (%s, %s) "
+        with self._tx() as conn:
+            rows = conn.execute(
+                f"SELECT account_id, id, {column} FROM {table} {past}"
+                "ORDER BY account_id, id LIMIT %s FOR UPDATE",
+                (*(after or ()), limit),
+            ).fetchall()
+            scanned = resealed = 0
+            for account, ident, stored in rows:
+                fresh, read, changed = resealed_row(keyring, table, account, ident, stored)
+                scanned, resealed = scanned + read, resealed + changed
+                if fresh is not None:
+                    conn.execute(
+                        f"UPDATE {table} SET {column} = %s WHERE account_id = %s AND id = %s",
+                        (Jsonb(fresh), account, ident),
+                    )
+        last = None if not rows else (rows[-1][0], rows[-1][1])
+        return ResealBatch(scanned, resealed, last)
+
     # -- automations ---------------------------------------------------------------------
 
     def create_automation(self, row: AutomationRow) -> None:
@@ -330,7 +394,7 @@ class PostgresAutomations:
                 f"INSERT INTO automations ({AUTOMATION_COLUMNS}) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                 (row.account_id, row.id, row.name, row.status, row.trigger_metric,
-                 Jsonb(row.spec), row.created_at, row.updated_at),
+                 Jsonb(sealed_spec(self.keyring, row)), row.created_at, row.updated_at),
             )  # fmt: skip
 
     def get_automation(self, account_id: UUID, automation_id: UUID) -> AutomationRow | None:
@@ -373,8 +437,8 @@ class PostgresAutomations:
             conn.execute(
                 "UPDATE automations SET name = %s, status = %s, trigger_metric = %s, spec = %s, "
                 "updated_at = %s WHERE account_id = %s AND id = %s",
-                (row.name, row.status, row.trigger_metric, Jsonb(row.spec), row.updated_at,
-                 account_id, automation_id),
+                (row.name, row.status, row.trigger_metric, Jsonb(sealed_spec(self.keyring, row)),
+                 row.updated_at, account_id, automation_id),
             )  # fmt: skip
             if was.status == "paused" and row.status == "active":
                 resumed = conn.execute(_RESUME_HELD_SQL, {**keys, "reason": HELD_WHILE_PAUSED})

@@ -11,7 +11,8 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
-from sinal.store.automations import Integration
+from sinal.keyring import Keyring
+from sinal.store.automations import Integration, opened_integration
 from sinal.store.webhooks import (
     DELIVERY_COLUMNS,
     DeliveryCursor,
@@ -22,6 +23,8 @@ from sinal.store.webhooks import (
 
 class PostgresWebhooks:
     """Mixin for `PostgresStore`: the `WebhookStore` methods."""
+
+    keyring: Keyring | None = None  # opens the integrations' secrets
 
     def _conn(self) -> AbstractContextManager[psycopg.Connection[TupleRow]]:
         raise NotImplementedError
@@ -34,7 +37,7 @@ class PostgresWebhooks:
                 "FROM integrations WHERE id = %s AND deleted_at IS NULL",
                 (integration_id,),
             ).fetchone()
-        return None if row is None else Integration(*row)
+        return None if row is None else opened_integration(self.keyring, Integration(*row))
 
     def save_delivery(self, delivery: StoredDelivery) -> tuple[StoredDelivery, bool]:
         """Keep a delivery raw, once per (integration, delivery id)."""

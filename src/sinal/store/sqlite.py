@@ -47,6 +47,7 @@ from sinal.errors import (
 )
 from sinal.events import SCHEMA_VERSION, EventKey, PreparedEvent, StoredPayload, dumps_json
 from sinal.ids import metric_id, new_id
+from sinal.keyring import Keyring
 from sinal.store import base
 from sinal.store.base import (
     DEFAULT_WAIT,
@@ -308,6 +309,7 @@ class SQLiteStore(
         synchronous: str = "FULL",
         busy_timeout: float = DEFAULT_WAIT,
         create: bool = True,
+        keyring: Keyring | None = None,
     ):
         if sqlite3.sqlite_version_info < MIN_SQLITE:
             raise ConfigurationError(
@@ -321,6 +323,7 @@ class SQLiteStore(
                 "connection, so :memory: cannot be shared)"
             )
         self.path = path
+        self.keyring = keyring  # seals and opens stored secrets; None: plaintext
         self._create = create  # False: a missing file is an error, not a new empty database
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout

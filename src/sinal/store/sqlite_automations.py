@@ -12,8 +12,10 @@ from uuid import UUID
 
 import orjson
 
+from sinal.errors import ConfigurationError
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
+from sinal.keyring import PLAINTEXT, SECRET_KEYS_VARIABLE, Keyring
 from sinal.store.automations import (
     AUTOMATION_COLUMNS,
     CLAIMED_AUTOMATION_COLUMNS,
@@ -34,6 +36,8 @@ from sinal.store.automations import (
     FanOut,
     Integration,
     IntegrationKind,
+    ResealBatch,
+    SecretTable,
     StepFinish,
     StepRecord,
     StepStart,
@@ -41,6 +45,10 @@ from sinal.store.automations import (
     StepStatus,
     automation_halt,
     chain_parent,
+    opened_integration,
+    resealed_row,
+    sealed_secrets,
+    sealed_spec,
     storable_json,
     storable_text,
     too_deep,
@@ -79,6 +87,8 @@ def _uuid(text: str | None) -> UUID | None:
 class SQLiteAutomations:
     """Mixin for `SQLiteStore`: the `AutomationStore` methods."""
 
+    keyring: Keyring | None = None  # seals and opens stored secrets (`sinal.keyring`)
+
     def _write(self) -> AbstractContextManager[sqlite3.Connection]:
         raise NotImplementedError
 
@@ -94,7 +104,7 @@ class SQLiteAutomations:
             conn.execute(
                 f"INSERT INTO integrations ({INTEGRATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (str(i.account_id), str(i.id), i.kind, i.name, dumps_json(i.settings),
-                 dumps_json(i.secrets), _ts(i.created_at)),
+                 dumps_json(sealed_secrets(self.keyring, i)), _ts(i.created_at)),
             )  # fmt: skip
 
     def get_integration(self, account_id: UUID, integration_id: UUID) -> Integration | None:
@@ -105,7 +115,7 @@ class SQLiteAutomations:
                 "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
                 (str(account_id), str(integration_id)),
             ).fetchone()
-        return None if row is None else _integration(row)
+        return None if row is None else _integration(row, self.keyring)
 
     def list_integrations(
         self, account_id: UUID, kind: IntegrationKind | None = None
@@ -117,7 +127,7 @@ class SQLiteAutomations:
                 "AND deleted_at IS NULL AND (? IS NULL OR kind = ?) ORDER BY created_at",
                 (str(account_id), kind, kind),
             ).fetchall()
-        return [_integration(r) for r in rows]
+        return [_integration(r, self.keyring) for r in rows]
 
     def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
         """Soft-delete an integration."""
@@ -129,6 +139,44 @@ class SQLiteAutomations:
             )
             return cur.rowcount == 1
 
+    def count_secrets(self) -> dict[str, int]:
+        """The stored secrets, by the key that sealed them (`PLAINTEXT`: none)."""
+        with self._read() as conn:
+            rows = conn.execute(_COUNT_SECRETS_SQL).fetchall()
+        counts: dict[str, int] = {}
+        for kid, n in rows:
+            key = PLAINTEXT if kid is None else str(kid)
+            counts[key] = counts.get(key, 0) + n
+        return counts
+
+    def reseal_secrets(
+        self, table: SecretTable, after: tuple[UUID, UUID] | None, limit: int
+    ) -> ResealBatch:
+        """Seal the next `limit` rows' secrets again with the current key."""
+        keyring = self.keyring
+        if keyring is None:
+            raise ConfigurationError(f"{SECRET_KEYS_VARIABLE} is not set: no key to seal with")
+        column = "secrets" if table == "integrations" else "spec"
+        past = "" if after is None else "WHERE (account_id, id) > (?, ?) "
+        with self._write() as conn:
+            rows = conn.execute(
+                f"SELECT account_id, id, {column} FROM {table} {past}"
+                "ORDER BY account_id, id LIMIT ?",
+                (*(str(part) for part in after or ()), limit),
+            ).fetchall()
+            scanned = resealed = 0
+            for account, ident, stored in rows:
+                fresh, read, changed = resealed_row(keyring, table, UUID(account), UUID(ident),
+                                                    orjson.loads(stored))  # fmt: skip
+                scanned, resealed = scanned + read, resealed + changed
+                if fresh is not None:
+                    conn.execute(
+                        f"UPDATE {table} SET {column} = ? WHERE account_id = ? AND id = ?",
+                        (dumps_json(fresh), account, ident),
+                    )
+        last = None if not rows else (UUID(rows[-1][0]), UUID(rows[-1][1]))
+        return ResealBatch(scanned, resealed, last)
+
     # -- automations ---------------------------------------------------------------------
 
     def create_automation(self, row: AutomationRow) -> None:
@@ -137,7 +185,8 @@ class SQLiteAutomations:
             conn.execute(
                 f"INSERT INTO automations ({AUTOMATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (str(row.account_id), str(row.id), row.name, row.status, row.trigger_metric,
-                 dumps_json(row.spec), _ts(row.created_at), _ts(row.updated_at)),
+                 dumps_json(sealed_spec(self.keyring, row)), _ts(row.created_at),
+                 _ts(row.updated_at)),
             )  # fmt: skip
 
     def get_automation(self, account_id: UUID, automation_id: UUID) -> AutomationRow | None:
@@ -180,8 +229,9 @@ class SQLiteAutomations:
             conn.execute(
                 "UPDATE automations SET name = ?, status = ?, trigger_metric = ?, spec = ?, "
                 "updated_at = ? WHERE account_id = ? AND id = ?",
-                (row.name, row.status, row.trigger_metric, dumps_json(row.spec),
-                 _ts(row.updated_at), account, ident),
+                (row.name, row.status, row.trigger_metric,
+                 dumps_json(sealed_spec(self.keyring, row)), _ts(row.updated_at), account,
+                 ident),
             )  # fmt: skip
             if was.status == "paused" and row.status == "active":
                 now = _ts(_now())
@@ -540,9 +590,25 @@ def _advance(conn: sqlite3.Connection, claim: Claim, advance: Advance, now: str)
     return cur.rowcount == 1
 
 
-def _integration(r: Sequence[Any]) -> Integration:
-    return Integration(UUID(r[0]), UUID(r[1]), r[2], r[3], orjson.loads(r[4]),
-                       orjson.loads(r[5]), _parse(r[6]) or _now())  # fmt: skip
+# The secrets of integrations (each value of `secrets`) and of webhook steps (`secret`),
+# by the id of the key that sealed them (NULL: plaintext).
+_COUNT_SECRETS_SQL = """
+SELECT CASE WHEN s.type = 'object' THEN json_extract(s.value, '$.kid') END, count(*)
+FROM integrations i, json_each(i.secrets) s GROUP BY 1
+UNION ALL
+SELECT CASE WHEN json_type(st.value, '$.secret') = 'object'
+            THEN json_extract(st.value, '$.secret.kid') END, count(*)
+FROM automations a, json_each(a.spec, '$.steps') st
+WHERE json_extract(st.value, '$.type') = 'webhook'
+  AND json_type(st.value, '$.secret') IN ('text', 'object')
+GROUP BY 1
+"""
+
+
+def _integration(r: Sequence[Any], keyring: Keyring | None) -> Integration:
+    stored = Integration(UUID(r[0]), UUID(r[1]), r[2], r[3], orjson.loads(r[4]),
+                         orjson.loads(r[5]), _parse(r[6]) or _now())  # fmt: skip
+    return opened_integration(keyring, stored)
 
 
 def _automation(r: Sequence[Any]) -> AutomationRow:

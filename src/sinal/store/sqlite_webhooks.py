@@ -11,6 +11,7 @@ from uuid import UUID
 import orjson
 
 from sinal.events import dumps_json
+from sinal.keyring import Keyring
 from sinal.store.automations import Integration
 from sinal.store.webhooks import (
     DELIVERY_COLUMNS,
@@ -22,6 +23,8 @@ from sinal.store.webhooks import (
 
 class SQLiteWebhooks:
     """Mixin for `SQLiteStore`: the `WebhookStore` methods."""
+
+    keyring: Keyring | None = None  # opens the integrations' secrets
 
     def _write(self) -> AbstractContextManager[sqlite3.Connection]:
         raise NotImplementedError
@@ -39,7 +42,7 @@ class SQLiteWebhooks:
                 "FROM integrations WHERE id = ? AND deleted_at IS NULL",
                 (str(integration_id),),
             ).fetchone()
-        return None if row is None else _integration(row)
+        return None if row is None else _integration(row, self.keyring)
 
     def save_delivery(self, delivery: StoredDelivery) -> tuple[StoredDelivery, bool]:
         """Keep a delivery raw, once per (integration, delivery id)."""
