@@ -66,14 +66,23 @@ def stored_secrets(url: str, integration: Integration) -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(raw) if isinstance(raw, str) else raw)
 
 
-def tamper(url: str, integration: Integration) -> None:
-    """Flip a bit of the integration's sealed access token, in the database."""
+def rewrite_secrets(url: str, integration: Integration, change: Any) -> None:
+    """Change the integration's stored secrets in the database, under sinal."""
     raw = stored_secrets(url, integration)
-    data = bytearray(base64.b64decode(raw["access_token"]["sealed"]))
-    data[-1] ^= 1
-    raw["access_token"]["sealed"] = base64.b64encode(bytes(data)).decode()
+    change(raw)
     sql(url, "UPDATE integrations SET secrets = ? WHERE id = ?", json.dumps(raw),
         str(integration.id))  # fmt: skip
+
+
+def tamper(url: str, integration: Integration) -> None:
+    """Flip a bit of the integration's sealed access token, in the database."""
+
+    def flip(raw: dict[str, Any]) -> None:
+        data = bytearray(base64.b64decode(raw["access_token"]["sealed"]))
+        data[-1] ^= 1
+        raw["access_token"]["sealed"] = base64.b64encode(bytes(data)).decode()
+
+    rewrite_secrets(url, integration, flip)
 
 
 def connect_whatsapp(ledger: Ledger, **changes: str) -> Integration:
@@ -257,10 +266,7 @@ def test_a_sealed_secret_moved_to_another_field_does_not_open(
 ) -> None:
     ledger = open_ledger(K1)
     made = connect_whatsapp(ledger)
-    raw = stored_secrets(database_url, made)
-    raw["secret"] = raw["access_token"]
-    sql(database_url, "UPDATE integrations SET secrets = ? WHERE id = ?", json.dumps(raw),
-        str(made.id))  # fmt: skip
+    rewrite_secrets(database_url, made, lambda raw: raw.update(secret=raw["access_token"]))
 
     with pytest.raises(SecretUnreadable, match=r"/secret does not open with key 'k1'"):
         store_of(ledger).get_integration(made.account_id, made.id)

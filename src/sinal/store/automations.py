@@ -8,15 +8,18 @@ its aggregate recorder): the same backend classes implement both, through mixins
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
+from sinal.errors import ConfigurationError
 from sinal.events import PreparedEvent
 from sinal.integrations.whatsapp import SENT_BY_EXECUTION
 from sinal.keyring import (
+    PLAINTEXT,
+    SECRET_KEYS_VARIABLE,
     Keyring,
     integration_place,
     is_sealed,
@@ -156,7 +159,7 @@ def resealed_spec(
     return ({**spec, "steps": fresh} if resealed else None), scanned, resealed
 
 
-def resealed_row(
+def _resealed_row(
     keyring: Keyring, table: SecretTable, account_id: UUID, ident: UUID, stored: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, int, int]:
     """A row's stored secrets (an integration's `secrets`, an automation's `spec`) sealed
@@ -167,6 +170,32 @@ def resealed_row(
     fresh = reseal_all(keyring, stored, integration_place(account_id, ident))
     changed = 0 if fresh is None else sum(fresh[k] is not stored[k] for k in stored)
     return fresh, len(stored), changed
+
+
+def secret_counts(rows: Iterable[tuple[str | None, int]]) -> dict[str, int]:
+    """(key id or None, count) rows, some ids repeated, as `count_secrets` answers them."""
+    counts: dict[str, int] = {}
+    for kid, n in rows:
+        key = PLAINTEXT if kid is None else str(kid)
+        counts[key] = counts.get(key, 0) + n
+    return counts
+
+
+def resealed_rows(
+    keyring: Keyring | None, table: SecretTable, rows: Iterable[tuple[UUID, UUID, Any]]
+) -> tuple[list[tuple[UUID, UUID, dict[str, Any]]], int, int]:
+    """For `reseal_secrets`: of (account_id, id, stored secrets or spec) rows, those to
+    write again (with what to write), the number of secrets read, and of those sealed
+    again; `ConfigurationError` without a keyring, `SecretUnreadable` as `reseal`."""
+    if keyring is None:
+        raise ConfigurationError(f"{SECRET_KEYS_VARIABLE} is not set: no key to seal with")
+    writes, scanned, resealed = [], 0, 0
+    for account_id, ident, stored in rows:
+        fresh, read, changed = _resealed_row(keyring, table, account_id, ident, stored)
+        scanned, resealed = scanned + read, resealed + changed
+        if fresh is not None:
+            writes.append((account_id, ident, fresh))
+    return writes, scanned, resealed
 
 
 def _webhook_secret(step: object) -> bool:

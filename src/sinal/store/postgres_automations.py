@@ -23,10 +23,9 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
-from sinal.errors import ConfigurationError
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
-from sinal.keyring import PLAINTEXT, SECRET_KEYS_VARIABLE, Keyring
+from sinal.keyring import Keyring
 from sinal.store.automations import (
     AUTOMATION_COLUMNS,
     CLAIMED_AUTOMATION_COLUMNS,
@@ -56,9 +55,10 @@ from sinal.store.automations import (
     StepStatus,
     chain_parent,
     opened_integration,
-    resealed_row,
+    resealed_rows,
     sealed_secrets,
     sealed_spec,
+    secret_counts,
     storable_json,
     storable_text,
     too_deep,
@@ -350,21 +350,13 @@ class PostgresAutomations:
     def count_secrets(self) -> dict[str, int]:
         """The stored secrets, by the key that sealed them (`PLAINTEXT`: none)."""
         with self._conn() as conn:
-            rows = conn.execute(_COUNT_SECRETS_SQL).fetchall()
-        counts: dict[str, int] = {}
-        for kid, n in rows:
-            key = PLAINTEXT if kid is None else str(kid)
-            counts[key] = counts.get(key, 0) + n
-        return counts
+            return secret_counts(conn.execute(_COUNT_SECRETS_SQL).fetchall())
 
     def reseal_secrets(
         self, table: SecretTable, after: tuple[UUID, UUID] | None, limit: int
     ) -> ResealBatch:
         """Seal the next `limit` rows' secrets again with the current key; the rows are
         locked meanwhile (a concurrent rotation or update waits, then reads them done)."""
-        keyring = self.keyring
-        if keyring is None:
-            raise ConfigurationError(f"{SECRET_KEYS_VARIABLE} is not set: no key to seal with")
         column = "secrets" if table == "integrations" else "spec"
         past = "" if after is None else "WHERE (account_id, id) > (%s, %s) "
         with self._tx() as conn:
@@ -373,15 +365,12 @@ class PostgresAutomations:
                 "ORDER BY account_id, id LIMIT %s FOR UPDATE",
                 (*(after or ()), limit),
             ).fetchall()
-            scanned = resealed = 0
-            for account, ident, stored in rows:
-                fresh, read, changed = resealed_row(keyring, table, account, ident, stored)
-                scanned, resealed = scanned + read, resealed + changed
-                if fresh is not None:
-                    conn.execute(
-                        f"UPDATE {table} SET {column} = %s WHERE account_id = %s AND id = %s",
-                        (Jsonb(fresh), account, ident),
-                    )
+            writes, scanned, resealed = resealed_rows(self.keyring, table, rows)
+            for account_id, ident, fresh in writes:
+                conn.execute(
+                    f"UPDATE {table} SET {column} = %s WHERE account_id = %s AND id = %s",
+                    (Jsonb(fresh), account_id, ident),
+                )
         last = None if not rows else (rows[-1][0], rows[-1][1])
         return ResealBatch(scanned, resealed, last)
 

@@ -12,10 +12,9 @@ from uuid import UUID
 
 import orjson
 
-from sinal.errors import ConfigurationError
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
-from sinal.keyring import PLAINTEXT, SECRET_KEYS_VARIABLE, Keyring
+from sinal.keyring import Keyring
 from sinal.store.automations import (
     AUTOMATION_COLUMNS,
     CLAIMED_AUTOMATION_COLUMNS,
@@ -46,9 +45,10 @@ from sinal.store.automations import (
     automation_halt,
     chain_parent,
     opened_integration,
-    resealed_row,
+    resealed_rows,
     sealed_secrets,
     sealed_spec,
+    secret_counts,
     storable_json,
     storable_text,
     too_deep,
@@ -142,39 +142,30 @@ class SQLiteAutomations:
     def count_secrets(self) -> dict[str, int]:
         """The stored secrets, by the key that sealed them (`PLAINTEXT`: none)."""
         with self._read() as conn:
-            rows = conn.execute(_COUNT_SECRETS_SQL).fetchall()
-        counts: dict[str, int] = {}
-        for kid, n in rows:
-            key = PLAINTEXT if kid is None else str(kid)
-            counts[key] = counts.get(key, 0) + n
-        return counts
+            return secret_counts(conn.execute(_COUNT_SECRETS_SQL).fetchall())
 
     def reseal_secrets(
         self, table: SecretTable, after: tuple[UUID, UUID] | None, limit: int
     ) -> ResealBatch:
         """Seal the next `limit` rows' secrets again with the current key."""
-        keyring = self.keyring
-        if keyring is None:
-            raise ConfigurationError(f"{SECRET_KEYS_VARIABLE} is not set: no key to seal with")
         column = "secrets" if table == "integrations" else "spec"
         past = "" if after is None else "WHERE (account_id, id) > (?, ?) "
         with self._write() as conn:
-            rows = conn.execute(
-                f"SELECT account_id, id, {column} FROM {table} {past}"
-                "ORDER BY account_id, id LIMIT ?",
-                (*(str(part) for part in after or ()), limit),
-            ).fetchall()
-            scanned = resealed = 0
-            for account, ident, stored in rows:
-                fresh, read, changed = resealed_row(keyring, table, UUID(account), UUID(ident),
-                                                    orjson.loads(stored))  # fmt: skip
-                scanned, resealed = scanned + read, resealed + changed
-                if fresh is not None:
-                    conn.execute(
-                        f"UPDATE {table} SET {column} = ? WHERE account_id = ? AND id = ?",
-                        (dumps_json(fresh), account, ident),
-                    )
-        last = None if not rows else (UUID(rows[-1][0]), UUID(rows[-1][1]))
+            rows = [
+                (UUID(account), UUID(ident), orjson.loads(stored))
+                for account, ident, stored in conn.execute(
+                    f"SELECT account_id, id, {column} FROM {table} {past}"
+                    "ORDER BY account_id, id LIMIT ?",
+                    (*(str(part) for part in after or ()), limit),
+                )
+            ]
+            writes, scanned, resealed = resealed_rows(self.keyring, table, rows)
+            for account_id, ident, fresh in writes:
+                conn.execute(
+                    f"UPDATE {table} SET {column} = ? WHERE account_id = ? AND id = ?",
+                    (dumps_json(fresh), str(account_id), str(ident)),
+                )
+        last = None if not rows else (rows[-1][0], rows[-1][1])
         return ResealBatch(scanned, resealed, last)
 
     # -- automations ---------------------------------------------------------------------
