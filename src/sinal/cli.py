@@ -26,7 +26,6 @@ from sinal.errors import (
 )
 from sinal.keyring import Keyring
 from sinal.ledger import Ledger, connect
-from sinal.store.automations import AutomationStore
 from sinal.store.base import latest_schema_version
 
 app = typer.Typer(
@@ -363,6 +362,8 @@ def _warn_of_unsealed_secrets(ledger: Ledger, keyring: Keyring | None, *, may_co
         return
     if not may_count:
         return
+    from sinal.store.automations import AutomationStore
+
     try:
         counts = cast(AutomationStore, ledger.store).count_secrets()
     except StoreError:  # a warning is not worth failing the start for
@@ -491,6 +492,8 @@ def executions_retry(
 ) -> None:
     """Revive dead executions (or one named execution, also when its outcome is unknown:
     check with the provider first that the message did not go out)."""
+    from sinal.store.automations import AutomationStore
+
     account_id = None if account is None else _parse_id(account, "--account")
     execution_id = None if execution is None else _parse_id(execution, "EXECUTION")
     with open_ledger(database_url) as ledger:

@@ -25,9 +25,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeGuard
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from sinal.errors import ConfigurationError, SecretUnreadable
 
 SECRET_KEYS_VARIABLE: Final = "SINAL_SECRET_KEYS"
@@ -62,6 +59,8 @@ class Keyring:
 
     def seal(self, plaintext: str, context: str) -> dict[str, Any]:
         """`plaintext` sealed with the current key, bound to `context` (its place)."""
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # only when used
+
         kid, key = self.keys[0]
         nonce = os.urandom(NONCE_BYTES)
         sealed = AESGCM(key).encrypt(nonce, plaintext.encode(), context.encode())
@@ -71,6 +70,9 @@ class Keyring:
     def open(self, envelope: Mapping[str, Any], context: str) -> str:
         """The plaintext of a sealed value; `SecretUnreadable` (naming its key) when no key
         of the ring opens it, or it was altered or sealed for another place."""
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         kid = str(envelope.get("kid"))
         key = dict(self.keys).get(kid)
         if key is None:

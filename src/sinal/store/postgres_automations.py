@@ -362,7 +362,7 @@ class PostgresAutomations:
         with self._tx() as conn:
             rows = conn.execute(
                 f"SELECT account_id, id, {column} FROM {table} {past}"
-                "ORDER BY account_id, id LIMIT %s FOR UPDATE",
+                "ORDER BY account_id, id LIMIT %s FOR NO KEY UPDATE",
                 (*(after or ()), limit),
             ).fetchall()
             writes, scanned, resealed = resealed_rows(self.keyring, table, rows)
