@@ -178,15 +178,14 @@ def open_all(keyring: Keyring | None, stored: Mapping[str, Any], place: str) -> 
 def reseal_all(keyring: Keyring, stored: Mapping[str, Any], place: str) -> dict[str, Any] | None:
     """Stored secrets with each value the current key did not seal (plaintext, or another
     key's) sealed again with it; None when every one is the current key's already."""
-    if all(sealed_with(value) == keyring.current_id for value in stored.values()):
-        return None
-    return {name: reseal(keyring, value, f"{place}/{name}") for name, value in stored.items()}
+    fresh = {name: reseal(keyring, value, f"{place}/{name}") for name, value in stored.items()}
+    return None if all(fresh[name] is stored[name] for name in stored) else fresh
 
 
 def reseal(keyring: Keyring, value: Any, context: str) -> Any:
-    """A stored value sealed with the current key: as it is when it is already, else
-    opened (`SecretUnreadable`) and sealed again."""
-    if sealed_with(value) == keyring.current_id:
+    """A stored value sealed with the current key: as it is when it is already (or is no
+    text: nothing to seal), else opened (`SecretUnreadable`) and sealed again."""
+    if sealed_with(value) == keyring.current_id or not (is_sealed(value) or isinstance(value, str)):
         return value
     return keyring.seal(open_value(keyring, value, context), context)
 

@@ -155,3 +155,8 @@ def test_reseal_seals_plaintext_and_previous_keys_and_leaves_the_current() -> No
     assert [sealed_with(v) for v in fresh.values()] == ["k2", "k2"]
     assert open_all(ring(K2), fresh, PLACE) == {"secret": "plain", "access_token": "t"}
     assert reseal_all(new, fresh, PLACE) is None  # done: nothing to write
+
+
+def test_reseal_leaves_a_value_that_is_no_text_alone() -> None:
+    """Only texts are secrets: anything else found in the column is left, not a crash."""
+    assert reseal_all(ring(K1), {"secret": None, "other": 5}, PLACE) is None

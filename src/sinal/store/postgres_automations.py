@@ -276,7 +276,8 @@ T = TypeVar("T")
 # by the id of the key that sealed them (NULL: plaintext).
 _COUNT_SECRETS_SQL = """
 SELECT CASE WHEN jsonb_typeof(s.value) = 'object' THEN s.value ->> 'kid' END, count(*)
-FROM integrations i, jsonb_each(i.secrets) s GROUP BY 1
+FROM integrations i, jsonb_each(i.secrets) s
+WHERE jsonb_typeof(s.value) IN ('string', 'object') GROUP BY 1
 UNION ALL
 SELECT CASE WHEN jsonb_typeof(st -> 'secret') = 'object' THEN st -> 'secret' ->> 'kid' END,
        count(*)

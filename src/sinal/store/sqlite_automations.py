@@ -585,7 +585,7 @@ def _advance(conn: sqlite3.Connection, claim: Claim, advance: Advance, now: str)
 # by the id of the key that sealed them (NULL: plaintext).
 _COUNT_SECRETS_SQL = """
 SELECT CASE WHEN s.type = 'object' THEN json_extract(s.value, '$.kid') END, count(*)
-FROM integrations i, json_each(i.secrets) s GROUP BY 1
+FROM integrations i, json_each(i.secrets) s WHERE s.type IN ('text', 'object') GROUP BY 1
 UNION ALL
 SELECT CASE WHEN json_type(st.value, '$.secret') = 'object'
             THEN json_extract(st.value, '$.secret.kid') END, count(*)
