@@ -20,16 +20,17 @@ from sinal import Ledger, webhooks
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
 from sinal.errors import InvalidLink
-from sinal.events import EmitEvent
+from sinal.events import EmitEvent, dumps_json
 from sinal.ledger import CHUNK
 from sinal.links import create_link
 from sinal.store.automations import Integration
 from sinal.store.erasure import erase_in
 from sinal.store.messaging import MessagingStore
+from sinal.store.postgres_automations import _START_STEPS_SQL as START_STEPS
 from sinal.store.postgres_erasure import _ERASE as ERASE
 from sinal.store.postgres_erasure import LOCK_EVENTS
 from sinal.store.sqlite_erasure import _ERASE as SQLITE_ERASE
-from tests.helpers import sql, wait_until
+from tests.helpers import count, sql, wait_until
 from tests.integration.whatsapp import (
     APP_SECRET,
     PHONE_NUMBER_ID,
@@ -72,9 +73,9 @@ def seed(ledger: Ledger, url: str, contact: sinal.Contact) -> None:
         ("INSERT INTO checkouts (account_id, integration_id, token, provider, contact_id, "
          "details, updated_at) VALUES (?, ?, ?, 'shopify', ?, ?, ?)",
          (account, str(uuid.uuid4()), f"t-{ident}", ident, '{"email": "a@example.com"}', WHEN)),
-        ("INSERT INTO rejections (account_id, id, reason, message, source, payload, created_at) "
-         "VALUES (?, ?, 'contact_not_found', 'm', 'api', ?, ?)",
-         (account, str(uuid.uuid4()), f'{{"contact_id": "{ident}"}}', WHEN)),
+        ("INSERT INTO rejections (account_id, id, contact_id, reason, message, source, "
+         "payload, created_at) VALUES (?, ?, ?, 'contact_not_found', 'm', 'api', ?, ?)",
+         (account, str(uuid.uuid4()), ident, f'{{"contact_id": "{ident}"}}', WHEN)),
     ]  # fmt: skip
     for statement, params in rows:
         sql(url, statement, *params)
@@ -313,6 +314,34 @@ def test_an_order_during_an_erasure_keeps_no_contact(ledger: Ledger, database_ur
     assert sql(database_url, "SELECT contact_id FROM orders") == [(None,)]
 
 
+@postgres_only
+def test_a_step_recorded_during_an_erasure_goes_with_its_execution(
+    ledger: Ledger, database_url: str
+) -> None:
+    """PostgreSQL: a worker's record of a step starting, committed while the erasure waits
+    for the execution's row, is deleted with the execution, not left behind."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, email="ana@example.com")
+    automations = Automations(ledger)
+    automations.create(account.id, PING)
+    ping(ledger, ana, 1)
+    automations.store.fan_out(lambda e, c: [a.id for a in c], 100)
+    [claim] = automations.store.claim_executions("w1", 10, 60.0)
+    start = [{"ord": 0, "account_id": account.id, "id": claim.execution.id, "worker": "w1",
+              "lease": 60.0, "step_index": 0, "step_type": "add_tag"}]  # fmt: skip
+    eraser = threading.Thread(target=ledger.erase_contact, args=(account.id, ana.id))
+
+    with psycopg.connect(database_url) as worker:  # the step's start, as `start_steps` runs it
+        assert worker.execute(START_STEPS, {"req": dumps_json(start)}).fetchall()
+        eraser.start()
+        wait_until(lambda: sql(
+            database_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        ) != [(0,)])  # fmt: skip
+    eraser.join()
+
+    assert [count(database_url, t) for t in ("executions", "execution_steps")] == [0, 0]
+
+
 def plan_of(database_url: str, statement: str, params: dict[str, Any]) -> list[str]:
     """The lines of `statement`'s plan (PostgreSQL's with sequential scans priced out, as
     on a table too large to read: a small test table would be read whole anyway)."""
@@ -324,9 +353,10 @@ def plan_of(database_url: str, statement: str, params: dict[str, Any]) -> list[s
         return [r[0] for r in conn.execute(f"EXPLAIN {statement}", params)]
 
 
-# The tables migration 0018 indexes by contact (the others had such an index already).
+# The tables migrations 0018 and 0020 index by contact (the others had such an index
+# already).
 INDEXED = ("executions", "contact_identities", "message_statuses", "whatsapp_users", "links",
-           "checkouts")  # fmt: skip
+           "checkouts", "rejections")  # fmt: skip
 
 
 @pytest.mark.parametrize("table", INDEXED)
@@ -334,7 +364,7 @@ def test_an_erasure_finds_the_contacts_rows_by_index(
     ledger: Ledger, database_url: str, table: str
 ) -> None:
     """The erasure's delete reads the contact's rows through an index leading with
-    (account_id, contact_id) (migration 0018), not every row of the account while the
+    (account_id, contact_id) (migrations 0018, 0020), not every row of the account while the
     contact is locked: a key on contact_id in its plan, and no table read whole."""
     params = {"account": uuid.uuid4(), "contact": uuid.uuid4()}
     [n] = [i for i, s in enumerate(ERASE) if s.startswith(f"DELETE FROM {table} WHERE")]
@@ -346,3 +376,40 @@ def test_an_erasure_finds_the_contacts_rows_by_index(
     plan = plan_of(database_url, ERASE[n], params)
     assert any("Index Cond" in line and "contact_id =" in line for line in plan), plan
     assert not any("Seq Scan" in line for line in plan), plan
+
+
+def test_a_rejection_keeps_the_contact_its_event_named(ledger: Ledger, database_url: str) -> None:
+    """A kept rejection names its contact in `rejections.contact_id` (migration 0020), which
+    the erasure deletes by: one event, a batch, a streamed batch."""
+    account = ledger.create_account("Loja")
+    unknown = uuid.uuid4()
+    events = [EmitEvent(account_id=account.id, contact_id=unknown, metric_name="Ping",
+                        source="api", source_id=f"r-{i}") for i in range(CHUNK + 4)]  # fmt: skip
+
+    ledger.emit(events[0])
+    ledger.emit_many(events[1:3])
+    ledger.emit_many(events[3:])
+
+    assert sql(database_url, "SELECT contact_id, count(*) FROM rejections GROUP BY 1") == [
+        (str(unknown) if database_url.startswith("sqlite:") else unknown, CHUNK + 4)
+    ]
+
+
+def test_a_rejection_replayed_for_a_contact_goes_with_that_contact(
+    ledger: Ledger, database_url: str
+) -> None:
+    """A rejection replayed naming the contact it lacked keeps that contact's event input:
+    it is that contact's, and goes with its erasure."""
+    account = ledger.create_account("Loja")
+    kept = ledger.emit_event(account_id=account.id, contact_id=uuid.uuid4(), metric_name="Ping",
+                             source="api", source_id="lost", properties={"cpf": "123"})  # fmt: skip
+    bia = ledger.create_contact(account.id, email="bia@example.com")
+    assert kept.rejection_id is not None
+    replay = ledger.replay_rejection(account.id, kept.rejection_id, contact_id=bia.id)
+    assert replay is not None
+    assert replay.outcome is not None
+    assert replay.outcome.kind == "created"
+
+    assert ledger.erase_contact(account.id, bia.id)
+
+    assert count(database_url, "rejections") == 0

@@ -254,3 +254,31 @@ def test_migration_0016_takes_the_indexes_an_operator_built_beforehand(empty_url
         assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v >= 16]
 
     assert len(built) == 3
+
+
+def test_migration_0020_gives_the_rejections_kept_before_it_their_contact(
+    empty_url: str,
+) -> None:
+    """The rejections of a contact are found by their contact_id column (the erasure's
+    delete): one kept before it gets its input's contact_id, one that named none stays
+    NULL, and erasing the contact deletes its rejection, not the other."""
+    _migrate_up_to(empty_url, 19)
+    account, ana, at = str(uuid4()), str(uuid4()), "2026-01-01T00:00:00Z"
+    sql(empty_url, "INSERT INTO accounts (id, name, timezone, created_at) "
+        "VALUES (?, 'Loja', 'America/Sao_Paulo', ?)", account, at)  # fmt: skip
+    sql(empty_url, "INSERT INTO contacts (account_id, id, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?)", account, ana, at, at)  # fmt: skip
+    named, anonymous = str(uuid4()), str(uuid4())
+    for ident, payload in ((named, f'{{"contact_id": "{ana}"}}'), (anonymous, "{}")):
+        sql(empty_url, "INSERT INTO rejections (account_id, id, reason, message, source, "
+            "payload, created_at) VALUES (?, ?, 'contact_not_found', 'm', 'api', ?, ?)",
+            account, ident, payload, at)  # fmt: skip
+
+    with connect(empty_url) as ledger:
+        backend = "sqlite" if empty_url.startswith("sqlite:") else "postgres"
+        assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v > 19]
+        kept = sql(empty_url, "SELECT id, contact_id FROM rejections")
+        assert {(str(i), c and str(c)) for i, c in kept} == {(named, ana), (anonymous, None)}
+        assert ledger.erase_contact(account, ana)
+
+    assert [str(r[0]) for r in sql(empty_url, "SELECT id FROM rejections")] == [anonymous]

@@ -266,8 +266,8 @@ outboxed AS (
 # `events.stamp` writes it, in UTC with "Z", microseconds only when there are some.
 _REJECTED = """
 rejected AS (
-    INSERT INTO rejections (account_id, id, reason, message, source, payload)
-    SELECT i.account_id, i.id,
+    INSERT INTO rejections (account_id, id, contact_id, reason, message, source, payload)
+    SELECT i.account_id, i.id, i.contact_id,
            CASE WHEN i.contact_id IS NULL THEN 'contact_required' ELSE 'contact_not_found' END,
            CASE WHEN i.contact_id IS NULL THEN 'contact_id is required to record an event'
                 ELSE format('contact %%s does not exist in account %%s', i.contact_id,
@@ -1356,10 +1356,10 @@ class PostgresStore(
             ):
                 return Replay.refused(rejection, event)
             [outcome] = _record_in(conn, [event])
-            conn.execute(
-                "UPDATE rejections SET replayed_at = now(), replayed_event_id = %s "
-                "WHERE account_id = %s AND id = %s",
-                (outcome.event_id, account_id, rejection_id),
+            conn.execute(  # the contact its event went to: erased, it takes the rejection
+                "UPDATE rejections SET replayed_at = now(), replayed_event_id = %s, "
+                "contact_id = %s WHERE account_id = %s AND id = %s",
+                (outcome.event_id, event.contact_id, account_id, rejection_id),
             )
             return Replay(replace(rejection, replayed_event_id=outcome.event_id), outcome)
 

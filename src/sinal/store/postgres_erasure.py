@@ -28,9 +28,7 @@ T = TypeVar("T")
 Conn = psycopg.Connection[TupleRow]
 
 LOCK_EVENTS = "LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE"
-_ERASE = erase_statements(
-    "%(account)s", "%(contact)s", "payload ->> 'contact_id' = %(contact)s::text", " FOR UPDATE"
-)
+_ERASE = erase_statements("%(account)s", "%(contact)s", " FOR UPDATE")
 
 
 class PostgresErasure:

@@ -991,11 +991,12 @@ class SQLiteStore(
             ):
                 return Replay.refused(rejection, event)
             [outcome] = _record_in(conn, [event])
-            conn.execute(
-                "UPDATE rejections SET replayed_at = ?, replayed_event_id = ? "
+            conn.execute(  # the contact its event went to: erased, it takes the rejection
+                "UPDATE rejections SET replayed_at = ?, replayed_event_id = ?, contact_id = ? "
                 "WHERE account_id = ? AND id = ?",
-                (ts(datetime.now(UTC)), str(outcome.event_id), account, str(rejection_id)),
-            )
+                (ts(datetime.now(UTC)), str(outcome.event_id), str(event.contact_id), account,
+                 str(rejection_id)),
+            )  # fmt: skip
             return Replay(replace(rejection, replayed_event_id=outcome.event_id), outcome)
 
 
@@ -1109,11 +1110,11 @@ class _Batch:
     def reject(self, event: PreparedEvent, reason: str) -> Outcome:
         message = rejection_message(reason, event)
         self.conn.execute(
-            "INSERT INTO rejections (account_id, id, reason, message, source, payload, "
-            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO rejections (account_id, id, contact_id, reason, message, source, "
+            "payload, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                self.text(event.account_id), str(event.id), reason, message, event.source,
-                dumps_json(event.as_input()), self.now,
+                self.text(event.account_id), str(event.id), _opt(event.contact_id), reason,
+                message, event.source, dumps_json(event.as_input()), self.now,
             ),
         )  # fmt: skip
         return Outcome("rejected", reason=reason, message=message, rejection_id=event.id)

@@ -10,7 +10,7 @@ from uuid import UUID
 
 from sinal.store.erasure import erase_in, erase_statements
 
-_ERASE = erase_statements(":account", ":contact", "payload ->> '$.contact_id' = :contact")
+_ERASE = erase_statements(":account", ":contact")
 
 
 class SQLiteErasure:
