@@ -48,7 +48,13 @@ from decimal import Decimal
 from typing import Any, Final, cast
 from uuid import UUID
 
-from sinal.errors import InvalidContact, InvalidEvent, StoreError, StoreUnavailable
+from sinal.errors import (
+    ContactNotFound,
+    InvalidContact,
+    InvalidEvent,
+    StoreError,
+    StoreUnavailable,
+)
 from sinal.events import PreparedEvent, fits_value, prepare
 from sinal.integrations import _read as r
 from sinal.integrations.base import (
@@ -252,6 +258,22 @@ def _save_checkout(
     is_reminder = checkout.provider == "yampi"  # cart.reminder: the abandonment itself
     if not is_reminder and not checkout.is_completed:
         _check_abandonment(ledger, integration, checkout)
+    try:
+        _store_checkout(ledger, integration, checkout, events, is_reminder=is_reminder)
+    except ContactNotFound:  # erased since it was found: as after the erasure, a new contact
+        _store_checkout(ledger, integration, checkout, events, is_reminder=is_reminder)
+
+
+def _store_checkout(
+    ledger: Ledger,
+    integration: Integration,
+    checkout: CheckoutRef,
+    events: Sequence[Mapped],
+    *,
+    is_reminder: bool,
+) -> None:
+    """Find or create the checkout's contact, then write the row and its events; raises
+    `ContactNotFound` when an erasure deleted that contact in between."""
     contact_id = _contact_id(ledger, integration, checkout.contact)
     prepared: list[PreparedEvent] = []
     if events:

@@ -197,6 +197,17 @@ class _Inbox:
         return self.store.link_whatsapp_user(self.account_id, ref.user_id, contact.id)
 
     def receive(self, message: Mapped) -> None:
+        """Message Received, and a conversation when none is open; when an erasure deletes
+        the sender meanwhile, again, from the sender found anew (as after the erasure: by
+        phone, a new contact), not kept as a rejection naming the erased contact."""
+        try:
+            self.receive_once(message)
+        except ContactNotFound:
+            ref = message.contact
+            self.contacts.pop((ref.phone, ref.external_id, ref.user_id), None)
+            self.receive_once(message)
+
+    def receive_once(self, message: Mapped) -> None:
         """Message Received, and a conversation when none is open."""
         contact_id = self.contact_for(message.contact)
         event = self.prepare(

@@ -8,6 +8,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from contextlib import closing
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
@@ -19,13 +20,15 @@ import sinal
 from sinal import Ledger, webhooks
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
-from sinal.errors import InvalidLink
-from sinal.events import EmitEvent, dumps_json
+from sinal.errors import ContactNotFound, InvalidLink
+from sinal.events import EmitEvent, dumps_json, prepare
+from sinal.integrations.base import OrderRef
 from sinal.ledger import CHUNK
 from sinal.links import create_link
 from sinal.store.automations import Integration
+from sinal.store.commerce import CheckoutUpdate, CommerceStore, OrderUpdate
 from sinal.store.erasure import erase_in
-from sinal.store.messaging import MessagingStore
+from sinal.store.messaging import Link, MessageStatus, MessagingStore
 from sinal.store.postgres_automations import _START_STEPS_SQL as START_STEPS
 from sinal.store.postgres_erasure import _ERASE as ERASE
 from sinal.store.postgres_erasure import LOCK_EVENTS
@@ -275,6 +278,32 @@ def test_a_whatsapp_message_during_an_erasure_comes_from_a_new_contact(
 
 
 @postgres_only
+def test_a_whatsapp_message_of_a_known_user_id_during_an_erasure_comes_from_a_new_contact(
+    ledger: Ledger, database_url: str
+) -> None:
+    """PostgreSQL: the sender found by Meta's user id (remembered for the erased contact)
+    is found again once the erasure has deleted it: by phone, a new contact, as after the
+    erasure; the message is not kept as a rejection naming the erased contact."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, phone="+55 11 98765-4321")
+    integration = whatsapp(ledger, account)
+    cast(MessagingStore, ledger.store).link_whatsapp_user(account.id, "BR.a1b2c3", ana.id)
+    body = text_message("wamid.racing", "5511987654321", "Oi", name="Ana")
+    value = body["entry"][0]["changes"][0]["value"]
+    value["contacts"][0]["user_id"] = value["messages"][0]["from_user_id"] = "BR.a1b2c3"
+
+    received = while_erased(database_url, ana, lambda: delivered(ledger, integration, body))
+
+    assert (received.status, received.reason) == ("processed", None)
+    [(contact_id,)] = sql(
+        database_url, "SELECT contact_id FROM events WHERE metric_name = 'Message Received'"
+    )
+    assert contact_id != ana.id
+    assert sql(database_url, "SELECT contact_id FROM whatsapp_users") == [(contact_id,)]
+    assert count(database_url, "rejections") == 0
+
+
+@postgres_only
 def test_a_whatsapp_status_during_an_erasure_is_of_an_unknown_message(
     ledger: Ledger, database_url: str
 ) -> None:
@@ -296,21 +325,29 @@ def test_a_whatsapp_status_during_an_erasure_is_of_an_unknown_message(
     assert sql(database_url, "SELECT count(*) FROM message_statuses") == [(0,)]
 
 
+def shopify_while_erased(ledger: Ledger, database_url: str, topic: str) -> sinal.Contact:
+    """Ana, the buyer of the Shopify `topic` fixture, erased while that webhook is processed
+    (which it was)."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, email="ana.souza@exemplo.com.br")
+    shop = Automations(ledger).create_integration(account.id, {"kind": "shopify", "secret": "s"})
+    body = (SHOPIFY / f"{topic.replace('/', '_')}.json").read_bytes()
+
+    received = while_erased(database_url, ana, lambda: webhooks.receive(
+        ledger, shop, topic=topic, delivery_id=topic, headers={}, body=body,
+    ))  # fmt: skip
+
+    assert received.status == "processed", received.reason
+    return ana
+
+
 @postgres_only
 def test_an_order_during_an_erasure_keeps_no_contact(ledger: Ledger, database_url: str) -> None:
     """PostgreSQL: orders have no foreign key to contacts; one saved during the erasure of its
     buyer is detached as the erasure detaches the buyer's orders, not left naming the gone
     contact's id."""
-    account = ledger.create_account("Loja")
-    ana = ledger.create_contact(account.id, email="ana.souza@exemplo.com.br")
-    shop = Automations(ledger).create_integration(account.id, {"kind": "shopify", "secret": "s"})
-    body = (SHOPIFY / "orders_create.json").read_bytes()
+    shopify_while_erased(ledger, database_url, "orders/create")
 
-    received = while_erased(database_url, ana, lambda: webhooks.receive(
-        ledger, shop, topic="orders/create", delivery_id="o-1", headers={}, body=body,
-    ))  # fmt: skip
-
-    assert received.status == "processed", received.reason
     assert sql(database_url, "SELECT contact_id FROM orders") == [(None,)]
 
 
@@ -413,3 +450,103 @@ def test_a_rejection_replayed_for_a_contact_goes_with_that_contact(
     assert ledger.erase_contact(account.id, bia.id)
 
     assert count(database_url, "rejections") == 0
+
+
+# A writer finds (or creates) the contact in one transaction and writes its row in a later
+# one: an erasure can commit in between. These call the writers' store methods with a
+# contact erased since, as that writer then does, on both backends.
+
+
+def erased(ledger: Ledger) -> sinal.Contact:
+    """A contact found by a writer, then erased before the writer's own transaction."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, phone="+55 11 98765-4321", email="ana@example.com")
+    assert ledger.erase_contact(account.id, ana.id)
+    return ana
+
+
+def test_a_link_or_whatsapp_row_for_a_contact_erased_since_it_was_found_is_refused(
+    ledger: Ledger, database_url: str
+) -> None:
+    """`ContactNotFound`, which each caller answers as for a contact that does not exist
+    (not a store error from the foreign key), and nothing written: not an inbound message's
+    rejection either, whose sender is found again instead."""
+    ana = erased(ledger)
+    store = cast(MessagingStore, ledger.store)
+    now = datetime.now(UTC)
+    link = Link(ana.account_id, uuid.uuid4(), "tok-erased", "https://loja.example/p", ana.id,
+                None, None, now)  # fmt: skip
+    status = MessageStatus(ana.account_id, "wamid.erased", ana.id, "delivered", False, None,
+                           None, now, now)  # fmt: skip
+    received = prepare(EmitEvent(account_id=ana.account_id, contact_id=ana.id,
+                                 metric_name="Message Received", source="whatsapp",
+                                 source_id="wamid.in", properties={"text": "Oi"}), now)  # fmt: skip
+
+    with pytest.raises(ContactNotFound):
+        store.save_link(link)
+    with pytest.raises(ContactNotFound):
+        store.link_whatsapp_user(ana.account_id, "BR.erased", ana.id)
+    with pytest.raises(ContactNotFound):
+        store.record_message_status(status, None)
+    with pytest.raises(ContactNotFound):
+        store.record_inbound_message(received, lambda c: pytest.fail("no conversation"))
+
+    tables = ("links", "whatsapp_users", "message_statuses", "events", "rejections")
+    assert [count(database_url, t) for t in tables] == [0, 0, 0, 0, 0]
+
+
+def test_an_order_for_a_buyer_erased_since_it_was_found_keeps_no_contact(
+    ledger: Ledger, database_url: str
+) -> None:
+    """Detached, as the erasure detaches the buyer's orders: not naming the erased id."""
+    ana = erased(ledger)
+    snapshot = OrderRef(
+        provider="shopify",
+        external_id="o-1",
+        number="#1001",
+        status="paid",
+        provider_status="paid",
+        total=Decimal("297.90"),
+        currency="BRL",
+    )
+    update = OrderUpdate(ana.account_id, uuid.uuid4(), "shopify", "o-1", ana.id, snapshot)
+
+    saved = cast(CommerceStore, ledger.store).save_order(update, [], {})
+
+    assert saved.order is not None
+    assert sql(database_url, "SELECT contact_id, status FROM orders") == [(None, "paid")]
+
+
+def test_a_checkout_for_a_buyer_erased_since_it_was_found_is_not_written(
+    ledger: Ledger, database_url: str
+) -> None:
+    """`ContactNotFound` and no row: a checkout's details hold the buyer's identities, which
+    a row without its contact would keep after the erasure."""
+    ana = erased(ledger)
+    update = CheckoutUpdate(
+        account_id=ana.account_id, integration_id=uuid.uuid4(), provider="shopify", token="t-1",
+        contact_id=ana.id, recovery_url=None, total=Decimal("99.90"), currency="BRL",
+        details={"contact": {"email": "ana@example.com"}}, updated_at=datetime.now(UTC),
+        abandon_after=timedelta(minutes=30),
+    )  # fmt: skip
+
+    with pytest.raises(ContactNotFound):
+        cast(CommerceStore, ledger.store).save_checkout(update, [])
+
+    assert count(database_url, "checkouts") == 0
+
+
+@postgres_only
+def test_a_checkout_during_an_erasure_comes_from_a_new_contact(
+    ledger: Ledger, database_url: str
+) -> None:
+    """PostgreSQL: checkouts have no foreign key to contacts; one saved during the erasure of
+    its buyer is written for a contact created anew from the payload, as one after the
+    erasure is, not left with the erased id and identities."""
+    ana = shopify_while_erased(ledger, database_url, "checkouts/create")
+
+    [(contact_id,)] = sql(database_url, "SELECT contact_id FROM checkouts")
+    assert contact_id not in (None, ana.id)
+    assert ledger.get_contact(ana.account_id, contact_id) is not None
+    assert sql(database_url, "SELECT count(*) FROM rejections WHERE contact_id = ?",
+               str(ana.id)) == [(0,)]  # fmt: skip

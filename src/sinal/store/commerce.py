@@ -163,7 +163,8 @@ class CommerceStore(Protocol):
         events: Sequence[PreparedEvent],
         recoveries: Mapping[str, PreparedEvent],
     ) -> OrderSaved:
-        """Record `events` and upsert the order row (see `merge_order`) together; then, for
+        """Record `events` and upsert the order row (see `merge_order`) together (without
+        its contact when the account no longer has it: erased since it was found); then, for
         each checkout the order completes that had been abandoned, record its recovery
         event from `recoveries` (keyed by token) once."""
         ...
@@ -171,7 +172,9 @@ class CommerceStore(Protocol):
     def save_checkout(
         self, update: CheckoutUpdate, events: Sequence[PreparedEvent]
     ) -> list[Outcome]:
-        """Upsert the checkout row (see `merge_checkout`) and record `events`, together."""
+        """Upsert the checkout row (see `merge_checkout`) and record `events`, together;
+        `ContactNotFound`, nothing written, when the update names a contact the account no
+        longer has (erased since it was found: the row would keep its identities)."""
         ...
 
     def due_checkouts(self, now: datetime, limit: int = 500) -> list[Checkout]:

@@ -145,14 +145,18 @@ class MessagingStore(Protocol):
         ...
 
     def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:
-        """Remember the user id's contact (the first one stays); the contact it names."""
+        """Remember the user id's contact (the first one stays); the contact it names.
+        `ContactNotFound` when the account does not have the contact (erased since it was
+        found)."""
         ...
 
     def record_inbound_message(
         self, message: PreparedEvent, on_open: BuildOpenedEvent
     ) -> tuple[Outcome, Conversation | None]:
         """Record Message Received; when it is new and its contact has no open
-        conversation, open one and record `on_open(conversation)` — one transaction."""
+        conversation, open one and record `on_open(conversation)` — one transaction.
+        `ContactNotFound`, nothing kept, when the account does not have the message's
+        contact (erased since it was found)."""
         ...
 
     def find_sent_message(self, account_id: UUID, wamid: str) -> SentMessage | None:
@@ -164,7 +168,8 @@ class MessagingStore(Protocol):
         self, status: MessageStatus, event: PreparedEvent | None
     ) -> MessageStatus:
         """Advance the message's status row (see `MessageStatus.advanced_by`) and record
-        its event, in one transaction; the row as it now stands."""
+        its event, in one transaction; the row as it now stands. `ContactNotFound` when
+        the account does not have the status's contact (erased since it was found)."""
         ...
 
     def get_message_status(self, account_id: UUID, wamid: str) -> MessageStatus | None:
@@ -200,7 +205,8 @@ class MessagingStore(Protocol):
     def save_link(self, link: Link) -> Link | None:
         """Insert a tracked link unless the account has one with its id; the stored link
         (the earlier one, when the id was taken), or None (nothing written) when its token
-        is another link's."""
+        is another link's. `ContactNotFound` when the account does not have the link's
+        contact (erased since it was found)."""
         ...
 
     def find_link(self, token: str) -> Link | None:

@@ -134,7 +134,7 @@ from sinal.store.base import (
 from sinal.store.libpq import network_defaults
 from sinal.store.postgres_automations import PostgresAutomations
 from sinal.store.postgres_commerce import PostgresCommerce
-from sinal.store.postgres_erasure import PostgresErasure
+from sinal.store.postgres_erasure import WRITE_EVENTS, PostgresErasure
 from sinal.store.postgres_messaging import PostgresMessaging
 from sinal.store.postgres_retention import PostgresRetention
 from sinal.store.postgres_webhooks import PostgresWebhooks
@@ -375,7 +375,7 @@ CROSS JOIN LATERAL (SELECT * FROM events
 """
 # A streamed batch reads its contacts before its COPY: it holds ROW EXCLUSIVE on `events`
 # first, as a statement that inserts does from its start (see the module).
-_LOCK_EVENTS = "LOCK TABLE events IN ROW EXCLUSIVE MODE"
+_LOCK_EVENTS = WRITE_EVENTS
 # The places of the pairs whose contact is not in the account: usually none, where the
 # found ones were a row each to read (~200 a batch of 500 in bench/ingest.py). The LATERAL
 # subquery's LIMIT keeps the plan an index probe per pair, as `_DUPLICATES_SQL`'s: a NOT

@@ -34,6 +34,7 @@ from sinal.store.commerce import (
     merge_checkout,
     merge_order,
 )
+from sinal.store.postgres_erasure import require_contact
 
 Conn = psycopg.Connection[TupleRow]
 T = TypeVar("T")
@@ -114,13 +115,16 @@ class PostgresCommerce:
     def save_checkout(
         self, update: CheckoutUpdate, events: Sequence[PreparedEvent]
     ) -> list[Outcome]:
-        """Checkout row and its events in one transaction."""
+        """Checkout row and its events in one transaction; `ContactNotFound` when the
+        update's contact is not in the account (an erasure deleted it since it was found)."""
         from sinal.store.postgres import _record_in
 
         u = update
         key = (u.account_id, u.integration_id, u.token)
 
         def work(conn: Conn) -> list[Outcome]:
+            if u.contact_id is not None:  # erased meanwhile: nothing written, not its details
+                require_contact(conn, u.account_id, u.contact_id)
             if u.abandoned:
                 conn.execute(_LOCK_TOKENS, (_lock_prefix(*key[:2]), [u.token]))
             found = conn.execute(

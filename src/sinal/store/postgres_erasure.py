@@ -10,7 +10,10 @@ contact. Every writer of events waits that long, whatever its account: the price
 locking a contact's row for each event (an erasure is rare, an event is not). The lock is
 self-exclusive, so two erasures take turns instead of deadlocking on each other's deletes.
 Other writers naming the contact (tags, orders) lock it FOR KEY SHARE, which `FOR UPDATE`
-excludes; one with a foreign key to it finds it gone (`ContactNotFound`).
+excludes; one with a foreign key to it finds it gone (`ContactNotFound`). A checkout has
+neither, and holds the buyer's identities: its write takes ROW EXCLUSIVE on `events` before
+it reads the contact, as an emit does (`require_contact`), so that the erasure deletes what
+it wrote, or it finds no contact.
 """
 
 from __future__ import annotations
@@ -22,12 +25,18 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow
 
+from sinal.errors import ContactNotFound
 from sinal.store.erasure import erase_in, erase_statements
 
 T = TypeVar("T")
 Conn = psycopg.Connection[TupleRow]
 
 LOCK_EVENTS = "LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE"
+# What every writer of events holds from its first insert; one that reads a contact before
+# it inserts (a streamed batch, a checkout) takes it first. Not self-conflicting: writers
+# wait only for an erasure.
+WRITE_EVENTS = "LOCK TABLE events IN ROW EXCLUSIVE MODE"
+_IS_CONTACT = "SELECT 1 FROM contacts WHERE account_id = %s AND id = %s"
 _ERASE = erase_statements("%(account)s", "%(contact)s", " FOR UPDATE")
 
 
@@ -47,3 +56,12 @@ class PostgresErasure:
             return erase_in(conn, _ERASE, params)
 
         return self._retrying(erase)
+
+
+def require_contact(conn: Conn, account_id: UUID, contact_id: UUID) -> None:
+    """In a writer's transaction, before it writes a row naming the contact: wait for an
+    erasure running now (`WRITE_EVENTS`), then raise `ContactNotFound` if the contact is
+    not in the account; one that starts later waits for this transaction."""
+    conn.execute(WRITE_EVENTS)
+    if conn.execute(_IS_CONTACT, (account_id, contact_id)).fetchone() is None:
+        raise ContactNotFound(f"contact {contact_id} does not exist in account {account_id}")

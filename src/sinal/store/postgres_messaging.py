@@ -10,6 +10,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow
 
+from sinal.errors import ContactNotFound
 from sinal.events import PreparedEvent
 from sinal.ids import new_id
 from sinal.store.base import Outcome
@@ -85,6 +86,8 @@ class PostgresMessaging:
 
         def work(conn: Conn) -> tuple[Outcome, Conversation | None]:
             [outcome] = _record(conn, [message])
+            if outcome.reason == "contact_not_found":  # erased since it was found
+                raise ContactNotFound(outcome.message)
             if outcome.kind != "created":
                 return outcome, None
             # The partial unique index (one open per contact) decides a race: the loser

@@ -28,6 +28,7 @@ from sinal.store.commerce import (
     merge_checkout,
     merge_order,
 )
+from sinal.store.sqlite_erasure import require_contact
 
 _ORDER_KEY = "account_id = ? AND integration_id = ? AND external_id = ?"
 _CHECKOUT_KEY = "account_id = ? AND integration_id = ? AND token = ?"
@@ -35,6 +36,9 @@ _HAS_ORDER = (
     "SELECT 1 FROM orders WHERE account_id = ? AND integration_id = ? "
     "AND (checkout_token = ? OR cart_token = ?) LIMIT 1"
 )
+# An order's contact, NULL when the account does not have it: orders have no foreign key to
+# contacts, and one whose buyer was found before an erasure deleted it would keep its id.
+_KNOWN_CONTACT = "(SELECT id FROM contacts WHERE account_id = ? AND id = ?)"
 # Is the checkout's integration still connected (not deleted)?
 _IS_LIVE = "SELECT 1 FROM integrations WHERE account_id = ? AND id = ? AND deleted_at IS NULL"
 
@@ -85,12 +89,15 @@ class SQLiteCommerce:
     def save_checkout(
         self, update: CheckoutUpdate, events: Sequence[PreparedEvent]
     ) -> list[Outcome]:
-        """Checkout row and its events in one transaction."""
+        """Checkout row and its events in one transaction; `ContactNotFound` when the
+        update's contact is not in the account (an erasure deleted it since it was found)."""
         from sinal.store.sqlite import _record_in
 
         u = update
         key = (str(u.account_id), str(u.integration_id), u.token)
         with self._write() as conn:
+            if u.contact_id is not None:  # erased meanwhile: nothing written, not its details
+                require_contact(conn, u.account_id, u.contact_id)
             current = _find_checkout(conn, key)
             has_order = conn.execute(_HAS_ORDER, (*key, u.token)).fetchone() is not None
             checkout = merge_checkout(current, u, now=datetime.now(UTC), has_order=has_order)
@@ -176,7 +183,7 @@ def _write_order(conn: sqlite3.Connection, order: Order) -> None:
     o = order
     conn.execute(
         f"INSERT INTO orders ({ORDER_COLUMNS}) VALUES "
-        "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        f"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {_KNOWN_CONTACT}, ?, ?, ?) "
         "ON CONFLICT (account_id, id) DO UPDATE SET number = excluded.number, "
         "status = excluded.status, provider_status = excluded.provider_status, "
         "total = excluded.total, refunded = excluded.refunded, currency = excluded.currency, "
@@ -185,7 +192,8 @@ def _write_order(conn: sqlite3.Connection, order: Order) -> None:
         "updated_at = excluded.updated_at",
         (str(o.account_id), str(o.id), o.provider, str(o.integration_id), o.external_id,
          o.number, o.status, o.provider_status, _text(o.total), str(o.refunded), o.currency,
-         o.checkout_token, o.cart_token, _text(o.contact_id), _opt_ts(o.source_updated_at),
+         o.checkout_token, o.cart_token, str(o.account_id), _text(o.contact_id),
+         _opt_ts(o.source_updated_at),
          _ts(o.created_at), _ts(o.updated_at)),
     )  # fmt: skip
 

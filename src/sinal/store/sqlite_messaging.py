@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from sinal.errors import ContactNotFound
 from sinal.events import PreparedEvent
 from sinal.ids import new_id
 from sinal.store.base import Outcome
@@ -26,6 +27,7 @@ from sinal.store.messaging import (
     MessageStatus,
     SentMessage,
 )
+from sinal.store.sqlite_erasure import require_contact
 
 
 def _ts(when: datetime) -> str:
@@ -71,8 +73,10 @@ class SQLiteMessaging:
         return None if row is None else UUID(row[0])
 
     def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:
-        """Remember the user id's contact; the first one stays."""
+        """Remember the user id's contact; the first one stays. `ContactNotFound` when the
+        account does not have the contact (erased since it was found)."""
         with self._write() as conn:
+            require_contact(conn, account_id, contact_id)
             conn.execute(
                 "INSERT INTO whatsapp_users (account_id, user_id, contact_id, created_at) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -90,6 +94,8 @@ class SQLiteMessaging:
         """Message Received and, for a new message with none open, a conversation."""
         with self._write() as conn:
             [outcome] = _record(conn, [message])
+            if outcome.reason == "contact_not_found":  # erased since it was found
+                raise ContactNotFound(outcome.message)
             if outcome.kind != "created":
                 return outcome, None
             row = conn.execute(
@@ -131,9 +137,11 @@ class SQLiteMessaging:
     def record_message_status(
         self, status: MessageStatus, event: PreparedEvent | None
     ) -> MessageStatus:
-        """Insert the row or advance it; record the event; one transaction."""
+        """Insert the row or advance it; record the event; one transaction. `ContactNotFound`
+        when the account does not have the contact (erased since the message was found)."""
         s = status
         with self._write() as conn:
+            require_contact(conn, s.account_id, s.contact_id)
             row = conn.execute(
                 f"SELECT {STATUS_COLUMNS} FROM message_statuses WHERE account_id = ? AND wamid = ?",
                 (str(s.account_id), s.wamid),
@@ -235,6 +243,8 @@ class SQLiteMessaging:
                 return _link_row(row)
             if conn.execute("SELECT 1 FROM links WHERE token = ?", (k.token,)).fetchone():
                 return None
+            if k.contact_id is not None:
+                require_contact(conn, k.account_id, k.contact_id)
             conn.execute(
                 f"INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (str(k.account_id), str(k.id), k.token, k.url, _opt(k.contact_id), k.campaign,
