@@ -21,11 +21,11 @@ from sinal import Ledger, webhooks
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
 from sinal.errors import ContactNotFound, InvalidLink
-from sinal.events import EmitEvent, dumps_json, prepare
+from sinal.events import EmitEvent, PreparedEvent, dumps_json, prepare
 from sinal.integrations.base import OrderRef
 from sinal.ledger import CHUNK
 from sinal.links import create_link
-from sinal.store.automations import Integration
+from sinal.store.automations import Claim, Integration
 from sinal.store.commerce import CheckoutUpdate, CommerceStore, OrderUpdate
 from sinal.store.erasure import erase_in
 from sinal.store.messaging import Link, MessageStatus, MessagingStore
@@ -165,6 +165,12 @@ postgres_only = pytest.mark.parametrize(
 )
 
 
+def someone_waits(database_url: str) -> bool:
+    """Whether a session of the PostgreSQL server waits for a lock."""
+    query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    return sql(database_url, query) != [(0,)]
+
+
 def while_erased(database_url: str, contact: sinal.Contact, write: Callable[[], object]) -> Any:
     """What `write` answers when it starts while an erasure of `contact` has run its
     statements (`events` locked, the contact locked FOR UPDATE, all of it deleted) and that
@@ -175,9 +181,7 @@ def while_erased(database_url: str, contact: sinal.Contact, write: Callable[[], 
         assert erase_in(eraser, ERASE, {"account": contact.account_id, "contact": contact.id})
         writer = threading.Thread(target=lambda: answers.append(write()))
         writer.start()
-        wait_until(lambda: not writer.is_alive() or sql(
-            database_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-        ) != [(0,)])  # fmt: skip
+        wait_until(lambda: not writer.is_alive() or someone_waits(database_url))
         eraser.commit()
     writer.join()
     assert answers, "the write raised"
@@ -351,32 +355,86 @@ def test_an_order_during_an_erasure_keeps_no_contact(ledger: Ledger, database_ur
     assert sql(database_url, "SELECT contact_id FROM orders") == [(None,)]
 
 
+def claimed(ledger: Ledger) -> tuple[sinal.Contact, Claim]:
+    """Ana, and the claim worker "w1" holds on her Ping automation's execution."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, phone="+55 11 98765-4321")
+    automations = Automations(ledger)
+    automations.create(account.id, PING)
+    ping(ledger, ana, 1)
+    automations.store.fan_out(lambda e, c: [a.id for a in c], 100)
+    [claim] = automations.store.claim_executions("w1", 10, 60.0)
+    return ana, claim
+
+
 @postgres_only
 def test_a_step_recorded_during_an_erasure_goes_with_its_execution(
     ledger: Ledger, database_url: str
 ) -> None:
     """PostgreSQL: a worker's record of a step starting, committed while the erasure waits
     for the execution's row, is deleted with the execution, not left behind."""
-    account = ledger.create_account("Loja")
-    ana = ledger.create_contact(account.id, email="ana@example.com")
-    automations = Automations(ledger)
-    automations.create(account.id, PING)
-    ping(ledger, ana, 1)
-    automations.store.fan_out(lambda e, c: [a.id for a in c], 100)
-    [claim] = automations.store.claim_executions("w1", 10, 60.0)
-    start = [{"ord": 0, "account_id": account.id, "id": claim.execution.id, "worker": "w1",
+    ana, claim = claimed(ledger)
+    start = [{"ord": 0, "account_id": ana.account_id, "id": claim.execution.id, "worker": "w1",
               "lease": 60.0, "step_index": 0, "step_type": "add_tag"}]  # fmt: skip
-    eraser = threading.Thread(target=ledger.erase_contact, args=(account.id, ana.id))
+    eraser = threading.Thread(target=ledger.erase_contact, args=(ana.account_id, ana.id))
 
     with psycopg.connect(database_url) as worker:  # the step's start, as `start_steps` runs it
         assert worker.execute(START_STEPS, {"req": dumps_json(start)}).fetchall()
         eraser.start()
-        wait_until(lambda: sql(
-            database_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-        ) != [(0,)])  # fmt: skip
+        wait_until(lambda: someone_waits(database_url))
     eraser.join()
 
     assert [count(database_url, t) for t in ("executions", "execution_steps")] == [0, 0]
+
+
+def sending(ledger: Ledger) -> tuple[sinal.Contact, Claim, PreparedEvent]:
+    """Ana, whose automation's execution a worker holds, running its first step (a WhatsApp
+    send in flight), and the event that step will emit."""
+    ana, claim = claimed(ledger)
+    assert Automations(ledger).store.start_step(claim, 0, "send_message") is not None
+    sent = EmitEvent(
+        account_id=ana.account_id, contact_id=ana.id, metric_name="Message Sent",
+        source="automation", source_id="wamid.sent", automation_execution_id=claim.execution.id,
+        properties={"phone": "+5511987654321", "text": "Oi Ana"},
+    )  # fmt: skip
+    return ana, claim, prepare(sent, ledger.clock())
+
+
+def finished(ledger: Ledger, claim: Claim, sent: PreparedEvent) -> bool:
+    """Whether the worker still held the execution when it recorded the step's end."""
+    store = Automations(ledger).store
+    return store.finish_step(claim, 0, "completed", result={"text": "Oi Ana"}, emit=sent)
+
+
+# Nothing of the step, not even its event as a rejection (the message's text, the phone).
+NOTHING_OF_THE_STEP = ("executions", "execution_steps", "events", "rejections")
+
+
+def test_a_step_finishing_after_its_contacts_erasure_keeps_nothing(
+    ledger: Ledger, database_url: str
+) -> None:
+    """A step running while its contact is erased finishes after its execution went with
+    the contact: neither its record nor its event is kept, not even as a rejection."""
+    ana, claim, sent = sending(ledger)
+
+    assert ledger.erase_contact(ana.account_id, ana.id)
+
+    assert finished(ledger, claim, sent) is False
+    assert [count(database_url, t) for t in NOTHING_OF_THE_STEP] == [0, 0, 0, 0]
+
+
+@postgres_only
+def test_a_step_of_a_lost_claim_finishing_during_an_erasure_keeps_nothing(
+    ledger: Ledger, database_url: str
+) -> None:
+    """PostgreSQL: a worker whose claim expired (the finish locks no execution) finishes
+    while the erasure runs: it waits for it, then finds the execution gone."""
+    ana, claim, sent = sending(ledger)
+    sql(database_url, "UPDATE executions SET claimed_until = now() - interval '1 second'")
+
+    assert while_erased(database_url, ana, lambda: finished(ledger, claim, sent)) is False
+
+    assert [count(database_url, t) for t in NOTHING_OF_THE_STEP] == [0, 0, 0, 0]
 
 
 def plan_of(database_url: str, statement: str, params: dict[str, Any]) -> list[str]:

@@ -65,6 +65,7 @@ from sinal.store.automations import (
 )
 from sinal.store.base import Contact, StoredEvent
 from sinal.store.libpq import network_defaults
+from sinal.store.postgres_erasure import WRITE_EVENTS
 
 log = logging.getLogger("sinal.store")
 
@@ -572,11 +573,12 @@ class PostgresAutomations:
                 cur = conn.execute(_FINISH_STEPS_SQL, params)
                 conn.execute(_BY_KEY_END)
             held = held_of(cur)
-            if emits:
+            kept = _of_live_executions(conn, emits, held, finishes)
+            if kept:
                 # recorded even where a claim was lost: the steps did happen. Last, so the
                 # contacts' summary rows stay locked only until the commit right after.
-                outcomes = _record_in(conn, [e for _, e in emits])
-                for (i, emit), outcome in zip(emits, outcomes, strict=True):
+                outcomes = _record_in(conn, [e for _, e in kept])
+                for (i, emit), outcome in zip(kept, outcomes, strict=True):
                     if held[i] and outcome.event_id != emit.id:  # recorded before, rejected
                         e = finishes[i].claim.execution
                         conn.execute(_SET_STEP_EVENT, (outcome.event_id, e.account_id, e.id,
@@ -915,6 +917,29 @@ def _claim(row: Sequence[Any], steps: tuple[StepRecord, ...], worker: str, lease
         worker=worker,
         lease=lease,
     )
+
+
+def _of_live_executions(
+    conn: Conn,
+    emits: list[tuple[int, PreparedEvent]],
+    held: list[bool],
+    finishes: Sequence[StepFinish],
+) -> list[tuple[int, PreparedEvent]]:
+    """`emits` but those of steps whose execution is gone: erased with its contact while
+    the step ran, its event would be kept as a rejection holding the contact's data. Looked
+    for only where the claim was lost (a held execution is locked by the finish), after
+    ROW EXCLUSIVE on `events`, so an erasure running now has committed, and one to come
+    waits for this transaction."""
+    lost = [finishes[i].claim.execution for i, _ in emits if not held[i]]
+    if not lost:
+        return emits
+    conn.execute(WRITE_EVENTS)
+    live = {r[0] for r in conn.execute(
+        "SELECT e.id FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) "
+        "JOIN executions e ON e.account_id = k.a AND e.id = k.i",
+        ([x.account_id for x in lost], [x.id for x in lost]),
+    )}  # fmt: skip
+    return [(i, e) for i, e in emits if held[i] or finishes[i].claim.execution.id in live]
 
 
 def _by_key(

@@ -358,7 +358,9 @@ class SQLiteAutomations:
             held = []
             for f in finishes:
                 event_id = f.event_id
-                if f.emit is not None:  # recorded even if the claim was lost: it happened
+                # recorded even if the claim was lost: it happened; but not once the
+                # execution went with its contact's erasure (a rejection would keep its data)
+                if f.emit is not None and _exists(conn, f.claim.execution):
                     event_id = _record_in(conn, [f.emit])[0].event_id
                 held.append(_finish(conn, replace(f, event_id=event_id), now))
             return held
@@ -542,6 +544,16 @@ def _start(conn: sqlite3.Connection, start: StepStart, now: datetime) -> StepSta
         key,
     ).fetchone()
     return _step(existing), False
+
+
+def _exists(conn: sqlite3.Connection, execution: Execution) -> bool:
+    return (
+        conn.execute(
+            "SELECT 1 FROM executions WHERE account_id = ? AND id = ?",
+            (str(execution.account_id), str(execution.id)),
+        ).fetchone()
+        is not None
+    )
 
 
 def _finish(conn: sqlite3.Connection, f: StepFinish, now: str) -> bool:
