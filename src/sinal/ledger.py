@@ -65,12 +65,15 @@ from sinal.ids import new_id
 from sinal.keyring import Keyring
 from sinal.store import DEFAULT_WAIT, open_store
 from sinal.store.base import (
+    FEED_START,
     Account,
     AggregateQuery,
     ApiKey,
     Contact,
     ContactField,
     EventQuery,
+    FeedPage,
+    FeedPosition,
     Measurement,
     MetricInfo,
     NewContact,
@@ -335,6 +338,14 @@ class Ledger:
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
         return self.store.list_events(query)
+
+    def read_feed(
+        self, account_id: UUID | str, after: FeedPosition = FEED_START, limit: int = 100
+    ) -> FeedPage:
+        """Up to `limit` of the account's events after `after`, in the order they were
+        stored (not by `occurred_at`): pass each page's `next` back to get every event
+        once, late ones and concurrent writers' included (see `Store.read_feed`)."""
+        return self.store.read_feed(_uuid(account_id), after, limit)
 
     def get_summary(
         self, account_id: UUID | str, contact_id: UUID | str | None = None

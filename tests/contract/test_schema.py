@@ -91,8 +91,8 @@ def test_schema_every_key_starts_with_account_id(database_url: str, table: str) 
 
 # The tables that are not an account's data: the tenants themselves (keyed by their id,
 # the account_id of every other row) and the server's own bookkeeping (`outbox_wake`:
-# PostgreSQL only).
-NOT_AN_ACCOUNTS = {"accounts", "schema_migrations", "outbox_wake"}
+# PostgreSQL only; `event_sequence`, the change feed's counter: SQLite only).
+NOT_AN_ACCOUNTS = {"accounts", "schema_migrations", "outbox_wake", "event_sequence"}
 
 
 def _tables(url: str) -> set[str]:

@@ -211,6 +211,41 @@ class EventQuery:
     automation_execution_id: UUID | None = None
 
 
+class FeedPosition(NamedTuple):
+    """A place in an account's change feed, just after the event it names.
+
+    `arrival` orders events by when they became visible, not by `occurred_at`: on
+    PostgreSQL the id of the transaction that wrote the event (`events.tx`), on SQLite
+    the number its commit gave it (`events.seq`); `event_id` orders the events of one
+    transaction. Both backends' feeds start at `FEED_START`."""
+
+    arrival: int
+    event_id: UUID
+
+
+FEED_START = FeedPosition(0, UUID(int=0))
+
+
+@dataclass(frozen=True, slots=True)
+class FeedPage:
+    """Events after a feed position, in the order they arrived, and the position after
+    the last of them (the one asked for, when there are none)."""
+
+    events: list[StoredEvent]
+    next: FeedPosition
+    has_more: bool  # whether more events can be read at once from `next`
+
+
+def feed_page(after: FeedPosition, limit: int, rows: Sequence[tuple[int, StoredEvent]]) -> FeedPage:
+    """The page of a feed read for `limit` events that fetched up to `limit + 1` rows of
+    (arrival, event), in feed order."""
+    events = [event for _, event in rows[:limit]]
+    if not events:
+        return FeedPage([], after, has_more=False)
+    arrival, last = rows[len(events) - 1]
+    return FeedPage(events, FeedPosition(arrival, last.id), has_more=len(rows) > limit)
+
+
 @dataclass(frozen=True, slots=True)
 class ApiKey:
     """An API key as stored: only the SHA-256 of its text is kept."""
@@ -367,6 +402,12 @@ class Store(Protocol):
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
+        ...
+
+    def read_feed(self, account_id: UUID, after: FeedPosition, limit: int) -> FeedPage:
+        """Up to `limit` of the account's events after `after`, in the order they arrived:
+        read again from each page's `next`, a poller gets every committed event once,
+        however late its `occurred_at` and whichever transactions commit first."""
         ...
 
     def get_summary(self, account_id: UUID, contact_id: UUID | None = None) -> list[SummaryRow]:

@@ -113,6 +113,8 @@ from sinal.store.base import (
     Contact,
     ContactField,
     EventQuery,
+    FeedPage,
+    FeedPosition,
     MetricInfo,
     NewContact,
     Outcome,
@@ -125,6 +127,7 @@ from sinal.store.base import (
     SummaryRow,
     compare_summaries,
     contact_reason,
+    feed_page,
     read_migrations,
     rebuild_accounts,
     refused,
@@ -410,6 +413,20 @@ INSERT INTO outbox (account_id, event_id, metric_name)
 SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::text[])
 """
 
+# The change feed (migration 0021): events by the id of the transaction that wrote them,
+# then by id, only those of transactions older than the oldest still running. Every one
+# of those has ended, and a transaction that has not written yet will get a larger id:
+# no event can later appear behind a position handed out. Ordering by the events' ids
+# alone would not do: a transaction holding a smaller id can commit after a reader has
+# passed it. One statement, so the horizon is that of the snapshot its rows are read in
+# (`pg_current_snapshot()` is the statement's). `tx` goes out as text (psycopg has no
+# loader for xid8), under another name: ORDER BY would otherwise sort by that text.
+_FEED_SQL = f"""
+SELECT tx::text AS arrival, {_EVENT_COLUMNS} FROM events
+WHERE account_id = %s AND (tx, id) > (%s::xid8, %s)
+  AND tx < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY tx, id LIMIT %s
+"""
 
 # psycopg's message for a text parameter holding a NUL ("PostgreSQL text fields cannot
 # contain NUL (0x00) bytes"); it raises a plain DataError, with no SQLSTATE to tell by.
@@ -1046,6 +1063,14 @@ class PostgresStore(
         with self._conn() as conn:
             rows = conn.execute(statement, [*args, query.limit]).fetchall()
         return [StoredEvent(*row) for row in rows]
+
+    def read_feed(self, account_id: UUID, after: FeedPosition, limit: int) -> FeedPage:
+        """The account's events by (tx, id) below the horizon (see `_FEED_SQL`)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                _FEED_SQL, (account_id, str(after.arrival), after.event_id, limit + 1)
+            ).fetchall()
+        return feed_page(after, limit, [(int(row[0]), StoredEvent(*row[1:])) for row in rows])
 
     def get_summary(self, account_id: UUID, contact_id: UUID | None = None) -> list[SummaryRow]:
         """Summary rows of the account (or one contact)."""

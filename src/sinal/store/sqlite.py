@@ -62,6 +62,8 @@ from sinal.store.base import (
     Contact,
     ContactField,
     EventQuery,
+    FeedPage,
+    FeedPosition,
     MetricInfo,
     NewContact,
     Outcome,
@@ -73,6 +75,7 @@ from sinal.store.base import (
     StoredEvent,
     SummaryRow,
     compare_summaries,
+    feed_page,
     read_migrations,
     rebuild_accounts,
     refused,
@@ -674,6 +677,18 @@ class SQLiteStore(
             rows = conn.execute(sql, [*args, query.limit]).fetchall()
         return [_stored_event(row) for row in rows]
 
+    def read_feed(self, account_id: UUID, after: FeedPosition, limit: int) -> FeedPage:
+        """The account's events by `seq`, their commit order (migration 0021): one writer
+        at a time, so no event can commit later with a smaller number. Numbers are unique,
+        so the one of `after` is all that places it."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT seq, {_EVENT_COLUMNS} FROM events "
+                "WHERE account_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (str(account_id), after.arrival, limit + 1),
+            ).fetchall()
+        return feed_page(after, limit, [(row[0], _stored_event(row[1:])) for row in rows])
+
     def get_summary(self, account_id: UUID, contact_id: UUID | None = None) -> list[SummaryRow]:
         """Summary rows of the account (or one contact)."""
         sql = (
@@ -1010,6 +1025,7 @@ class _Batch:
         self.texts: dict[UUID, str] = {}  # the batch's accounts and contacts, as stored
         self.created: list[PreparedEvent] = []  # their summaries are written by flush
         self.now = ts(datetime.now(UTC))
+        self.seq: int | None = None  # the feed's last number given (`event_sequence`)
 
     def text(self, ident: UUID) -> str:
         """An account's or contact's id as stored: the batch repeats a few (`str` of a
@@ -1028,19 +1044,21 @@ class _Batch:
             return self.reject(event, "contact_not_found")
         metric, new_metric = self.ensure_metric(event, account)
         event_id = str(event.id)
+        seq = self.next_seq()
         row = self.conn.execute(
-            f"INSERT INTO events ({_EVENT_COLUMNS}, metric_id, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            f"INSERT INTO events ({_EVENT_COLUMNS}, metric_id, created_at, seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (account_id, unique_event_id) DO NOTHING RETURNING id",
             (
                 account, event_id, contact, event.metric_name, event.properties_json,
                 _opt(event.value), event.currency, event.source, event.source_id,
                 _opt(event.integration_id), event.unique_event_id, event.entity_type,
                 event.entity_id, _opt(event.automation_execution_id), ts(event.occurred_at),
-                ts(event.received_at), SCHEMA_VERSION, metric, self.now,
+                ts(event.received_at), SCHEMA_VERSION, metric, self.now, seq,
             ),
         ).fetchone()  # fmt: skip
         if row is None:
+            self.seq = seq - 1  # a duplicate: the number goes to the next event
             if new_metric:  # a metric is made by an event stored, never by a duplicate
                 self.drop_metric(event, account, metric)
             return self.duplicate(event)
@@ -1056,6 +1074,19 @@ class _Batch:
     def record_all(self, events: Sequence[PreparedEvent]) -> list[Outcome]:
         """`record` each of `events`; their outcomes."""
         return [self.record(event) for event in events]
+
+    def next_seq(self) -> int:
+        """The feed's number for the next event: in commit order, as this transaction
+        holds the one write lock until it commits (migration 0021)."""
+        if self.seq is None:
+            self.seq = int(self.conn.execute("SELECT last FROM event_sequence").fetchone()[0])
+        self.seq += 1
+        return self.seq
+
+    def flush_seq(self) -> None:
+        """Keep the feed's last number given, if this transaction gave any."""
+        if self.seq is not None:
+            self.conn.execute("UPDATE event_sequence SET last = ?", (self.seq,))
 
     def contact_exists(self, account: str, contact: str) -> bool:
         key = (account, contact)
@@ -1166,6 +1197,7 @@ def _record_in(
             done = record_round(batch, more)
             more = settle(more, done)
     batch.flush_summaries()
+    batch.flush_seq()
     return outcomes
 
 
@@ -1180,6 +1212,7 @@ def _record_isolated(batch: _Batch, events: Sequence[PreparedEvent]) -> list[Out
         part = _Batch(conn)  # its own caches: a part rolled back leaves nothing behind
         outcomes = part.record_all(events)
         part.flush_summaries()
+        part.flush_seq()  # the next part numbers its events after this one's
     except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
         conn.execute("ROLLBACK TO refusal")
         conn.execute("RELEASE refusal")
