@@ -609,6 +609,85 @@ async def test_a_nul_the_database_refuses_is_422_never_a_503_to_retry(
         assert (response.status_code, response.json()["data"]) == (200, [])
 
 
+# -- the change feed (`after`) ---------------------------------------------------------------
+
+
+async def read_feed(api: Api, after: str, want: int, limit: int = 100) -> tuple[list[Any], str]:
+    """Read the feed from `after` until it has given `want` events (a minute at most: on
+    PostgreSQL the feed holds back what other sessions' open transactions may precede);
+    the events and the last `next_cursor`."""
+    got: list[Any] = []
+    for _ in range(6000):
+        response = await api.client.get("/v1/events", params={"after": after, "limit": limit})
+        assert response.status_code == 200, response.text
+        page = response.json()
+        got += page["data"]
+        after = page["next_cursor"]
+        if len(got) >= want:
+            break
+        if not page["has_more"]:
+            await asyncio.sleep(0.01)
+    return got, after
+
+
+async def test_events_feed_gives_each_event_once_in_arrival_order_late_ones_too(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    """`after` reads events in the order they were stored, whatever their occurred_at:
+    one that arrives late, dated a year back, comes after the cursor a poller holds."""
+    for n, day in enumerate(["05", "01", "03"]):
+        await api.post("/v1/events", order(contact_id, source_id=str(n),
+                       occurred_at=f"2026-11-{day}T12:00:00Z"))  # fmt: skip
+
+    got, cursor = await read_feed(api, "start", want=3, limit=2)
+    first = (await api.client.get("/v1/events", params={"after": "start", "limit": 1})).json()
+    idle = (await api.client.get("/v1/events", params={"after": cursor})).json()
+    await api.post("/v1/events", order(contact_id, source_id="late",
+                   occurred_at="2025-11-01T12:00:00Z"))  # fmt: skip
+    late, _ = await read_feed(api, cursor, want=1)
+
+    assert [e["occurred_at"][:10] for e in got] == ["2026-11-05", "2026-11-01", "2026-11-03"]
+    assert (first["data"], first["has_more"]) == (got[:1], True)
+    assert idle == {"data": [], "next_cursor": cursor, "has_more": False}
+    assert [(e["source_id"], e["occurred_at"]) for e in late] == [("late", "2025-11-01T12:00:00Z")]
+
+
+def feed_cursor(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "garbage",
+        "",
+        "START",
+        YEAR_0_CURSOR,  # a cursor of the newest-first list, not of the feed
+        feed_cursor(f"feed|-1|{uuid.UUID(int=1)}"),
+        feed_cursor(f"feed|{2**63}|{uuid.UUID(int=1)}"),  # past SQLite's integers
+        feed_cursor(f"feed|\u0663|{uuid.UUID(int=1)}"),  # a digit, but not an ASCII one
+        feed_cursor("feed|1|not-a-uuid"),
+        feed_cursor(f"feed|1|{uuid.UUID(int=1)}|more"),
+    ],
+)
+async def test_events_feed_refuses_an_after_that_is_not_ours_naming_it(
+    api: Api, after: str
+) -> None:
+    response = await api.client.get("/v1/events", params={"after": after})
+    assert response.status_code == 422, response.text
+    assert field_codes(response) == {("after", "invalid_cursor")}
+
+
+async def test_events_feed_refuses_the_lists_filters_naming_them(api: Api) -> None:
+    params = {"after": "start", "metric": "Order Paid", "since": "2026-11-01T00:00:00Z",
+              "cursor": "x"}  # fmt: skip
+    response = await api.client.get("/v1/events", params=params)
+    assert response.status_code == 422, response.text
+    assert field_codes(response) == {
+        ("metric", "not_with_after"), ("since", "not_with_after"), ("cursor", "not_with_after")
+    }  # fmt: skip
+
+
 async def test_timeline_cursor_beyond_years_1_to_9999_in_utc_is_422(
     api: Api, contact_id: uuid.UUID
 ) -> None:

@@ -184,6 +184,16 @@ class EventPage(BaseModel):
     next_cursor: str | None
 
 
+class EventFeedPage(BaseModel):
+    """The change feed (with `after`): events in the order they were stored. Keep
+    `next_cursor` (never null) and pass it as `after` next time; `has_more` says whether
+    more can be read at once."""
+
+    data: list[EventOut]
+    next_cursor: str
+    has_more: bool
+
+
 class ContactOut(BaseModel):
     """A contact."""
 

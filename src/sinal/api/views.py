@@ -16,7 +16,17 @@ from sinal.aggregates import Aggregate
 from sinal.catalog import get_metric_category, get_metric_label, match_locale, negotiate_locale
 from sinal.errors import FieldError, InvalidQuery
 from sinal.events import decimal_text, in_utc, stamp
-from sinal.store.base import Account, Contact, MetricInfo, Rejection, StoredEvent, SummaryRow
+from sinal.store.base import (
+    FEED_START,
+    Account,
+    Contact,
+    FeedPage,
+    FeedPosition,
+    MetricInfo,
+    Rejection,
+    StoredEvent,
+    SummaryRow,
+)
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -164,6 +174,46 @@ def decode_event_cursor(cursor: str) -> tuple[datetime, UUID]:
         raise InvalidQuery(
             [FieldError("cursor", "invalid_cursor", "not a cursor from us")]
         ) from None
+
+
+# Where a change feed starts: the `after` of a poller's first read.
+FEED_FROM_START = "start"
+_FEED_CURSOR = "feed"
+_MAX_ARRIVAL = 2**63 - 1  # SQLite's largest integer; PostgreSQL's transaction ids stay below
+
+
+def encode_feed_cursor(position: FeedPosition) -> str:
+    """The `next_cursor` of a change feed page."""
+    return encode_cursor(_FEED_CURSOR, str(position.arrival), str(position.event_id))
+
+
+def feed_view(page: FeedPage, locale: str) -> dict[str, Any]:
+    """A change feed page: its events and the cursor to read on from (never null)."""
+    return {
+        "data": [event_view(e, locale) for e in page.events],
+        "next_cursor": encode_feed_cursor(page.next),
+        "has_more": page.has_more,
+    }
+
+
+def decode_feed_cursor(cursor: str) -> FeedPosition:
+    """The feed position of an `after`; `InvalidQuery` naming `after` if it is neither a
+    feed cursor of ours nor `start`."""
+    if cursor == FEED_FROM_START:
+        return FEED_START
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, arrival, ident = text.split("|")
+        if (
+            kind != _FEED_CURSOR
+            or not (arrival.isascii() and arrival.isdigit())
+            or int(arrival) > _MAX_ARRIVAL
+        ):
+            raise ValueError(text)
+        return FeedPosition(int(arrival), UUID(ident))
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        message = f"not a next_cursor from us, nor {FEED_FROM_START!r}"
+        raise InvalidQuery([FieldError("after", "invalid_cursor", message)]) from None
 
 
 def decode_id_cursor(cursor: str) -> UUID:

@@ -1,8 +1,10 @@
-"""POST /v1/events (group commit), POST /v1/events/batch, GET /v1/events[/{id}]."""
+"""POST /v1/events (group commit), POST /v1/events/batch, GET /v1/events[/{id}] (and the
+change feed, `GET /v1/events?after=`)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any
@@ -18,6 +20,7 @@ from sinal.api.models import (
     BatchOut,
     ContactIdentities,
     EventAccepted,
+    EventFeedPage,
     EventIn,
     EventOut,
     EventPage,
@@ -26,8 +29,10 @@ from sinal.api.openapi import body_of
 from sinal.api.service import Service, service
 from sinal.api.views import (
     decode_event_cursor,
+    decode_feed_cursor,
     encode_cursor,
     event_view,
+    feed_view,
     json_response,
     locale_of,
     parse_path_id,
@@ -133,8 +138,8 @@ _STATUSES = ("created", "duplicate", "rejected")
 
 @router.get(
     "/v1/events",
-    summary="List events, newest first",
-    response_model=EventPage,
+    summary="List events, newest first; or, with `after`, the change feed",
+    response_model=EventPage | EventFeedPage,
     responses=problem_responses(401, 403, 422, 503),
 )
 async def list_events(
@@ -146,12 +151,24 @@ async def list_events(
     until: Annotated[datetime | None, Query(description="occurred_at < until")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    after: Annotated[
+        str | None,
+        Query(description="The change feed: `start`, then the previous page's next_cursor"),
+    ] = None,
     locale: Annotated[str | None, Query(description="pt-BR, en or es")] = None,
     accept_language: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Response:
-    """Keyset pagination: pass `next_cursor` back as `cursor` until it is null."""
+    """Keyset pagination: pass `next_cursor` back as `cursor` until it is null. With
+    `after`, the change feed instead: every event once, in the order they were stored."""
     svc = service(request)
     key = await svc.authorize(request, "read")
+    if after is not None:
+        others = {"contact_id": contact_id, "metric": metric, "since": since, "until": until,
+                  "cursor": cursor}  # fmt: skip
+        _check_alone("after", others)
+        position = decode_feed_cursor(after)
+        page = await svc.run(svc.ledger.read_feed, key.account_id, position, limit)
+        return json_response(feed_view(page, locale_of(locale, accept_language)))
     contact = _query_uuid("contact_id", contact_id)
     metric = _query_text("metric", metric)
     return await event_page(
@@ -380,6 +397,17 @@ def _check_identities(ref: ContactIdentities) -> None:
         raise InvalidContact(
             [FieldError(f"contact.{e.field}", e.code, e.message) for e in exc.errors]
         ) from None
+
+
+def _check_alone(name: str, others: Mapping[str, object]) -> None:
+    """Refuse the parameters given with `name` that it cannot be combined with."""
+    errors = [
+        FieldError(other, "not_with_" + name, f"{other} cannot be combined with {name}")
+        for other, value in others.items()
+        if value is not None
+    ]
+    if errors:
+        raise InvalidQuery(errors)
 
 
 def _query_uuid(name: str, raw: str | None) -> UUID | None:
