@@ -129,7 +129,7 @@ def test_feed_gives_the_events_of_a_batch_recorded_again_around_a_refused_one(
     batch = [_event(account.id, contact, u, value=Decimal(u)) for u in range(8, 18)]
     results = ledger.emit_many(batch)
     assert [r.status for r in results].count("rejected") == 1
-    stored = [r.event_id for r in results if r.status == "created"]
+    stored = [r.event_id for r in results if r.event_id is not None]
     read, position = _drain(ledger, account.id, want=9)
 
     after = ledger.emit_many([_event(account.id, contact, u) for u in range(20, 23)])
