@@ -78,7 +78,7 @@ EVERY_STEP = {  # each kind of step, with its optional fields
          "parameters": ["{{ contact.name }}"]},
         {"type": "send_template", "name": "boas_vindas", "language": "pt_BR",
          "components": [{"type": "body", "parameters": [{"type": "text", "text": "Ana"}]}]},
-        {"type": "ai_respond", "system_prompt": "Seja breve", "prompt": "{{ event.metric }}",
+        {"type": "ai_respond", "system_prompt": "Seja breve", "prompt": "{{ event.metric_name }}",
          "max_tokens": 200, "track_links": True},
         {"type": "webhook", "url": "https://hooks.example/sinal", "headers": {"X-Loja": "1"},
          "secret": WEBHOOK_SECRET},

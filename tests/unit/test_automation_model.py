@@ -337,6 +337,10 @@ def components(*items: object) -> dict[str, object]:
         ({**MSG, "text": "a\x07b"}, ".text", "control_characters"),
         ({**MSG, "text": "oi", "txt": "x"}, ".txt", "unknown_field"),
         ({**MSG, "text": "Olá {{ nome }}"}, ".text", "unknown_variable"),
+        ({**MSG, "text": "Pedido de {{ event.total }}"}, ".text", "unknown_variable"),
+        ({**MSG, "text": "Olá {{ contact.nome | default:'x' }}"}, ".text", "unknown_variable"),
+        ({**MSG, "text": "{{ event[0] }}"}, ".text", "unknown_variable"),
+        ({**TPL, "parameters": ["{{ event.order_number }}"]}, ".parameters[0]", "unknown_variable"),
         ({**MSG, "text": "Olá {{ contact.name"}, ".text", "unterminated_tag"),
         ({**MSG, "text": "{{ event.value | reais }}"}, ".text", "unknown_filter"),
         ({**TPL, "name": None}, ".name", "required"),
@@ -624,6 +628,27 @@ def test_parse_automation_reports_every_bad_field_at_once() -> None:
         ("steps[1].seconds", "out_of_range"),
         ("steps[2].url", "unsupported_scheme"),
     ]
+
+
+def test_templates_reach_every_field_a_step_renders() -> None:
+    fields = [
+        "event.id", "event.metric_name", "event.value", "event.currency", "event.source",
+        "event.occurred_at", "event.properties.items[0].sku", "event", "contact.id",
+        "contact.name", "contact.email", "contact.phone", "contact.tags[0]",
+        "contact.attributes.x",
+    ]  # fmt: skip
+    text = " ".join(f"{{{{ {f} }}}}" for f in fields)
+    parse_automation(definition(steps=[{"type": "send_message", "text": text}]))
+
+
+def test_a_template_field_the_event_lacks_names_the_ones_it_has() -> None:
+    text = "Oi! Seu pedido de {{ event.total | money }} foi pago"
+    with pytest.raises(InvalidAutomation) as excinfo:
+        parse_automation(definition(steps=[{"type": "send_message", "text": text}]))
+    message = excinfo.value.errors[0].message
+    assert "event has no field 'total'" in message
+    assert "properties" in message
+    assert "position 18" in message
 
 
 def test_invalid_automation_is_a_sinal_value_error_naming_the_field() -> None:

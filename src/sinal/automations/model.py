@@ -65,6 +65,7 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias, TypeGuard, TypeVar
 from sinal.automations.templates import (
     Path,
     TemplateSyntaxError,
+    check_fields,
     parse_path,
     parse_template,
     to_decimal,
@@ -609,7 +610,7 @@ class _Checker:
         text = self.text(field, raw, limit, required=required, multiline=multiline)
         if text is not None:
             try:
-                parse_template(text)
+                check_fields(parse_template(text))
             except TemplateSyntaxError as exc:
                 self.fail(field, exc.code, str(exc))
                 return None

@@ -35,7 +35,8 @@ Olá {{ contact.name | first_name | default:"cliente" }}, seu pedido
   objects as compact JSON.
 
 Templates are checked when an automation is saved (`parse_template` raises
-`TemplateSyntaxError` with the position of the problem) and rendered when a step runs
+`TemplateSyntaxError` with the position of the problem, and `check_fields` for a path
+naming a field that is not listed above) and rendered when a step runs
 (`render` never raises). Paths use the same syntax in automation filters
 (`properties.items[0].sku`), parsed by `parse_path`.
 """
@@ -60,6 +61,7 @@ from sinal.events import decimal_from_text
 
 __all__ = [
     "MISSING",
+    "TEMPLATE_FIELDS",
     "TEMPLATE_ROOTS",
     "Expression",
     "FilterCall",
@@ -67,6 +69,7 @@ __all__ = [
     "Path",
     "Template",
     "TemplateSyntaxError",
+    "check_fields",
     "format_money",
     "lookup",
     "parse_path",
@@ -82,6 +85,12 @@ Path: TypeAlias = tuple[str | int, ...]
 
 TEMPLATE_ROOTS: Final[frozenset[str]] = frozenset({"event", "contact"})
 """The names a template path may start with."""
+
+TEMPLATE_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
+    "event": ("id", "metric_name", "value", "currency", "source", "occurred_at", "properties"),
+    "contact": ("id", "name", "email", "phone", "tags", "attributes"),
+}
+"""The fields under each root that a step's context holds (`matching.template_context`)."""
 
 FilterName = Literal["money", "upper", "lower", "first_name", "default"]
 SyntaxCode = Literal[
@@ -259,6 +268,24 @@ def parse_template(text: str, roots: Collection[str] = TEMPLATE_ROOTS) -> Templa
     if scanner.pos < len(text):
         parts.append(text[scanner.pos :])
     return Template(text, tuple(parts))
+
+
+def check_fields(template: Template) -> None:
+    """Refuse a path naming a field its root does not have (`{{ event.total }}` for
+    `event.properties.total`): it would render empty in every message."""
+    for part in template.parts:
+        if not isinstance(part, Expression) or part.path is None or len(part.path) < 2:
+            continue
+        root, name = part.path[0], part.path[1]
+        known = TEMPLATE_FIELDS.get(str(root))
+        if known is not None and name not in known:
+            raise TemplateSyntaxError(
+                "unknown_variable",
+                f"{root} has no field {name!r}: use {', '.join(known)}"
+                + (" (the payload's fields are under properties)" if root == "event" else ""),
+                template.source,
+                part.position,
+            )
 
 
 def _read_tag(scanner: _Scanner, start: int, roots: Collection[str]) -> Expression:
