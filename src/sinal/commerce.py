@@ -441,13 +441,15 @@ def _abandonment(ledger: Ledger, checkout: Checkout) -> PreparedEvent:
 def _contact_id(ledger: Ledger, integration: Integration, contact: ContactRef) -> UUID | None:
     """Find or create the contact a payload names (phone, email, store customer id); a
     contact created here records Contact Created (source: the integration's kind) in the
-    same transaction, as one first seen through any other source does."""
+    same transaction, as one first seen through any other source does; a contact found
+    gains the name, phone, email or customer id it lacks (Contact Updated)."""
     if contact.is_empty:
         return None
     try:
         found, _ = ledger.resolve_contact(
-            integration.account_id, **contact.identities(), source=integration.kind
-        )
+            integration.account_id, **contact.identities(), source=integration.kind,
+            fill_missing=True,
+        )  # fmt: skip
     except InvalidContact as exc:
         raise UnmappablePayload("invalid_contact", str(exc)) from exc
     return found.id

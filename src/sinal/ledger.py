@@ -42,6 +42,7 @@ from sinal.contacts import (
 from sinal.errors import (
     AccountNotFound,
     FieldError,
+    IdentityConflict,
     InvalidAccount,
     InvalidContact,
     InvalidEvent,
@@ -435,9 +436,13 @@ class Ledger:
         external_id: str | None = None,
         name: str | None = None,
         source: str = "api",
+        fill_missing: bool = False,
     ) -> tuple[Contact, bool]:
         """Find the account's contact by its identities, or create it together with its
-        Contact Created event (one transaction). At least one identity is required."""
+        Contact Created event (one transaction). At least one identity is required.
+
+        With `fill_missing`, a contact found keeps what it has and gains the name and
+        identities it lacks (Contact Updated), except one that already names another contact."""
         ids, clean_name = _parse_contact(phone, email, external_id, name)
         if ids.is_empty:
             raise InvalidContact(
@@ -454,7 +459,37 @@ class Ledger:
                 source_id=str(contact.id),
             )  # fmt: skip
 
-        return self.store.upsert_contact_recorded(new, created)
+        contact, is_new = self.store.upsert_contact_recorded(new, created)
+        if fill_missing and not is_new:
+            contact = self._fill_missing(contact, new, source)
+        return contact, is_new
+
+    def _fill_missing(self, contact: Contact, given: NewContact, source: str) -> Contact:
+        # a store's customer first seen by email alone (a checkout) must not stay phoneless
+        # once its order names the phone: its automations could not message it, and its
+        # WhatsApp messages would make a second contact
+        fields: tuple[ContactField, ...] = ("name", "phone", "email", "external_id")
+        missing: dict[ContactField, str | None] = {
+            f: getattr(given, f)
+            for f in fields
+            if getattr(contact, f) is None and getattr(given, f)
+        }
+
+        def changed(before: Contact, after: Contact) -> PreparedEvent:
+            filled = [f for f in fields if getattr(before, f) != getattr(after, f)]
+            properties: dict[str, Any] = {f: getattr(after, f) for f in filled}
+            properties["changed"] = filled
+            return self._contact_event(METRIC_CONTACT_UPDATED, after, source, properties)
+
+        while missing:
+            try:
+                after = self.store.update_contact(contact.account_id, contact.id, missing, changed)
+            except IdentityConflict as exc:  # that identity is someone else's: leave it
+                if missing.pop(cast(ContactField, exc.field), None) is None:
+                    return contact
+                continue
+            return contact if after is None else after
+        return contact
 
     def update_contact(
         self, account_id: UUID | str, contact_id: UUID | str, changes: Mapping[str, str | None]

@@ -483,6 +483,49 @@ async def test_a_customer_known_before_their_first_order_gets_no_second_contact_
     assert [e.source for e in events(api, "Contact Created")] == ["api"]
 
 
+async def test_a_customer_first_seen_by_email_gains_the_phone_their_order_names(
+    api: Api, shopify: Shop
+) -> None:
+    # the checkout names her email alone; her order, her phone too
+    await shopify.deliver(fixture("shopify", "checkouts_create"), "checkouts/create")
+    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")
+
+    [created] = events(api, "Contact Created")
+    assert created.properties.get("phone") is None
+    [placed] = events(api, "Order Placed")
+    assert placed.contact_id == created.contact_id
+    contact = api.ledger.get_contact(api.account.id, placed.contact_id)
+    assert contact is not None
+    assert contact.phone == "+5511987654321"  # automations can message her now
+    [updated] = events(api, "Contact Updated")
+    assert (updated.contact_id, updated.source) == (contact.id, "shopify")
+    assert updated.properties == {"phone": "+5511987654321", "changed": ["phone"]}
+    # her WhatsApp number now finds her, not a second contact
+    found, is_new = api.ledger.resolve_contact(api.account.id, phone="5511987654321")
+    assert (found.id, is_new) == (contact.id, False)
+
+
+@pytest.mark.parametrize("kind", ["shopify", "yampi"])
+async def test_an_order_keeps_what_its_contact_has_and_leaves_anothers_email(
+    api: Api, hooks: httpx.AsyncClient, kind: str
+) -> None:
+    shop = await connect(api, hooks, kind)
+    known = await api.post("/v1/contacts", {"phone": "+55 11 98765-4321", "name": "Ana S."})
+    other = await api.post("/v1/contacts", {"email": "ana.souza@exemplo.com.br", "name": "Bia"})
+    assert (known.status_code, other.status_code) == (201, 201)
+
+    await shop.deliver(*another_order(kind, 1))
+
+    [placed] = events(api, "Order Placed")
+    assert str(placed.contact_id) == known.json()["id"]  # found by her phone
+    contact = api.ledger.get_contact(api.account.id, placed.contact_id)
+    assert contact is not None
+    assert (contact.name, contact.email) == ("Ana S.", None)  # the email is Bia's
+    assert contact.external_id is not None  # the store's customer id was free: taken
+    [updated] = events(api, "Contact Updated")
+    assert updated.properties["changed"] == ["external_id"]
+
+
 @pytest.mark.parametrize("kind", ["shopify", "yampi"])
 async def test_concurrent_orders_of_a_new_customer_make_one_contact_and_one_contact_created(
     api: Api, hooks: httpx.AsyncClient, kind: str
