@@ -314,6 +314,35 @@ async def test_unknown_routes_and_methods_are_problems(api: Api) -> None:
     assert method.json()["type"] == "/problems/method-not-allowed"
 
 
+async def test_a_misspelt_query_parameter_is_422_naming_it_not_ignored(api: Api) -> None:
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    api.ledger.emit_event(
+        account_id=api.account.id, contact_id=contact.id, metric_name="A", properties={},
+        source="api",
+    )  # fmt: skip
+
+    listed = await api.client.get("/v1/events", params={"metrc": "Order Paid", "limit": 5})
+    timeline = await api.client.get(f"/v1/contacts/{contact.id}/timeline?x=1&x=2&locale=es")
+    none_taken = await api.client.get("/v1/account", params={"verbose": ""})
+
+    assert (listed.status_code, timeline.status_code, none_taken.status_code) == (422, 422, 422)
+    problem = listed.json()
+    assert problem["type"] == "/problems/invalid-query"
+    [error] = problem["errors"]
+    assert (error["field"], error["code"]) == ("metrc", "unknown_parameter")
+    assert "metric" in error["message"]  # names what the route takes
+    assert [e["field"] for e in timeline.json()["errors"]] == ["x"]
+    assert none_taken.json()["errors"][0]["message"].endswith("takes none")
+    ok = await api.client.get("/v1/events", params={"metric": "A", "limit": 5, "locale": "es"})
+    assert (ok.status_code, len(ok.json()["data"])) == (200, 1)
+
+
+async def test_links_and_webhooks_keep_ignoring_query_parameters(api: Api) -> None:
+    made = (await api.post("/v1/links", {"url": "https://loja.example/p"})).json()
+    click = await api.client.get(f"/l/{made['token']}?utm_source=whatsapp")
+    assert (click.status_code, click.headers["location"]) == (302, "https://loja.example/p")
+
+
 async def test_openapi_documents_bodies_problems_and_security(api: Api) -> None:
     doc = (await api.client.get("/openapi.json")).json()
     post = doc["paths"]["/v1/events"]["post"]

@@ -21,6 +21,7 @@ from sinal.api.fast_path import IngestFastPath
 from sinal.api.metrics import Metrics, MetricsMiddleware
 from sinal.api.models import REQUEST_MODELS
 from sinal.api.openapi import build_openapi
+from sinal.api.query_params import refuse_unknown_query
 from sinal.api.routes import (
     analytics,
     automations,
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # The routes go straight onto the app's router: `include_router` keeps nested
         # routers that every request walks through (~40% of a request's CPU here).
         app.router.routes.extend(module.router.routes)
+    refuse_unknown_query(app)
     # Expected errors are answered by the exception middleware; `Exception` (a bug) by the
     # server-error middleware, which also logs it (and re-raises it: uvicorn logs it again).
     # A client gone mid-body is expected: 499, logged by neither.

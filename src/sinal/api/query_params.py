@@ -1,0 +1,60 @@
+"""Query parameters a `/v1` route does not take are refused, not ignored.
+
+A misspelt filter (`GET /v1/events?metrc=Order%20Paid`) silently answered every event:
+a report or an export built on it counted the wrong rows. Each `/v1` route answers 422
+`unknown_parameter` naming the parameter and the ones it takes, as a body's unknown field
+is 422. Routes outside `/v1` (`/l/{token}`, the providers' webhooks) keep ignoring them: a
+short link shared with `?utm_source=…` appended must still redirect.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+from fastapi import FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sinal.api.errors import problem_responses
+from sinal.errors import FieldError, InvalidQuery
+
+__all__ = ["refuse_unknown_query"]
+
+
+def refuse_unknown_query(app: FastAPI) -> None:
+    """Wrap every `/v1` route so that a query parameter it does not declare is a 422 (and
+    say so in its OpenAPI answers)."""
+    [(status, answer)] = problem_responses(InvalidQuery).items()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.path.startswith("/v1/"):
+            route.app = _checked(route.app, tuple(_query_names(route.dependant)))
+            route.responses.setdefault(status, answer)
+
+
+def _query_names(dependant: Dependant) -> list[str]:
+    names = [param.alias for param in dependant.query_params]
+    for sub in dependant.dependencies:
+        names.extend(_query_names(sub))
+    return names
+
+
+def _checked(handler: ASGIApp, known: tuple[str, ...]) -> ASGIApp:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        query = scope.get("query_string", b"")
+        if query:
+            _check(query.decode("latin-1"), known)
+        await handler(scope, receive, send)
+
+    return app
+
+
+def _check(query: str, known: tuple[str, ...]) -> None:
+    names = dict.fromkeys(name for name, _ in parse_qsl(query, keep_blank_values=True))
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
+        raise InvalidQuery(
+            [FieldError(name, "unknown_parameter", f"unknown query parameter; {takes}")
+             for name in unknown]
+        )  # fmt: skip
