@@ -446,6 +446,9 @@ def test_order_from_an_abandoned_checkout_is_its_recovery() -> None:
     assert (event.value, event.currency) == (Decimal("297.90"), "BRL")
     assert event.contact == placed.contact
     assert event.properties["order_id"] == ORDER_ID
+    # as the order's events say them: a template or filter on order_number reads alike
+    assert (event.properties["order_number"], event.properties["order_name"]) == ("1042", "#1042")
+    assert placed.properties["order_number"] == "1042"
     prepare(event.to_emit(account_id=ACCOUNT, contact_id=CONTACT), NOW)
 
 

@@ -317,6 +317,7 @@ def test_a_later_order_with_the_cart_token_is_the_recovery() -> None:
     assert event.metric_name == METRIC_CHECKOUT_RECOVERED
     assert event.unique_event_id == f"yampi:checkout_recovered:{CART_TOKEN}"
     assert event.value == Decimal("297.90")
+    assert event.properties["order_number"] == placed.properties["order_number"] == "1000417"
 
 
 def test_cart_without_totalizers_uses_value_total() -> None:

@@ -91,10 +91,14 @@ def recovered_checkout(order_event: Mapped, checkout_token: str) -> Mapped:
     order = order_event.order
     if order is None:
         raise ValueError("recovered_checkout needs an order event (Mapped.order is None)")
+    # the number and name as the order's own events say them (Shopify's row keeps the
+    # name, "#1042", as its number; its events' order_number is "1042")
+    said = order_event.properties
     properties = {
         "checkout_token": checkout_token,
         "order_id": order.external_id,
-        "order_number": order.number,
+        "order_number": said.get("order_number", order.number),
+        "order_name": said.get("order_name"),
         "total": r.money_text(order.total),
     }
     return Mapped(
