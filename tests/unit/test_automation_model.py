@@ -340,6 +340,7 @@ def components(*items: object) -> dict[str, object]:
         ({**MSG, "text": "Pedido de {{ event.total }}"}, ".text", "unknown_variable"),
         ({**MSG, "text": "Olá {{ contact.nome | default:'x' }}"}, ".text", "unknown_variable"),
         ({**MSG, "text": "{{ event[0] }}"}, ".text", "unknown_variable"),
+        ({**MSG, "text": "{{ contact.attributes.plano }}"}, ".text", "unknown_variable"),
         ({**TPL, "parameters": ["{{ event.order_number }}"]}, ".parameters[0]", "unknown_variable"),
         ({**MSG, "text": "Olá {{ contact.name"}, ".text", "unterminated_tag"),
         ({**MSG, "text": "{{ event.value | reais }}"}, ".text", "unknown_filter"),
@@ -635,7 +636,6 @@ def test_templates_reach_every_field_a_step_renders() -> None:
         "event.id", "event.metric_name", "event.value", "event.currency", "event.source",
         "event.occurred_at", "event.properties.items[0].sku", "event", "contact.id",
         "contact.name", "contact.email", "contact.phone", "contact.tags[0]",
-        "contact.attributes.x",
     ]  # fmt: skip
     text = " ".join(f"{{{{ {f} }}}}" for f in fields)
     parse_automation(definition(steps=[{"type": "send_message", "text": text}]))

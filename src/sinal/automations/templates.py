@@ -12,8 +12,8 @@ Olá {{ contact.name | first_name | default:"cliente" }}, seu pedido
   any character except whitespace, `.`, `[`, `]`, `{`, `}`, `|`, `:` and quotes;
   indexes are whole numbers from 0.
 - What a path can reach: `event.` `id`, `metric_name`, `value`, `currency`, `source`,
-  `occurred_at`, `properties.…`; `contact.` `id`, `name`, `email`, `phone`, `tags`,
-  `attributes.…`.
+  `occurred_at`, `properties.…`; `contact.` `id`, `name`, `email`, `phone`, `tags`
+  (`attributes.…` once contacts hold custom attributes).
 - A missing path (or JSON `null`) renders as an empty string — a message never fails
   because an order lacks a field. Use `default` to say something instead.
 - Filters, applied left to right after `|`:
@@ -88,9 +88,11 @@ TEMPLATE_ROOTS: Final[frozenset[str]] = frozenset({"event", "contact"})
 
 TEMPLATE_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     "event": ("id", "metric_name", "value", "currency", "source", "occurred_at", "properties"),
-    "contact": ("id", "name", "email", "phone", "tags", "attributes"),
+    "contact": ("id", "name", "email", "phone", "tags"),
 }
-"""The fields under each root that a step's context holds (`matching.template_context`)."""
+"""The fields under each root that a step's context holds (`matching.template_context`);
+`contact.attributes` too, but contacts have none yet, so a path into it would render empty
+(and a filter on it is refused alike)."""
 
 FilterName = Literal["money", "upper", "lower", "first_name", "default"]
 SyntaxCode = Literal[
