@@ -410,13 +410,17 @@ async def test_whatsapp_api_base_url_pasted_with_spaces_is_kept_trimmed_and_send
         ({"kind": "shopify", "secret": "s", "shop_domain": ["loja.myshopify.com"]},
          "shop_domain"),
         ({"kind": "yampi", "secret": "s", "alias": "a" * 201}, "alias"),
+        ({"kind": "yampi", "secret": "s", "alias": " "}, "alias"),
+        ({"kind": "shopify", "secret": "s", "shop_domain": ""}, "shop_domain"),
+        ({"kind": "shopify", "secret": "s", "name": ""}, "name"),
     ],
 )  # fmt: skip
 async def test_a_connection_setting_that_is_no_text_is_422(
     api: Api, body: dict[str, Any], field: str
 ) -> None:
-    """Names and the like are text: anything else is refused naming the field, never
-    stored as given (an int) nor failed on in the database (an object: 503, "retry")."""
+    """Names and the like are text, not blank: anything else is refused naming the field,
+    never stored as given (an int, a blank alias that checks nothing) nor failed on in the
+    database (an object: 503, "retry")."""
     assert await _refused_fields(api, body) == [field]
 
 

@@ -237,6 +237,8 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
         if text is not None and (not isinstance(text, str) or len(text) > MAX_NAME):
             message = f"{name} must be a string of at most {MAX_NAME} characters"
             errors.append(FieldError(name, "invalid_type", message))
+        elif text is not None and not text.strip():  # a blank alias would check nothing
+            errors.append(FieldError(name, "empty", f"{name} must not be blank: leave it out"))
     secrets = {name: data.get(name) for name in secret_fields if data.get(name) is not None}
     for name in _REQUIRED_SECRETS.get(kind, ()):
         if not isinstance(secrets.get(name), str) or not secrets[name]:
