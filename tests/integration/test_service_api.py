@@ -324,6 +324,7 @@ async def test_a_misspelt_query_parameter_is_422_naming_it_not_ignored(api: Api)
     listed = await api.client.get("/v1/events", params={"metrc": "Order Paid", "limit": 5})
     timeline = await api.client.get(f"/v1/contacts/{contact.id}/timeline?x=1&x=2&locale=es")
     none_taken = await api.client.get("/v1/account", params={"verbose": ""})
+    hot = await api.post("/v1/events?dry_run=1", {"metric": "A", "contact_id": str(contact.id)})
 
     assert (listed.status_code, timeline.status_code, none_taken.status_code) == (422, 422, 422)
     problem = listed.json()
@@ -333,6 +334,7 @@ async def test_a_misspelt_query_parameter_is_422_naming_it_not_ignored(api: Api)
     assert "metric" in error["message"]  # names what the route takes
     assert [e["field"] for e in timeline.json()["errors"]] == ["x"]
     assert none_taken.json()["errors"][0]["message"].endswith("takes none")
+    assert (hot.status_code, hot.json()["errors"][0]["field"]) == (422, "dry_run")  # not stored
     ok = await api.client.get("/v1/events", params={"metric": "A", "limit": 5, "locale": "es"})
     assert (ok.status_code, len(ok.json()["data"])) == (200, 1)
 

@@ -5,7 +5,8 @@ matching, dependency solving and its exception layers than the handler spends on
 event, and the handler needs none of them (it takes only the request). This middleware
 calls the same handler directly, answers its errors from the same table, and marks the
 request with the same route, so metrics, errors and the OpenAPI schema are unchanged.
-Every other request goes through FastAPI.
+Every other request goes through FastAPI (one with a query string too: the route answers
+its parameters 422, `query_params`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ class IngestFastPath:
         self.route = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/events" or scope["method"] != "POST":
+        if (
+            scope["type"] != "http"
+            or scope["path"] != "/v1/events"
+            or scope["method"] != "POST"
+            or scope.get("query_string")  # it takes none: FastAPI's route refuses them
+        ):
             await self.app(scope, receive, send)
             return
         scope["route"] = self.route
