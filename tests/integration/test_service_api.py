@@ -7,10 +7,16 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import cast
 
 import pytest
+from fastapi.routing import APIRoute
 
+from sinal.api.app import create_app
+from sinal.api.query_params import QueryChecked
 from sinal.automations.service import Automations
+from sinal.config import Settings
 from sinal.errors import InvalidAccount, StoreError, StoreUnavailable
 from sinal.ledger import Ledger
 from tests.helpers import sql
@@ -337,6 +343,20 @@ async def test_a_misspelt_query_parameter_is_422_naming_it_not_ignored(api: Api)
     assert (hot.status_code, hot.json()["errors"][0]["field"]) == (422, "dry_run")  # not stored
     ok = await api.client.get("/v1/events", params={"metric": "A", "limit": 5, "locale": "es"})
     assert (ok.status_code, len(ok.json()["data"])) == (200, 1)
+
+
+def test_every_app_made_checks_a_routes_query_once(tmp_path: Path) -> None:
+    """The apps made share the routers' route objects: each route gets one query check,
+    not one more per app (a check per app made ended, in the whole suite, in a
+    RecursionError on every request)."""
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'sinal.db'}", serve_worker=False)
+    apps = [create_app(settings) for _ in range(3)]
+
+    routes = [r for app in apps for r in app.router.routes if isinstance(r, APIRoute)]
+    checked = [r for r in routes if r.path.startswith("/v1/")]
+    assert checked
+    assert all(isinstance(r.app, QueryChecked) for r in checked)
+    assert not any(isinstance(cast(QueryChecked, r.app).handler, QueryChecked) for r in checked)
 
 
 async def test_links_and_webhooks_keep_ignoring_query_parameters(api: Api) -> None:

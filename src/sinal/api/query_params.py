@@ -24,11 +24,13 @@ __all__ = ["refuse_unknown_query"]
 
 def refuse_unknown_query(app: FastAPI) -> None:
     """Wrap every `/v1` route so that a query parameter it does not declare is a 422 (and
-    say so in its OpenAPI answers)."""
+    say so in its OpenAPI answers). Every app made shares the routers' route objects
+    (`create_app` puts them on its router as they are): a route is wrapped once."""
     [(status, answer)] = problem_responses(InvalidQuery).items()
     for route in app.router.routes:
         if isinstance(route, APIRoute) and route.path.startswith("/v1/"):
-            route.app = _checked(route.app, tuple(_query_names(route.dependant)))
+            if not isinstance(route.app, QueryChecked):
+                route.app = QueryChecked(route.app, tuple(_query_names(route.dependant)))
             route.responses.setdefault(status, answer)
 
 
@@ -39,14 +41,18 @@ def _query_names(dependant: Dependant) -> list[str]:
     return names
 
 
-def _checked(handler: ASGIApp, known: tuple[str, ...]) -> ASGIApp:
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+class QueryChecked:
+    """A route's ASGI app, behind a check of its query: a parameter not in `known` is 422."""
+
+    def __init__(self, handler: ASGIApp, known: tuple[str, ...]) -> None:
+        self.handler = handler
+        self.known = known
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         query = scope.get("query_string", b"")
         if query:
-            _check(query.decode("latin-1"), known)
-        await handler(scope, receive, send)
-
-    return app
+            _check(query.decode("latin-1"), self.known)
+        await self.handler(scope, receive, send)
 
 
 def _check(query: str, known: tuple[str, ...]) -> None:
