@@ -461,10 +461,36 @@ class Ledger:
 
         contact, is_new = self.store.upsert_contact_recorded(new, created)
         if fill_missing and not is_new:
-            contact = self._fill_missing(contact, new, source)
+            # erased meanwhile (None): as found; the caller's write will find it gone
+            contact = self._fill_missing(contact, new, source) or contact
         return contact, is_new
 
-    def _fill_missing(self, contact: Contact, given: NewContact, source: str) -> Contact:
+    def fill_contact(
+        self,
+        account_id: UUID | str,
+        contact_id: UUID | str,
+        *,
+        phone: str | None = None,
+        email: str | None = None,
+        external_id: str | None = None,
+        name: str | None = None,
+        source: str = "api",
+    ) -> Contact | None:
+        """Give a contact the name and identities it lacks (Contact Updated, source
+        `source`), as `resolve_contact(..., fill_missing=True)` gives a contact it finds:
+        a value it has stays, one that names another contact is left. None if there is no
+        such contact; `InvalidContact` naming every bad field."""
+        ids, clean_name = _parse_contact(phone, email, external_id, name)
+        contact = self.store.get_contact(_uuid(account_id), _uuid(contact_id))
+        if contact is None:
+            return None
+        given = NewContact(
+            contact.account_id, contact.id, clean_name, ids.phone, ids.email, ids.external_id
+        )
+        return self._fill_missing(contact, given, source)
+
+    def _fill_missing(self, contact: Contact, given: NewContact, source: str) -> Contact | None:
+        """`contact` with what it lacks of `given` filled in; None if it no longer exists."""
         # a store's customer first seen by email alone (a checkout) must not stay phoneless
         # once its order names the phone: its automations could not message it, and its
         # WhatsApp messages would make a second contact
@@ -483,12 +509,13 @@ class Ledger:
 
         while missing:
             try:
-                after = self.store.update_contact(contact.account_id, contact.id, missing, changed)
+                # only_missing: what a concurrent writer gave it since `contact` was read stays
+                return self.store.update_contact(
+                    contact.account_id, contact.id, missing, changed, only_missing=True
+                )
             except IdentityConflict as exc:  # that identity is someone else's: leave it
                 if missing.pop(cast(ContactField, exc.field), None) is None:
                     return contact
-                continue
-            return contact if after is None else after
         return contact
 
     def update_contact(

@@ -678,6 +678,88 @@ def test_contact_in_unknown_account_is_refused(ledger: Ledger) -> None:
         ledger.create_contact(uuid.uuid4(), email="ana@example.com")
 
 
+def _contact_updates(ledger: Ledger, account: sinal.Account) -> list[tuple[str, dict[str, Any]]]:
+    query = EventQuery(account.id, metric_name=sinal.METRIC_CONTACT_UPDATED)
+    return [(e.source, e.properties) for e in ledger.list_events(query)]
+
+
+def test_filling_a_contact_gives_what_it_lacks_but_no_one_elses_identity(
+    ledger: Ledger, account: sinal.Account
+) -> None:
+    ana = ledger.create_contact(account.id, email="ana@example.com", name="Ana")
+    bia = ledger.create_contact(account.id, phone="+55 11 91234-5678")
+
+    filled = ledger.fill_contact(
+        account.id, ana.id, phone="(11) 91234-5678", external_id="crm:7", name="Ana Souza",
+        source="whatsapp",
+    )  # fmt: skip
+
+    assert filled is not None
+    assert (filled.name, filled.phone, filled.external_id) == ("Ana", None, "crm:7")
+    assert ledger.get_contact(account.id, bia.id) == bia
+    assert _contact_updates(ledger, account) == [
+        ("whatsapp", {"external_id": "crm:7", "changed": ["external_id"]})
+    ]
+    assert ledger.fill_contact(account.id, ana.id, name="Outra") == filled  # nothing to give
+    other = ledger.create_account("Outra Loja")
+    assert ledger.fill_contact(other.id, ana.id, name="X") is None
+    assert ledger.fill_contact(account.id, uuid.uuid4(), name="X") is None
+    with pytest.raises(sinal.InvalidContact) as caught:
+        ledger.fill_contact(account.id, ana.id, phone="abc")
+    assert [(e.field, e.code) for e in caught.value.errors] == [("phone", "invalid_phone")]
+    assert len(_contact_updates(ledger, account)) == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("entry", ["resolve_contact", "fill_contact"])
+def test_a_fill_keeps_what_a_concurrent_writer_gave_the_contact(pg_url: str, entry: str) -> None:
+    """PostgreSQL: a phone another transaction gives the contact while a fill that read it
+    phoneless waits for its lock stays; the fill gives only what it still lacks."""
+    given = {"phone": "+55 21 91234-5678", "name": "Ana"}
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        ana = ledger.create_contact(account.id, email="ana@example.com")
+
+        def fill() -> sinal.Contact | None:
+            if entry == "fill_contact":
+                return ledger.fill_contact(account.id, ana.id, source="whatsapp", **given)
+            found, _ = ledger.resolve_contact(
+                account.id, email="ana@example.com", source="shopify", fill_missing=True, **given
+            )
+            return found
+
+        answers: list[sinal.Contact | None] = []
+        with psycopg.connect(pg_url) as writer:
+            writer.execute(
+                "UPDATE contacts SET phone = '+5511987654321' WHERE account_id = %s AND id = %s",
+                (account.id, ana.id),
+            )
+            writer.execute(
+                "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
+                "VALUES (%s, 'phone', '+5511987654321', %s)",
+                (account.id, ana.id),
+            )
+            filler = threading.Thread(target=lambda: answers.append(fill()))
+            filler.start()
+            wait_until(lambda: not filler.is_alive() or sql(pg_url, waiting) != [(0,)])
+            writer.commit()
+        filler.join()
+
+        [answer] = answers
+        assert answer is not None
+        assert (answer.phone, answer.name) == ("+5511987654321", "Ana")
+        assert ledger.get_contact(account.id, ana.id) == answer
+        assert [p for _, p in _contact_updates(ledger, account)] == [
+            {"name": "Ana", "changed": ["name"]}
+        ]
+    phones = sql(pg_url, "SELECT value, contact_id FROM contact_identities WHERE kind = 'phone'")
+    assert phones == [("+5511987654321", ana.id)]
+
+
 def test_list_events_pages_newest_first(
     ledger: Ledger, account: sinal.Account, contact: sinal.Contact
 ) -> None:

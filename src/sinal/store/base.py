@@ -472,10 +472,13 @@ class Store(Protocol):
         contact_id: UUID,
         changes: Mapping[ContactField, str | None],
         on_change: BuildChangeEvent,
+        *,
+        only_missing: bool = False,
     ) -> Contact | None:
         """Apply normalized changes (None removes a value) and record `on_change(before,
         after)` in the same transaction, only if something changed. None if no contact;
-        raises `IdentityConflict` when an identity names another contact."""
+        raises `IdentityConflict` when an identity names another contact. `only_missing`:
+        only the fields the contact has no value for, as it is when locked, change."""
         ...
 
     def change_tags(
@@ -575,6 +578,20 @@ def compare_summaries(
             report.changed += 1
             report.details.append(f"wrong figures: contact {key[0]}, {key[1]}")
     return report
+
+
+def changed_fields(
+    before: Contact, changes: Mapping[ContactField, str | None], *, only_missing: bool
+) -> dict[str, str | None]:
+    """The changes that change `before` (`only_missing`: only where it has no value).
+
+    Read under the contact's lock: a value a concurrent writer gave it since the caller
+    last read it is kept, not overwritten."""
+    return {
+        k: v
+        for k, v in changes.items()
+        if getattr(before, k) != v and (not only_missing or getattr(before, k) is None)
+    }
 
 
 def contact_reason(event: PreparedEvent) -> str:

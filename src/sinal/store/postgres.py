@@ -125,6 +125,7 @@ from sinal.store.base import (
     Settle,
     StoredEvent,
     SummaryRow,
+    changed_fields,
     compare_summaries,
     contact_reason,
     feed_page,
@@ -1227,6 +1228,8 @@ class PostgresStore(
         contact_id: UUID,
         changes: Mapping[ContactField, str | None],
         on_change: BuildChangeEvent,
+        *,
+        only_missing: bool = False,
     ) -> Contact | None:
         """Apply changes and record `on_change(before, after)`, in one transaction."""
 
@@ -1239,9 +1242,7 @@ class PostgresStore(
             if row is None:
                 return None
             before = Contact(*row)
-            changed: dict[str, str | None] = {
-                k: v for k, v in changes.items() if getattr(before, k) != v
-            }
+            changed = changed_fields(before, changes, only_missing=only_missing)
             if not changed:
                 return before
             for kind, value in changed.items():

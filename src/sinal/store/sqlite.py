@@ -74,6 +74,7 @@ from sinal.store.base import (
     Settle,
     StoredEvent,
     SummaryRow,
+    changed_fields,
     compare_summaries,
     feed_page,
     read_migrations,
@@ -829,6 +830,8 @@ class SQLiteStore(
         contact_id: UUID,
         changes: Mapping[ContactField, str | None],
         on_change: BuildChangeEvent,
+        *,
+        only_missing: bool = False,
     ) -> Contact | None:
         """Apply changes and record `on_change(before, after)`, in one transaction."""
         account, contact = str(account_id), str(contact_id)
@@ -836,9 +839,7 @@ class SQLiteStore(
             before = self._contact(conn, account, contact)
             if before is None:
                 return None
-            changed: dict[str, str | None] = {
-                k: v for k, v in changes.items() if getattr(before, k) != v
-            }
+            changed = changed_fields(before, changes, only_missing=only_missing)
             if not changed:
                 return before
             for kind, value in changed.items():
