@@ -4,7 +4,9 @@
 
 - an inbound message: its contact is found or created (Meta's business-scoped user id
   first, then the phone — Brazilian numbers with and without the ninth digit are one
-  person — a new contact also getting Contact Created, source ``whatsapp``); Message
+  person — a new contact also getting Contact Created, source ``whatsapp``; a contact
+  found gains the phone and profile name it lacks, with Contact Updated, unless another
+  contact has that phone: `Ledger.fill_contact`); Message
   Received is recorded (``whatsapp:message:{wamid}``) and, when the contact has no open
   conversation, one is opened with Conversation Opened: message, conversation and its
   event commit together, so a redelivered message never opens a second one.
@@ -168,13 +170,14 @@ class _Inbox:
 
     def contact_for(self, ref: ContactRef) -> UUID:
         """The contact `ref` names: by Meta's user id, else found or created by phone (or
-        by the user id as external id, when the number is hidden)."""
+        by the user id as external id, when the number is hidden); a contact found gains
+        the phone and profile name it lacks."""
         key = (ref.phone, ref.external_id, ref.user_id)
         if key in self.contacts:
             return self.contacts[key]
         found = None
         if ref.user_id:
-            found = self.store.find_whatsapp_user(self.account_id, ref.user_id)
+            found = self.known_user(ref.user_id, ref)
         if found is None:
             if ref.is_empty:
                 raise _Skip("no_contact")
@@ -185,12 +188,27 @@ class _Inbox:
         self.contacts[key] = found
         return found
 
+    def known_user(self, user_id: str, ref: ContactRef) -> UUID | None:
+        """The contact Meta's user id was seen with, given the phone and profile name it
+        lacks (Contact Updated; a phone another contact has is left to it); None if there
+        is none (an erasure deleted it meanwhile included)."""
+        found = self.store.find_whatsapp_user(self.account_id, user_id)
+        if found is None:
+            return None
+        # first seen with the number hidden, the contact has none: automations could not
+        # message it once Meta shows the number (wa_id / from)
+        contact = self.ledger.fill_contact(
+            self.account_id, found, phone=ref.phone, name=ref.name, source=SOURCE
+        )
+        return None if contact is None else contact.id
+
     def resolved(self, ref: ContactRef) -> UUID:
         """The contact found or created by `ref`'s phone (or external id), remembered for
-        its user id; raises `ContactNotFound` when an erasure deleted it meanwhile."""
+        its user id; a contact found gains the profile name it lacks. Raises
+        `ContactNotFound` when an erasure deleted it meanwhile."""
         contact, _ = self.ledger.resolve_contact(
             self.account_id, phone=ref.phone, external_id=ref.external_id,
-            name=ref.name, source=SOURCE,
+            name=ref.name, source=SOURCE, fill_missing=True,
         )  # fmt: skip
         if not ref.user_id:
             return contact.id

@@ -273,6 +273,84 @@ async def test_whatsapp_user_hiding_their_number_is_kept_by_the_business_scoped_
     assert len(events(api, "Contact Created")) == 1
 
 
+BIA = "BR.1a2b3c4d5e6f7a8b9c0d"  # the user id of the user_id_only fixture
+
+
+def _from_user(body: dict[str, Any], user_id: str) -> dict[str, Any]:
+    """`body`'s message and contact, also carrying Meta's user id."""
+    value = body["entry"][0]["changes"][0]["value"]
+    value["contacts"][0]["user_id"] = value["messages"][0]["from_user_id"] = user_id
+    return body
+
+
+async def test_whatsapp_user_first_seen_without_a_number_gains_it_once_meta_shows_it(
+    api: Api,
+) -> None:
+    wa = connect_whatsapp(api)
+    await deliver(api, wa, fixture_body("user_id_only"))
+    shown = text_message("wamid.SHOWN", "5521912345678", "Agora com número", name="Bia")
+    await deliver(api, wa, meta_bytes(_from_user(shown, BIA)))
+
+    [first, _] = events(api, "Message Received")
+    contact = api.ledger.get_contact(api.account.id, first.contact_id)
+    assert contact is not None
+    assert (contact.phone, contact.name) == ("+5521912345678", "Bia")  # automations reach her
+    assert contact.external_id == f"whatsapp:user:{BIA}"
+    [updated] = events(api, "Contact Updated")
+    assert (updated.contact_id, updated.source) == (contact.id, "whatsapp")
+    assert updated.properties == {"phone": "+5521912345678", "changed": ["phone"]}
+    # a later number or profile name does not replace what she has
+    moved = text_message("wamid.MOVED", "5521987650000", "Número novo", name="Beatriz")
+    await deliver(api, wa, meta_bytes(_from_user(moved, BIA)))
+    assert api.ledger.get_contact(api.account.id, contact.id) == contact
+    assert len(events(api, "Contact Updated")) == 1
+    assert {e.contact_id for e in events(api, "Message Received")} == {contact.id}
+
+
+async def test_whatsapp_contact_found_by_phone_gains_the_profile_name_it_lacks(
+    api: Api,
+) -> None:
+    wa = connect_whatsapp(api)
+    nameless = (await api.post("/v1/contacts", {"phone": "+55 11 98765-4321"})).json()["id"]
+    named = await api.post("/v1/contacts", {"phone": "+55 11 91234-5678", "name": "Rui Costa"})
+    await deliver(api, wa, fixture_body("text_message"))  # "Conceição Araújo", 5511987654321
+    await deliver(api, wa, meta_bytes(text_message("wamid.RUI", "5511912345678", "Oi", name="Rui")))
+
+    received = {e.properties["wa_message_id"]: str(e.contact_id)
+                for e in events(api, "Message Received")}  # fmt: skip
+    assert received == {TEXT: nameless, "wamid.RUI": named.json()["id"]}
+    names = [api.ledger.get_contact(api.account.id, c) for c in (nameless, named.json()["id"])]
+    assert [c.name for c in names if c is not None] == ["Conceição Araújo", "Rui Costa"]
+    [updated] = events(api, "Contact Updated")  # a name the contact has stays
+    assert (str(updated.contact_id), updated.source) == (nameless, "whatsapp")
+    assert updated.properties == {"name": "Conceição Araújo", "changed": ["name"]}
+    assert [e.source for e in events(api, "Contact Created")] == ["api", "api"]
+
+
+async def test_whatsapp_user_gains_no_phone_another_contact_has(api: Api) -> None:
+    wa = connect_whatsapp(api)
+    hidden = json.loads(fixture_body("user_id_only"))
+    del hidden["entry"][0]["changes"][0]["value"]["contacts"][0]["profile"]  # and no name
+    await deliver(api, wa, meta_bytes(hidden))
+    other = await api.post("/v1/contacts", {"phone": "+55 21 91234-5678", "name": "Beatriz"})
+    shown = text_message("wamid.SHOWN", "5521912345678", "Agora com número", name="Bia")
+    await deliver(api, wa, meta_bytes(_from_user(shown, BIA)))
+
+    received = events(api, "Message Received")
+    assert len({e.contact_id for e in received}) == 1  # still the user id's contact
+    contact = api.ledger.get_contact(api.account.id, received[0].contact_id)
+    assert contact is not None
+    assert (contact.phone, contact.name) == (None, "Bia")  # the number is the other's
+    assert str(contact.id) != other.json()["id"]
+    [updated] = events(api, "Contact Updated")
+    assert (updated.contact_id, updated.properties) == (
+        contact.id, {"name": "Bia", "changed": ["name"]}
+    )  # fmt: skip
+    again = api.ledger.get_contact(api.account.id, other.json()["id"])
+    assert again is not None
+    assert (again.phone, again.name) == ("+5521912345678", "Beatriz")
+
+
 async def test_whatsapp_redelivery_records_nothing_twice(api: Api) -> None:
     wa = connect_whatsapp(api)
     body = fixture_body("text_message")
