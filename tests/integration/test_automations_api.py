@@ -6,6 +6,7 @@ import base64
 import unicodedata
 from collections.abc import AsyncIterator
 from typing import Any
+from uuid import UUID
 
 import anyio
 import pytest
@@ -631,3 +632,70 @@ async def test_a_webhook_secret_is_never_shown_and_a_patch_sending_back_its_mask
     verify_signature(SECRET, signed)
     assert "webhook-signature" not in {k.lower() for k in unsigned["headers"]}
     assert "webhook-signature" not in {k.lower() for k in last["headers"]}
+
+
+# -- listing executions a page at a time -------------------------------------------------
+
+TAGGING = {"name": "Quiz", "trigger_metric": "Quiz Answered",
+           "steps": [{"type": "add_tag", "tag": "respondeu"}]}  # fmt: skip
+
+
+def _answered(api: Api, contact_id: UUID, numbers: range) -> None:
+    """A Quiz Answered event of the contact for each number, the executions made and run."""
+    for n in numbers:
+        api.ledger.emit_event(
+            account_id=api.account.id, contact_id=contact_id, metric_name="Quiz Answered",
+            source="api", source_id=f"q{n}",
+        )  # fmt: skip
+    _drain(api)
+
+
+async def test_executions_page_through_every_one_once_newest_first(api: Api) -> None:
+    """Pass each `next_cursor` back as `cursor`: every execution of the automation once,
+    newest first (another automation's, made for the same events, left out); those made
+    while paging are newer than the first page, so no later page shows one."""
+    automation = (await api.post("/v1/automations", TAGGING)).json()
+    await api.post("/v1/automations", {**TAGGING, "name": "Outra"})
+    ana = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    _answered(api, ana.id, range(7))
+    path = f"/v1/automations/{automation['id']}/executions"
+    whole = (await api.client.get(path)).json()
+    assert whole["next_cursor"] is None
+    ids = [x["id"] for x in whole["data"]]
+    assert len(ids) == 7
+    assert ids == sorted(ids, key=UUID, reverse=True)  # UUIDv7: newest first
+
+    pages: list[list[str]] = []
+    params: dict[str, Any] = {"limit": 3}
+    while True:
+        page = await api.client.get(path, params=params)
+        assert page.status_code == 200, page.text
+        pages.append([x["id"] for x in page.json()["data"]])
+        if len(pages) == 1:
+            _answered(api, ana.id, range(7, 9))
+        if page.json()["next_cursor"] is None:
+            break
+        params["cursor"] = page.json()["next_cursor"]
+    assert pages == [ids[:3], ids[3:6], ids[6:]]
+    newest = (await api.client.get(path, params={"limit": 2})).json()
+    assert not {x["id"] for x in newest["data"]} & set(ids)
+    assert newest["next_cursor"] is not None
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "garbage",
+        # a cursor of GET /v1/events (a time and an id) is not one of these
+        base64.urlsafe_b64encode(f"2026-12-07T13:00:00+00:00|{UUID(int=1)}".encode()).decode(),
+    ],
+)
+async def test_executions_cursor_not_from_a_page_is_422_naming_it(api: Api, cursor: str) -> None:
+    automation = (await api.post("/v1/automations", TAGGING)).json()
+    response = await api.client.get(
+        f"/v1/automations/{automation['id']}/executions", params={"cursor": cursor}
+    )
+    assert response.status_code == 422, response.text
+    assert [(e["field"], e["code"]) for e in response.json()["errors"]] == [
+        ("cursor", "invalid_cursor")
+    ]

@@ -243,9 +243,11 @@ class ExecutionOut(BaseModel):
 
 
 class ExecutionList(BaseModel):
-    """An automation's executions, newest first."""
+    """An automation's executions, newest first; pass `next_cursor` as `cursor` for the
+    next page (null on the last)."""
 
     data: list[ExecutionOut]
+    next_cursor: str | None
 
 
 class StepRecordOut(BaseModel):

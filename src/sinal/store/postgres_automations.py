@@ -654,14 +654,23 @@ class PostgresAutomations:
         automation_id: UUID | None = None,
         event_id: UUID | None = None,
         limit: int = 100,
+        before: UUID | None = None,
     ) -> list[Execution]:
-        """Executions, newest first."""
+        """Executions, newest first (older than `before`, when given)."""
+        where, args = ["account_id = %s"], [account_id]
+        # Only the filters given: a prepared statement's generic plan for `%s IS NULL OR
+        # automation_id = %s` cannot read an automation's executions from its index
+        # (`executions_automation`), in order, from the cursor on.
+        for clause, value in (("automation_id = %s", automation_id),
+                              ("event_id = %s", event_id), ("id < %s", before)):  # fmt: skip
+            if value is not None:
+                where.append(clause)
+                args.append(value)
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE account_id = %s "
-                "AND (%s::uuid IS NULL OR automation_id = %s) "
-                "AND (%s::uuid IS NULL OR event_id = %s) ORDER BY id DESC LIMIT %s",
-                (account_id, automation_id, automation_id, event_id, event_id, limit),
+                f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE {' AND '.join(where)} "
+                "ORDER BY id DESC LIMIT %s",
+                (*args, limit),
             ).fetchall()
         return [Execution(*r) for r in rows]
 

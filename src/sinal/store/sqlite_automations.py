@@ -412,16 +412,22 @@ class SQLiteAutomations:
         automation_id: UUID | None = None,
         event_id: UUID | None = None,
         limit: int = 100,
+        before: UUID | None = None,
     ) -> list[Execution]:
-        """Executions, newest first."""
-        a = None if automation_id is None else str(automation_id)
-        ev = None if event_id is None else str(event_id)
+        """Executions, newest first (older than `before`, when given)."""
+        where, args = ["account_id = ?"], [str(account_id)]
+        # Only the filters given, so that an automation's are read from its index
+        # (`executions_automation`), in order, from the cursor on.
+        for clause, value in (("automation_id = ?", automation_id), ("event_id = ?", event_id),
+                              ("id < ?", before)):  # fmt: skip
+            if value is not None:
+                where.append(clause)
+                args.append(str(value))  # canonical text: text order is id order
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE account_id = ? "
-                "AND (? IS NULL OR automation_id = ?) AND (? IS NULL OR event_id = ?) "
+                f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE {' AND '.join(where)} "
                 "ORDER BY id DESC LIMIT ?",
-                (str(account_id), a, a, ev, ev, limit),
+                (*args, limit),
             ).fetchall()
         return [_execution(r) for r in rows]
 

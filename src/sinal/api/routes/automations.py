@@ -23,7 +23,7 @@ from sinal.api.body import read_json
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.openapi import body_of
 from sinal.api.service import service
-from sinal.api.views import json_response, parse_path_id
+from sinal.api.views import decode_id_cursor, encode_cursor, json_response, parse_path_id
 from sinal.automations.service import (
     Automations,
     automation_view,
@@ -264,16 +264,28 @@ async def list_executions(
     request: Request,
     automation_id: str,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
 ) -> Response:
-    """Status, attempts and last error of each."""
+    """Status, attempts and last error of each. Keyset pagination: pass `next_cursor` back
+    as `cursor` until it is null; executions made meanwhile shift nothing (none comes
+    twice, none there before is skipped)."""
     svc = service(request)
     key = await svc.authorize(request, "read")
     row = await _find(request, key.account_id, automation_id)
+    before = None if cursor is None else decode_id_cursor(cursor)
     store = _automations(request).store
     rows = await svc.run(
-        lambda: store.list_executions(key.account_id, automation_id=row.id, limit=limit)
+        lambda: store.list_executions(
+            key.account_id, automation_id=row.id, limit=limit + 1, before=before
+        )
     )
-    return json_response({"data": [execution_summary(x) for x in rows]})
+    page, more = rows[:limit], len(rows) > limit
+    return json_response(
+        {
+            "data": [execution_summary(x) for x in page],
+            "next_cursor": encode_cursor(str(page[-1].id)) if more else None,
+        }
+    )
 
 
 @router.get(
