@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import unicodedata
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -13,6 +14,8 @@ import pytest
 
 from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.automations.service import Automations
+from sinal.events import stamp
 from sinal.ledger import Ledger
 from tests.integration.conftest import Api, running_api
 from tests.servers import meta_error, verify_signature, webhook_receiver, whatsapp_server
@@ -699,3 +702,48 @@ async def test_executions_cursor_not_from_a_page_is_422_naming_it(api: Api, curs
     assert [(e["field"], e["code"]) for e in response.json()["errors"]] == [
         ("cursor", "invalid_cursor")
     ]
+
+
+# -- wait until --------------------------------------------------------------------------
+
+
+async def test_a_wait_until_already_past_is_422_on_create_and_patch(api: Api) -> None:
+    """A date past when the automation is saved would not wait at all: a mistake (the
+    year typed wrong), refused naming the step, not stored to run through it."""
+    past = {"type": "wait", "until": stamp(datetime.now(UTC) - timedelta(minutes=1))}
+    body = {**TAGGING, "steps": [*TAGGING["steps"], past]}
+    created = await api.post("/v1/automations", body)
+    assert created.status_code == 422, created.text
+    assert [(e["field"], e["code"]) for e in created.json()["errors"]] == [
+        ("steps[1].until", "in_the_past")
+    ]
+    assert (await api.client.get("/v1/automations")).json()["data"] == []
+    automation = (await api.post("/v1/automations", TAGGING)).json()
+    patched = await api.client.patch(f"/v1/automations/{automation['id']}",
+                                     json={"steps": [past]})  # fmt: skip
+    assert patched.status_code == 422, patched.text
+    assert [e["field"] for e in patched.json()["errors"]] == ["steps[0].until"]
+
+
+async def test_a_wait_until_that_passed_since_it_was_saved_still_runs_and_patches(
+    api: Api,
+) -> None:
+    """Saved a day ago, when its date was ahead: it is not dead now that the date has
+    passed (it runs through the wait at once), and a PATCH keeping the date is taken."""
+    until = datetime.now(UTC) - timedelta(hours=1)
+    a_day_ago = Ledger(api.ledger.store, clock=lambda: until - timedelta(days=1))
+    steps = [{"type": "add_tag", "tag": "antes"}, {"type": "wait", "until": stamp(until)},
+             {"type": "add_tag", "tag": "depois"}]  # fmt: skip
+    row = Automations(a_day_ago).create(api.account.id, {**TAGGING, "steps": steps})
+    path = f"/v1/automations/{row.id}"
+    shown = (await api.client.get(path)).json()
+    paused = await api.client.patch(path, json={"status": "paused"})
+    assert paused.status_code == 200, paused.text
+    resumed = await api.client.patch(path, json={"status": "active", "steps": shown["steps"]})
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["steps"] == shown["steps"]
+
+    ana = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    _answered(api, ana.id, range(1))
+    [run] = (await api.client.get(f"{path}/executions")).json()["data"]
+    assert (run["status"], run["next_step"]) == ("completed", 3)

@@ -83,7 +83,7 @@ EVERY_STEP = {  # each kind of step, with its optional fields
         {"type": "webhook", "url": "https://hooks.example/sinal", "headers": {"X-Loja": "1"},
          "secret": WEBHOOK_SECRET},
         {"type": "wait", "seconds": 60},
-        {"type": "wait", "until": "2030-01-01T00:00:00Z"},
+        {"type": "wait", "until": "2099-01-01T00:00:00Z"},
         {"type": "close_conversation"},
         {"type": "filter", "conditions": [{"field": "contact.email", "op": "eq",
                                            "value": "bia@example.com"}]},

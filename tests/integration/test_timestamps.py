@@ -20,7 +20,7 @@ UTC_STAMP = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{6})?Z")
 AUTOMATION = {
     "name": "Pedido pago", "trigger_type": "order_paid",
     "steps": [{"type": "add_tag", "tag": "comprou"},
-              {"type": "wait", "until": "2026-12-01T10:00:00-03:00"},
+              {"type": "wait", "until": "2099-12-01T10:00:00-03:00"},
               {"type": "wait", "seconds": 3600}],
 }  # fmt: skip
 

@@ -803,6 +803,42 @@ def test_a_masked_webhook_secret_with_no_secret_to_keep_is_refused() -> None:
     ]
 
 
+# --------------------------------------------------------------------------- wait until
+
+SAVED_AT = datetime(2026, 12, 7, 13, 0, tzinfo=UTC)
+PAST, AHEAD = "2026-12-07T09:59:59-03:00", "2026-12-07T10:00:01-03:00"  # 13:00 UTC ± 1 s
+
+
+def _waits(*untils: str) -> dict[str, Any]:
+    return definition(steps=[SEND, *({**WAIT, "until": u} for u in untils)])
+
+
+def test_a_wait_until_already_past_when_saved_is_refused_naming_it() -> None:
+    """It would not wait at all: almost surely a mistake (a year or a month typed wrong)."""
+    with pytest.raises(InvalidAutomation) as excinfo:
+        parse_automation(_waits(AHEAD, PAST), now=SAVED_AT)
+    [error] = excinfo.value.errors
+    assert (error.field, error.code) == ("steps[2].until", "in_the_past")
+    assert "2026-12-07T12:59:59Z is in the past (now: 2026-12-07T13:00:00Z)" in error.message
+    assert parse_automation(_waits(AHEAD), now=SAVED_AT).steps[1] == Wait(
+        until=SAVED_AT + timedelta(seconds=1)
+    )
+
+
+def test_a_stored_wait_until_that_has_passed_still_reads_and_patches() -> None:
+    """Saved while it was ahead: read back (no `now`) it runs, past meaning at once, and a
+    patch keeping it (other fields, or the steps sent back) is not refused for it."""
+    stored = parse_automation(_waits(PAST), now=SAVED_AT - timedelta(days=1)).to_dict()
+    assert parse_automation(stored).steps[1] == Wait(until=SAVED_AT - timedelta(seconds=1))
+    assert apply_patch(stored, {"status": "paused"}, now=SAVED_AT).status == "paused"
+    resent = [*stored["steps"], {**TAG, "tag": "vip"}]
+    assert len(apply_patch(stored, {"steps": resent}, now=SAVED_AT).steps) == 3
+    other_past = {**WAIT, "until": "2026-12-07T09:59:58-03:00"}
+    with pytest.raises(InvalidAutomation) as excinfo:
+        apply_patch(stored, {"steps": [*stored["steps"], other_past]}, now=SAVED_AT)
+    assert [(e.field, e.code) for e in excinfo.value.errors] == [("steps[2].until", "in_the_past")]
+
+
 # --------------------------------------------------------------------------- properties
 
 _texts = st.text(

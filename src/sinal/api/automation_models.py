@@ -181,7 +181,8 @@ class WebhookStep(BaseModel):
 
 
 class WaitStep(BaseModel):
-    """Resume after `seconds`, or at `until` (one of them is present)."""
+    """Resume after `seconds`, or at `until` (one of them is present; `until` is ahead when
+    saved)."""
 
     type: Literal["wait"]
     seconds: int = _absent()

@@ -46,7 +46,14 @@ Every bad field is reported at once, as a `FieldError` whose `field` is a JSON p
 `conflict`, `reserved`, `unknown_trigger`, `not_event_trigger`, `invalid_field`,
 `unsupported_operator`, `invalid_value`, `naive_datetime`, `out_of_range`, `invalid_format`,
 `invalid_url`, `unsupported_scheme`, `invalid_header`, `forbidden_header`,
-`duplicate_header`, `too_deep`, or a template's syntax code (see `TemplateSyntaxError`).
+`duplicate_header`, `too_deep`, `in_the_past`, or a template's syntax code (see
+`TemplateSyntaxError`).
+
+A `wait` step's `until` is checked against the time only when a definition is saved
+(`parse_automation(…, now=…)`, `apply_patch(…, now=…)`): one already past then is
+`in_the_past`, almost surely a mistake (it would not wait at all), unless the stored
+definition had that same `until` (saved while it was ahead). A stored definition is read
+back without `now`, so one whose date has passed since keeps running, past meaning at once.
 """
 
 from __future__ import annotations
@@ -403,9 +410,13 @@ class AutomationSpec:
 # --------------------------------------------------------------------------- parsing
 
 
-def parse_automation(data: object) -> AutomationSpec:
-    """Check a definition; raise `InvalidAutomation` listing every bad field."""
-    c = _Checker()
+def parse_automation(
+    data: object, *, now: datetime | None = None, kept: Collection[datetime] = ()
+) -> AutomationSpec:
+    """Check a definition; raise `InvalidAutomation` listing every bad field. Given `now`
+    (the definition is being saved), a `wait` step's `until` before it is refused, unless
+    it is one of `kept` (the untils of the definition stored, saved while they were ahead)."""
+    c = _Checker(now, kept)
     body = c.mapping("$", data, _TOP_KEYS)
     if body is None:
         raise InvalidAutomation(c.errors)
@@ -428,9 +439,12 @@ def parse_automation(data: object) -> AutomationSpec:
     )
 
 
-def apply_patch(spec: AutomationSpec | Mapping[str, Any], patch: object) -> AutomationSpec:
+def apply_patch(
+    spec: AutomationSpec | Mapping[str, Any], patch: object, *, now: datetime | None = None
+) -> AutomationSpec:
     """Apply a PATCH body (top-level merge; `null` removes) to a definition (checked, or as
-    stored) and check the result."""
+    stored) and check the result (with `now`, as `parse_automation` does: the stored
+    definition's untils are kept, past or not)."""
     if not isinstance(patch, Mapping):
         raise InvalidAutomation([FieldError("$", "invalid_type", "the patch must be an object")])
     data = spec.to_dict() if isinstance(spec, AutomationSpec) else dict(spec)
@@ -446,7 +460,15 @@ def apply_patch(spec: AutomationSpec | Mapping[str, Any], patch: object) -> Auto
             data[key] = value
     if isinstance(patch.get("steps"), list) and isinstance(stored_steps, list):
         data["steps"] = _keep_secrets(patch["steps"], stored_steps)
-    return parse_automation(data)
+    return parse_automation(data, now=now, kept=_untils(stored_steps))
+
+
+def _untils(steps: object) -> list[datetime]:
+    """The `until` of each wait step of a stored definition's steps."""
+    if not isinstance(steps, list):
+        return []
+    found = (to_moment(s.get("until")) for s in steps if isinstance(s, Mapping))
+    return [u for u in found if isinstance(u, datetime) and u.utcoffset() is not None]
 
 
 def redact_secrets(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -563,8 +585,10 @@ _TOP_KEYS: Final = ("name", "status", "trigger_metric", "trigger_type", "filters
 class _Checker:
     """Collects one FieldError per bad field instead of stopping at the first."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: datetime | None = None, kept: Collection[datetime] = ()) -> None:
         self.errors: list[FieldError] = []
+        self.now = now  # when the definition is saved; None when a stored one is read
+        self.kept = kept
 
     def fail(self, field: str, code: str, message: str) -> None:
         self.errors.append(FieldError(field, code, message))
@@ -1119,9 +1143,16 @@ def _wait(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
             c.fail(f"{at}.until", "naive_datetime", "until must carry a timezone, e.g. -03:00")
         else:
             try:
-                return Wait(until=until.astimezone(UTC))
+                moment = until.astimezone(UTC)
             except OverflowError:  # 0001-01-01T00:00:00+01:00 is in year 0 in UTC
                 c.fail(f"{at}.until", "out_of_range", "until must fall in years 1 to 9999 in UTC")
+                return None
+            if c.now is not None and moment < c.now and moment not in c.kept:
+                c.fail(f"{at}.until", "in_the_past",
+                       f"until {stamp(moment)} is in the past (now: {stamp(c.now)}): the "
+                       "step would not wait at all; give a later time, or seconds")  # fmt: skip
+                return None
+            return Wait(until=moment)
     return None
 
 

@@ -93,8 +93,8 @@ class Automations:
     def create(self, account_id: UUID, data: object) -> AutomationRow:
         """Validate and store an automation."""
         _refuse_sealed_secrets(data)
-        spec = parse_automation(data)
         now = self.ledger.clock()
+        spec = parse_automation(data, now=now)
         row = AutomationRow(account_id, new_id(), spec.name, spec.status, spec.metric_name,
                             spec.to_dict(), now, now)  # fmt: skip
         self.store.create_automation(row)
@@ -105,10 +105,12 @@ class Automations:
         _refuse_sealed_secrets(patch)
 
         def change(row: AutomationRow) -> AutomationRow:  # under the row's write lock
-            spec = apply_patch(row.spec, patch)  # as stored: a patch may repair what fails
+            now = self.ledger.clock()
+            # as stored: a patch may repair what fails
+            spec = apply_patch(row.spec, patch, now=now)
             return replace(row, name=spec.name, status=spec.status,
                            trigger_metric=spec.metric_name, spec=spec.to_dict(),
-                           updated_at=self.ledger.clock())  # fmt: skip
+                           updated_at=now)  # fmt: skip
 
         return self.store.update_automation(account_id, automation_id, change)
 

@@ -53,8 +53,8 @@ class AutomationIn(BaseModel):
 
     Steps: `send_message` {text}, `send_template` {name, language, parameters | components},
     `add_tag` / `remove_tag` {tag}, `close_conversation`, `ai_respond` {system_prompt,
-    prompt, max_tokens}, `webhook` {url, headers, secret}, `wait` {seconds | until}, `filter`
-    {conditions}. Texts are templates: `{{ event.properties.order_number }}`,
+    prompt, max_tokens}, `webhook` {url, headers, secret}, `wait` {seconds | until (ahead
+    when saved)}, `filter` {conditions}. Texts are templates: `{{ event.properties.order_number }}`,
     `{{ contact.name | first_name }}`, `{{ event.value | money }}`. `send_message`,
     `ai_respond` and `send_template` (its parameters) also take `track_links: true`: their
     http(s) URLs go out as tracked short links (on SINAL_PUBLIC_URL) whose clicks record
