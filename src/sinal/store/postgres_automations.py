@@ -658,9 +658,8 @@ class PostgresAutomations:
     ) -> list[Execution]:
         """Executions, newest first (older than `before`, when given)."""
         where, args = ["account_id = %s"], [account_id]
-        # Only the filters given: a prepared statement's generic plan for `%s IS NULL OR
-        # automation_id = %s` cannot read an automation's executions from its index
-        # (`executions_automation`), in order, from the cursor on.
+        # Only the filters given, each shape planned for what it names: an automation's
+        # page is read from `executions_automation`, in order, from the cursor on.
         for clause, value in (("automation_id = %s", automation_id),
                               ("event_id = %s", event_id), ("id < %s", before)):  # fmt: skip
             if value is not None:
