@@ -200,6 +200,23 @@ def test_trace_says_why_an_automation_did_not_run(
     assert (trace["triggered"], trace["outcome"]) == (False, reason)
 
 
+def test_trace_names_the_execution_of_every_automation_an_event_triggered(world: World) -> None:
+    """More automations than a page of executions (100): the trace names each one's."""
+    tagging = {"name": "marca", "trigger_type": "order_paid",
+               "steps": [{"type": "add_tag", "tag": "comprou"}]}  # fmt: skip
+    rows = [world.automations.create(world.account.id, tagging) for _ in range(105)]
+    event = world.order_paid()
+    assert event.event_id is not None
+    world.automations.store.fan_out(lambda e, c: [a.id for a in c], 10)
+
+    stored = world.ledger.get_event(world.account.id, event.event_id)
+    assert stored is not None
+    traced = world.automations.trace(stored)
+
+    assert len(traced) == len(rows) == 105
+    assert all(t["triggered"] and "execution" in t for t in traced)
+
+
 def test_automation_created_after_the_event_does_not_fire(world: World) -> None:
     event = world.order_paid()
     world.automations.create(world.account.id, THANKS)

@@ -282,3 +282,25 @@ def test_migration_0020_gives_the_rejections_kept_before_it_their_contact(
         assert ledger.erase_contact(account, ana)
 
     assert [str(r[0]) for r in sql(empty_url, "SELECT id FROM rejections")] == [anonymous]
+
+
+def test_an_events_executions_are_read_by_index(database_url: str) -> None:
+    """The trace's read of an event's executions (`list_executions(event_id=…)`) goes
+    through an index leading with (account_id, event_id) (migration 0023), not through
+    every execution of the account."""
+    from tests.contract.test_erasure import plan_of
+
+    with connect(database_url) as ledger:
+        ledger.migrate()
+    params = {"account": str(uuid4()), "event": str(uuid4())}
+    if database_url.startswith("sqlite:"):
+        statement = ("SELECT id FROM executions WHERE account_id = :account "
+                     "AND event_id = :event ORDER BY id DESC")  # fmt: skip
+        plan = plan_of(database_url, statement, params)
+        assert any("executions_event" in line and "event_id=?" in line for line in plan), plan
+        return
+    statement = ("SELECT id FROM executions WHERE account_id = %(account)s "
+                 "AND event_id = %(event)s ORDER BY id DESC")  # fmt: skip
+    plan = plan_of(database_url, statement, params)
+    assert any("executions_event" in line for line in plan), plan  # not the unique key's
+    assert any("Index Cond" in line and "event_id =" in line for line in plan), plan

@@ -117,9 +117,9 @@ class Automations:
     def trace(self, event: StoredEvent) -> list[dict[str, Any]]:
         """For every automation of the event's account: triggered (with the execution) or why
         not."""
-        executions = {
+        executions = {  # one per automation at most, all of them: no page
             x.automation_id: x
-            for x in self.store.list_executions(event.account_id, event_id=event.id)
+            for x in self.store.list_executions(event.account_id, event_id=event.id, limit=None)
         }
         answer = []
         for row in self.store.list_automations(event.account_id):

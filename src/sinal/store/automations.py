@@ -504,11 +504,12 @@ class AutomationStore(Protocol):
         *,
         automation_id: UUID | None = None,
         event_id: UUID | None = None,
-        limit: int = 100,
+        limit: int | None = 100,
         before: UUID | None = None,
     ) -> list[Execution]:
         """Executions, newest first (without step records): older than the execution
-        `before`, when given (ids are UUIDv7: id order is creation order)."""
+        `before`, when given (ids are UUIDv7: id order is creation order); all of them
+        when `limit` is None."""
         ...
 
     def retry_dead(self, account_id: UUID | None = None, execution_id: UUID | None = None) -> int:

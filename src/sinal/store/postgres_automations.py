@@ -653,10 +653,11 @@ class PostgresAutomations:
         *,
         automation_id: UUID | None = None,
         event_id: UUID | None = None,
-        limit: int = 100,
+        limit: int | None = 100,
         before: UUID | None = None,
     ) -> list[Execution]:
-        """Executions, newest first (older than `before`, when given)."""
+        """Executions, newest first (older than `before`, when given; all of them when
+        `limit` is None)."""
         where, args = ["account_id = %s"], [account_id]
         # Only the filters given, each shape planned for what it names: an automation's
         # page is read from `executions_automation`, in order, from the cursor on.
@@ -669,7 +670,7 @@ class PostgresAutomations:
             rows = conn.execute(
                 f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE {' AND '.join(where)} "
                 "ORDER BY id DESC LIMIT %s",
-                (*args, limit),
+                (*args, limit),  # LIMIT NULL: no limit
             ).fetchall()
         return [Execution(*r) for r in rows]
 

@@ -411,10 +411,11 @@ class SQLiteAutomations:
         *,
         automation_id: UUID | None = None,
         event_id: UUID | None = None,
-        limit: int = 100,
+        limit: int | None = 100,
         before: UUID | None = None,
     ) -> list[Execution]:
-        """Executions, newest first (older than `before`, when given)."""
+        """Executions, newest first (older than `before`, when given; all of them when
+        `limit` is None)."""
         where, args = ["account_id = ?"], [str(account_id)]
         # Only the filters given, so that an automation's are read from its index
         # (`executions_automation`), in order, from the cursor on.
@@ -427,7 +428,7 @@ class SQLiteAutomations:
             rows = conn.execute(
                 f"SELECT {EXECUTION_COLUMNS} FROM executions WHERE {' AND '.join(where)} "
                 "ORDER BY id DESC LIMIT ?",
-                (*args, limit),
+                (*args, -1 if limit is None else limit),  # -1: no limit
             ).fetchall()
         return [_execution(r) for r in rows]
 
