@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 import orjson
@@ -225,6 +226,26 @@ def decode_id_cursor(cursor: str) -> UUID:
         raise InvalidQuery(
             [FieldError("cursor", "invalid_cursor", "not a cursor from us")]
         ) from None
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> UUID: ...
+
+
+_T = TypeVar("_T", bound=_Identified)
+
+
+def id_page(rows: Sequence[_T], limit: int, view: Callable[[_T], Any]) -> dict[str, Any]:
+    """A page of a list read newest first by id, `limit + 1` rows asked for: its first
+    `limit` rows as `view` shows them, and the cursor to the rest (null when none is left;
+    `decode_id_cursor` reads it back)."""
+    page = rows[:limit]
+    more = len(rows) > limit
+    return {
+        "data": [view(r) for r in page],
+        "next_cursor": encode_cursor(str(page[-1].id)) if more else None,
+    }
 
 
 def parse_path_id(raw: str) -> UUID | None:

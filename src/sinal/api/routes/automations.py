@@ -23,7 +23,7 @@ from sinal.api.body import read_json
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.openapi import body_of
 from sinal.api.service import service
-from sinal.api.views import decode_id_cursor, encode_cursor, json_response, parse_path_id
+from sinal.api.views import decode_id_cursor, id_page, json_response, parse_path_id
 from sinal.automations.service import (
     Automations,
     automation_view,
@@ -279,13 +279,7 @@ async def list_executions(
             key.account_id, automation_id=row.id, limit=limit + 1, before=before
         )
     )
-    page, more = rows[:limit], len(rows) > limit
-    return json_response(
-        {
-            "data": [execution_summary(x) for x in page],
-            "next_cursor": encode_cursor(str(page[-1].id)) if more else None,
-        }
-    )
+    return json_response(id_page(rows, limit, execution_summary))
 
 
 @router.get(

@@ -22,7 +22,7 @@ from sinal.api.routes.links import inline_body
 from sinal.api.service import service
 from sinal.api.views import (
     decode_id_cursor,
-    encode_cursor,
+    id_page,
     json_response,
     parse_path_id,
 )
@@ -88,13 +88,7 @@ async def list_conversations(
     before = None if cursor is None else decode_id_cursor(cursor)
     query = ConversationQuery(key.account_id, contact, status, before, limit + 1)
     rows = await svc.run(messaging.list_conversations, svc.ledger, query)
-    page, more = rows[:limit], len(rows) > limit
-    return json_response(
-        {
-            "data": [conversation_view(c) for c in page],
-            "next_cursor": encode_cursor(str(page[-1].id)) if more else None,
-        }
-    )
+    return json_response(id_page(rows, limit, conversation_view))
 
 
 @router.get(

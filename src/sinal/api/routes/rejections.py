@@ -16,7 +16,7 @@ from sinal.api.routes.events import renamed
 from sinal.api.service import service
 from sinal.api.views import (
     decode_id_cursor,
-    encode_cursor,
+    id_page,
     json_response,
     parse_path_id,
     rejection_view,
@@ -48,13 +48,7 @@ async def list_rejections(
     key = await svc.authorize(request, "read")
     before = None if cursor is None else decode_id_cursor(cursor)
     rows = await svc.run(svc.ledger.list_rejections_page, key.account_id, limit + 1, before)
-    page, more = rows[:limit], len(rows) > limit
-    return json_response(
-        {
-            "data": [rejection_view(r) for r in page],
-            "next_cursor": encode_cursor(str(page[-1].id)) if more else None,
-        }
-    )
+    return json_response(id_page(rows, limit, rejection_view))
 
 
 @router.post(
