@@ -8,10 +8,11 @@ import threading
 import uuid
 from collections.abc import Callable
 from contextlib import closing
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 import pytest
@@ -20,6 +21,7 @@ import sinal
 from sinal import Ledger, webhooks
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
+from sinal.commerce import derive_abandoned
 from sinal.errors import ContactNotFound, InvalidLink
 from sinal.events import EmitEvent, PreparedEvent, dumps_json, prepare
 from sinal.integrations.base import OrderRef
@@ -45,6 +47,7 @@ from tests.integration.whatsapp import (
 SHOPIFY = Path(__file__).parent.parent / "fixtures" / "shopify"
 PING = {"name": "ping", "trigger_metric": "Ping", "steps": [{"type": "add_tag", "tag": "p"}]}
 WHEN = "2026-12-01T12:00:00+00:00"
+T = TypeVar("T")
 
 
 def ping(ledger: Ledger, contact: sinal.Contact, n: int) -> sinal.EmitResult:
@@ -166,8 +169,12 @@ postgres_only = pytest.mark.parametrize(
 
 
 def someone_waits(database_url: str) -> bool:
-    """Whether a session of the PostgreSQL server waits for a lock."""
-    query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    """Whether a session of the test's database waits for a lock (other tests share the
+    server)."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+    )
     return sql(database_url, query) != [(0,)]
 
 
@@ -353,6 +360,84 @@ def test_an_order_during_an_erasure_keeps_no_contact(ledger: Ledger, database_ur
     shopify_while_erased(ledger, database_url, "orders/create")
 
     assert sql(database_url, "SELECT contact_id FROM orders") == [(None,)]
+
+
+def erased_around(database_url: str, contact: sinal.Contact, write: Callable[[], T]) -> T:
+    """What `write` answers when it starts while an erasure of `contact` holds its first
+    locks (`events`, then the contact's row) and that erasure runs the rest of its
+    statements once `write` waits for it. A writer that locked a row of the contact before
+    it waited would deadlock with them: the erasure's session reports it at once
+    (`deadlock_timeout` 10 ms there) as `DeadlockDetected`, not the writer's after a second,
+    which would roll back and retry unseen."""
+    params = {"account": contact.account_id, "contact": contact.id}
+    answers: list[T] = []
+    writer = threading.Thread(target=lambda: answers.append(write()))
+    try:
+        with psycopg.connect(database_url) as eraser:  # commits as the block ends
+            eraser.execute("SET deadlock_timeout = '10ms'")
+            eraser.execute(LOCK_EVENTS)
+            eraser.execute(ERASE[0], params)
+            writer.start()
+            wait_until(lambda: not writer.is_alive() or someone_waits(database_url))
+            assert erase_in(eraser, ERASE, params)
+    finally:
+        if writer.ident is not None:
+            writer.join()
+    assert answers, "the write raised"
+    return answers[0]
+
+
+@postgres_only
+@pytest.mark.parametrize("paid", [True, False], ids=["with-event", "status-only"])
+def test_an_order_written_as_its_buyer_is_erased_waits_without_a_deadlock(
+    ledger: Ledger, database_url: str, paid: bool
+) -> None:
+    """PostgreSQL: `save_order` takes `events` before the order's row, as the erasure takes
+    `events` before the rows it detaches; the row first, it deadlocked with the erasure."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, email="ana@example.com")
+    store, shop = cast(CommerceStore, ledger.store), uuid.uuid4()
+    placed = OrderRef(
+        provider="shopify", external_id="o-1", number="#1001", status="pending",
+        provider_status="pending", total=Decimal("297.90"), currency="BRL",
+    )  # fmt: skip
+    store.save_order(OrderUpdate(account.id, shop, "shopify", "o-1", ana.id, placed), [], {})
+    paid_event = EmitEvent(account_id=account.id, contact_id=ana.id, metric_name="Order Paid",
+                           source="shopify", source_id="o-1")  # fmt: skip
+    events = [prepare(paid_event, ledger.clock())] if paid else []
+    update = OrderUpdate(account.id, shop, "shopify", "o-1", ana.id,
+                         replace(placed, status="paid", provider_status="paid"))  # fmt: skip
+
+    saved = erased_around(database_url, ana, lambda: store.save_order(update, events, {}))
+
+    assert saved.order is not None
+    assert sql(database_url, "SELECT contact_id, status FROM orders") == [(None, "paid")]
+    assert count(database_url, "events") == 0
+
+
+@postgres_only
+def test_an_abandonment_derived_as_its_contact_is_erased_waits_without_a_deadlock(
+    ledger: Ledger, database_url: str
+) -> None:
+    """PostgreSQL: `abandon_checkout` takes `events` before the checkout's row, as the
+    erasure takes `events` before the rows it deletes; the row first, it deadlocked with
+    the erasure. After it, the checkout is gone with its contact: nothing is abandoned."""
+    account = ledger.create_account("Loja")
+    ana = ledger.create_contact(account.id, email="ana@example.com")
+    shop = Automations(ledger).create_integration(account.id, {"kind": "shopify", "secret": "s"})
+    updated = datetime.fromisoformat(WHEN)
+    cast(CommerceStore, ledger.store).save_checkout(CheckoutUpdate(
+        account_id=account.id, integration_id=shop.id, provider="shopify", token="t-1",
+        contact_id=ana.id, recovery_url=None, total=Decimal("99.90"), currency="BRL",
+        details={"contact": {"email": "ana@example.com"}}, updated_at=updated,
+        abandon_after=timedelta(minutes=30),
+    ), [])  # fmt: skip
+
+    due = updated + timedelta(minutes=30)
+    recorded = erased_around(database_url, ana, lambda: derive_abandoned(ledger, now=due))
+
+    assert recorded == 0
+    assert [count(database_url, t) for t in ("checkouts", "events")] == [0, 0]
 
 
 def claimed(ledger: Ledger) -> tuple[sinal.Contact, Claim]:

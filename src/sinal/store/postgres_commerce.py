@@ -1,9 +1,12 @@
 """PostgreSQL side of `CommerceStore`.
 
-Each write locks its row first (`FOR UPDATE`; a first insert races on the unique key and
-the loser retries), records its events with the same statement as `record`, and writes
-the row as `merge_order` / `merge_checkout` decide — all in one transaction, so an order
-row never says more than its events, nor less.
+Each write takes `events`' writer lock (`WRITE_EVENTS`), then locks its row (`FOR UPDATE`;
+a first insert races on the unique key and the loser retries), records its events with
+the same statement as `record`, and writes the row as `merge_order` / `merge_checkout`
+decide — all in one transaction, so an order row never says more than its events, nor
+less. `events` comes first, as in an erasure (`postgres_erasure`), which locks it and
+then the contact's rows: a write that held an order or checkout row of the contact while
+it waited for `events` (or the contact) deadlocked with an erasure waiting for that row.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from sinal.store.commerce import (
     merge_checkout,
     merge_order,
 )
-from sinal.store.postgres_erasure import require_contact
+from sinal.store.postgres_erasure import WRITE_EVENTS, require_contact
 
 Conn = psycopg.Connection[TupleRow]
 T = TypeVar("T")
@@ -93,6 +96,7 @@ class PostgresCommerce:
         key = (update.account_id, update.integration_id, update.external_id)
 
         def work(conn: Conn) -> OrderSaved:
+            conn.execute(WRITE_EVENTS)  # before the row: the erasure's order (see the module)
             found = conn.execute(
                 f"SELECT {ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY} FOR UPDATE", key
             ).fetchone()
@@ -174,6 +178,7 @@ class PostgresCommerce:
         key = (account_id, integration_id, token)
 
         def work(conn: Conn) -> Outcome | None:
+            conn.execute(WRITE_EVENTS)  # before the row: the erasure's order (see the module)
             found = conn.execute(
                 f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
             ).fetchone()
