@@ -35,7 +35,10 @@ every worker calls it through `derive_all_abandoned`, a `sinal.housekeeping` tas
 any number may at once (the store abandons each checkout once, under its row lock).
 Yampi's `cart.reminder` is the abandonment itself, unless an order carrying its token came first.
 An order carrying an abandoned checkout's token records Checkout Recovered, with the
-order's value, once.
+order's value, once, never dated before the abandonment: an order placed before it (its
+webhook came after the abandonment was recorded) dates it at the abandonment, says
+``ordered_before_abandonment``, and stops the abandonment's automations that have not run
+(`sinal.store.commerce.recovery_events`).
 """
 
 from __future__ import annotations

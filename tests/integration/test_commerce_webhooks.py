@@ -32,6 +32,7 @@ from sinal.integrations import shopify as shopify_hooks
 from sinal.integrations import sign_shopify, sign_yampi, yampi
 from sinal.ledger import Ledger
 from sinal.store.base import EventQuery, StoredEvent
+from sinal.store.commerce import STOPPED_BY_ORDER
 from sinal.worker import start_worker_thread
 from tests.helpers import DrivenClock, count, settle, sql
 from tests.integration.conftest import Api
@@ -781,6 +782,73 @@ async def test_an_abandoned_checkout_is_derived_once_on_a_driven_clock_and_then_
     assert recovered.contact_id == abandoned.contact_id
     assert metrics(api)["Checkout Recovered"] == 1
     assert derive_abandoned(api.ledger, now=due + timedelta(days=30)) == 0  # anonymous: never
+
+
+CART_AUTOMATION = {
+    "name": "Carrinho abandonado", "trigger_type": "cart_abandoned",
+    "steps": [{"type": "wait", "seconds": 3600}, {"type": "add_tag", "tag": "lembrada"}],
+}  # fmt: skip
+DUE = datetime(2024, 5, 10, 18, 1, 47, tzinfo=UTC)  # the fixture checkout's update + 30 min
+
+
+async def abandoned_with_automation(api: Api, shopify: Shop, *, dispatched: bool) -> StoredEvent:
+    """The fixture checkout's Checkout Abandoned (at `DUE`), a cart automation listening;
+    `dispatched`: its execution made, and waiting in its first step."""
+    made = await api.post("/v1/automations", CART_AUTOMATION)
+    assert made.status_code == 201, made.text
+    await shopify.deliver(fixture("shopify", "checkouts_create"), "checkouts/create")
+    await shopify.deliver(fixture("shopify", "checkouts_update"), "checkouts/update")
+    assert derive_abandoned(api.ledger, now=DUE) == 1
+    if dispatched:
+        run_automations(api)
+        assert executions(api) == [("waiting", None)]
+    [abandoned] = events(api, "Checkout Abandoned")
+    return abandoned
+
+
+def executions(api: Api) -> list[tuple[str, str | None]]:
+    """The account's executions: (status, last_error)."""
+    found = Automations(api.ledger).store.list_executions(api.account.id)
+    return [(x.status, x.last_error) for x in found]
+
+
+@pytest.mark.parametrize("dispatched", [True, False], ids=["executions-made", "not-yet"])
+async def test_an_order_placed_in_time_but_delivered_after_the_abandonment_corrects_it(
+    api: Api, shopify: Shop, dispatched: bool
+) -> None:
+    # placed at 17:32:10, before the checkout counted as abandoned (18:01:47), its webhook
+    # comes after the worker recorded the abandonment (retried by Shopify, sinal was down)
+    abandoned = await abandoned_with_automation(api, shopify, dispatched=dispatched)
+
+    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")
+    run_automations(api)
+
+    [placed] = events(api, "Order Placed")
+    [recovered] = events(api, "Checkout Recovered")
+    assert placed.occurred_at < abandoned.occurred_at == DUE
+    assert recovered.occurred_at == DUE  # not at the order's time: recovered before abandoned
+    assert recovered.properties["ordered_before_abandonment"] is True
+    assert (recovered.value, recovered.properties["order_id"]) == (Decimal("297.90"), ANA_ORDER)
+    summary = {s.metric_name: s for s in api.ledger.get_summary(api.account.id, placed.contact_id)}
+    assert summary["Checkout Recovered"].first_event_at == DUE
+    assert summary["Checkout Abandoned"].last_event_at == DUE
+    # the cart automation stops (or never starts) for a checkout that was never abandoned
+    assert executions(api) == ([("stopped", STOPPED_BY_ORDER)] if dispatched else [])
+
+
+async def test_an_order_placed_after_the_abandonment_recovers_it_at_the_orders_time(
+    api: Api, shopify: Shop
+) -> None:
+    await abandoned_with_automation(api, shopify, dispatched=True)
+    order = fixture("shopify", "orders_create")
+    order["created_at"] = "2024-05-10T15:40:00-03:00"  # 18:40 UTC: after the abandonment
+
+    await shopify.deliver(order, "orders/create")
+
+    [recovered] = events(api, "Checkout Recovered")
+    assert recovered.occurred_at == datetime(2024, 5, 10, 18, 40, tzinfo=UTC)
+    assert recovered.properties["ordered_before_abandonment"] is False
+    assert executions(api) == [("waiting", None)]  # abandoned indeed: the automation goes on
 
 
 async def test_a_checkout_completed_before_it_is_due_is_never_abandoned(

@@ -9,15 +9,17 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from sinal.events import PreparedEvent
+from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.integrations.base import OrderRef, OrderStatus
 from sinal.store.commerce import (
+    Abandonment,
     CheckoutUpdate,
     Order,
     OrderUpdate,
     checkout_events,
     merge_checkout,
     merge_order,
+    recovery_events,
 )
 
 ACCOUNT, INTEGRATION, CONTACT = uuid4(), uuid4(), uuid4()
@@ -115,3 +117,33 @@ def test_merge_checkout_a_reminder_after_the_order_abandons_nothing(order_first:
     abandonment = [cast(PreparedEvent, object())]
     assert (merged.completed_at, merged.abandoned_at, merged.due_at) == (T0, None, None)
     assert checkout_events(merged, reminder, abandonment) == ()
+
+
+def recovery(token: str, at: datetime) -> PreparedEvent:
+    emit = EmitEvent(
+        account_id=ACCOUNT, contact_id=CONTACT, metric_name="Checkout Recovered",
+        source="shopify", source_id=token, entity_type="checkout_recovered", occurred_at=at,
+        properties={"checkout_token": token, "ordered_before_abandonment": False},
+    )  # fmt: skip
+    return prepare(emit, T0 + timedelta(days=1))
+
+
+def test_a_recovery_is_never_dated_before_its_abandonment() -> None:
+    """An order placed before the abandonment (its webhook late) recovers at the abandonment,
+    saying so, and that abandonment is the one to withdraw; one at or after it keeps its
+    time; a token whose abandonment is not found keeps the order's time."""
+    abandoned = T0 + timedelta(minutes=30)
+    marks = {t: Abandonment(uuid4(), abandoned) for t in ("early", "on-time", "late")}
+    times = {"early": T0, "on-time": abandoned, "late": abandoned + timedelta(hours=1),
+             "unknown": T0}  # fmt: skip
+    recoveries = {token: recovery(token, at) for token, at in times.items()}
+
+    recorded, wrong = recovery_events(list(times), recoveries, marks)
+
+    said = {e.source_id: (e.occurred_at, e.properties["ordered_before_abandonment"])
+            for e in recorded}  # fmt: skip
+    assert said == {
+        "early": (abandoned, True), "on-time": (abandoned, False),
+        "late": (abandoned + timedelta(hours=1), False), "unknown": (T0, False),
+    }  # fmt: skip
+    assert wrong == [marks["early"].event_id]

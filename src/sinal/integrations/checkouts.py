@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Final
 
 from sinal.catalog import METRIC_CHECKOUT_ABANDONED, METRIC_CHECKOUT_RECOVERED
-from sinal.events import decimal_text, fits_value
+from sinal.events import build_unique_event_id, decimal_text, fits_value
 from sinal.integrations import _read as r
 from sinal.integrations.base import CheckoutRef, Mapped, UnmappablePayload
 
@@ -23,11 +23,13 @@ __all__ = [
     "DEFAULT_ABANDON_DELAY",
     "abandoned_checkout",
     "abandonment_due",
+    "abandonment_id",
     "checkout_event",
     "recovered_checkout",
 ]
 
 DEFAULT_ABANDON_DELAY: Final = timedelta(minutes=60)
+_ABANDONED: Final = "checkout_abandoned"  # Checkout Abandoned's entity type
 
 
 def abandonment_due(
@@ -44,9 +46,14 @@ def abandoned_checkout(checkout: CheckoutRef, *, occurred_at: datetime) -> Mappe
     return checkout_event(
         checkout,
         metric_name=METRIC_CHECKOUT_ABANDONED,
-        entity_type="checkout_abandoned",
+        entity_type=_ABANDONED,
         occurred_at=occurred_at,
     )
+
+
+def abandonment_id(provider: str, token: str) -> str:
+    """The unique_event_id of the Checkout Abandoned of `provider`'s checkout `token`."""
+    return build_unique_event_id(provider, _ABANDONED, token)
 
 
 def checkout_event(
@@ -100,6 +107,9 @@ def recovered_checkout(order_event: Mapped, checkout_token: str) -> Mapped:
         "order_number": said.get("order_number", order.number),
         "order_name": said.get("order_name"),
         "total": r.money_text(order.total),
+        # True when the store finds the order placed before the checkout counted as
+        # abandoned (`sinal.store.commerce.recovery_events`)
+        "ordered_before_abandonment": False,
     }
     return Mapped(
         metric_name=METRIC_CHECKOUT_RECOVERED,

@@ -12,7 +12,10 @@ functions both backends call (`merge_order`, `merge_checkout`):
 - a checkout is due for abandonment at `due_at` unless an order completed it first or its
   integration was deleted (it then stops being due), and a reminder (Yampi's
   cart.reminder) of a checkout an order completed first abandons nothing
-  (`checkout_events`).
+  (`checkout_events`);
+- an order carrying an abandoned checkout's token recovers it once, never before it was
+  abandoned, and withdraws the abandonment from automations when the order came first
+  (`recovery_events`).
 """
 
 from __future__ import annotations
@@ -24,22 +27,27 @@ from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID
 
-from sinal.events import PreparedEvent
+from sinal.events import PreparedEvent, dumps_json
 from sinal.integrations.base import OrderRef, merge_order_status
+from sinal.integrations.checkouts import abandonment_id
 from sinal.store.base import Outcome
 
 __all__ = [
     "CHECKOUT_COLUMNS",
     "ORDER_COLUMNS",
+    "STOPPED_BY_ORDER",
+    "Abandonment",
     "Checkout",
     "CheckoutUpdate",
     "CommerceStore",
     "Order",
     "OrderSaved",
     "OrderUpdate",
+    "abandonment_keys",
     "checkout_events",
     "merge_checkout",
     "merge_order",
+    "recovery_events",
 ]
 
 # Column lists both backends select, in the order the records' fields take them.
@@ -51,6 +59,12 @@ ORDER_COLUMNS = (
 CHECKOUT_COLUMNS = (
     "account_id, integration_id, token, provider, contact_id, recovery_url, total, currency, "
     "details, updated_at, due_at, completed_at, abandoned_at, recovered_at"
+)
+# The `last_error` of an execution of a Checkout Abandoned stopped because the checkout's
+# order turned out to be placed before it counted as abandoned (`recovery_events`).
+STOPPED_BY_ORDER = (
+    "the checkout's order was placed before the checkout counted as abandoned (its webhook "
+    "came after the abandonment was recorded): the checkout was never abandoned"
 )
 
 
@@ -146,6 +160,14 @@ class CheckoutUpdate:
     abandoned: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Abandonment:
+    """A checkout's Checkout Abandoned as stored: what its recovery is dated against."""
+
+    event_id: UUID
+    occurred_at: datetime
+
+
 # None: no valid event can say this checkout is abandoned (the row stops being due).
 BuildCheckoutEvent = Callable[[Checkout], PreparedEvent | None]
 
@@ -166,7 +188,9 @@ class CommerceStore(Protocol):
         """Record `events` and upsert the order row (see `merge_order`) together (without
         its contact when the account no longer has it: erased since it was found); then, for
         each checkout the order completes that had been abandoned, record its recovery
-        event from `recoveries` (keyed by token) once."""
+        event from `recoveries` (keyed by token) once, as `recovery_events` dates it; the
+        Checkout Abandoned of one the order predates leaves the outbox if still there, and
+        its executions still pending or waiting stop (`STOPPED_BY_ORDER`)."""
         ...
 
     def save_checkout(
@@ -299,3 +323,38 @@ def checkout_events(
     """The events to record with `checkout` (merged from `update`): none for a reminder that
     abandoned nothing, because an order had completed the checkout first."""
     return () if update.abandoned and checkout.abandoned_at is None else events
+
+
+def abandonment_keys(provider: str, tokens: Sequence[str]) -> dict[str, str]:
+    """The unique_event_id of each token's Checkout Abandoned, to its token."""
+    return {abandonment_id(provider, token): token for token in tokens}
+
+
+def recovery_events(
+    pending: Sequence[str],
+    recoveries: Mapping[str, PreparedEvent],
+    abandonments: Mapping[str, Abandonment],
+) -> tuple[list[PreparedEvent], list[UUID]]:
+    """The Checkout Recovered to record for the `pending` tokens (abandoned, not recovered
+    yet; each in `recoveries`, dated as its order), and the ids of the Checkout Abandoned
+    (`abandonments`, by token) that turned out wrong.
+
+    An order placed before its checkout counted as abandoned, whose webhook came after the
+    abandonment was recorded, means the checkout was never abandoned. Events stay as they
+    were recorded (corrections are new events): the recovery is dated at the abandonment,
+    not before it, so no timeline or summary has the checkout recovered, then abandoned,
+    and it says `ordered_before_abandonment`; the abandonment's automations that have not
+    run yet do not (`CommerceStore.save_order`)."""
+    recorded: list[PreparedEvent] = []
+    wrong: list[UUID] = []
+    for token in pending:
+        recovery = recoveries[token]
+        abandoned = abandonments.get(token)
+        if abandoned is not None and recovery.occurred_at < abandoned.occurred_at:
+            properties = {**recovery.properties, "ordered_before_abandonment": True}
+            recovery = recovery._replace(
+                occurred_at=abandoned.occurred_at, properties_json=dumps_json(properties)
+            )
+            wrong.append(abandoned.event_id)
+        recorded.append(recovery)
+    return recorded, wrong

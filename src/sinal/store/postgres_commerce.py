@@ -27,15 +27,19 @@ from sinal.store.base import Outcome
 from sinal.store.commerce import (
     CHECKOUT_COLUMNS,
     ORDER_COLUMNS,
+    STOPPED_BY_ORDER,
+    Abandonment,
     BuildCheckoutEvent,
     Checkout,
     CheckoutUpdate,
     Order,
     OrderSaved,
     OrderUpdate,
+    abandonment_keys,
     checkout_events,
     merge_checkout,
     merge_order,
+    recovery_events,
 )
 from sinal.store.postgres_erasure import WRITE_EVENTS, require_contact
 
@@ -61,6 +65,16 @@ _IS_LIVE = "SELECT 1 FROM integrations WHERE account_id = %s AND id = %s AND del
 # is only due needs no such lock: `abandon_checkout` looks for its order under the row lock.)
 _LOCK_TOKENS = (
     "SELECT pg_advisory_xact_lock(hashtextextended(%s || t, 0)) FROM unnest(%s::text[]) AS t"
+)
+
+# A Checkout Abandoned an order predates (`recovery_events`) runs no more automation steps:
+# its outbox row, not fanned out yet, goes (a worker fanning it out now is waited for, and
+# the executions it made stop below), and its executions still to run stop as a deleted
+# automation's do: a step running now is recorded, no other starts.
+_WITHDRAW_OUTBOX = "DELETE FROM outbox WHERE account_id = %s AND event_id = ANY(%s)"
+_STOP_EXECUTIONS = (
+    "UPDATE executions SET status = 'stopped', last_error = %s, updated_at = now() "
+    "WHERE account_id = %s AND event_id = ANY(%s) AND status IN ('pending', 'waiting')"
 )
 
 
@@ -267,7 +281,8 @@ def _complete_checkouts(
     recoveries: Mapping[str, PreparedEvent],
     record_in: Callable[[Conn, Sequence[PreparedEvent]], list[Outcome]],
 ) -> list[Outcome]:
-    """Mark the checkouts the order carries completed; record the abandoned ones' recovery."""
+    """Mark the checkouts the order carries completed; record the abandoned ones' recovery
+    (`recovery_events`)."""
     tokens = sorted(set(order.tokens))  # one lock order for concurrent callers
     if not tokens:
         return []
@@ -278,9 +293,13 @@ def _complete_checkouts(
         "RETURNING token, abandoned_at IS NOT NULL AND recovered_at IS NULL",
         (order.account_id, order.integration_id, tokens),
     ).fetchall()
-    won_back = [recoveries[token] for token, pending in rows if pending and token in recoveries]
-    if not won_back:
+    pending = sorted(token for token, is_pending in rows if is_pending and token in recoveries)
+    if not pending:
         return []
+    won_back, wrong = recovery_events(pending, recoveries, _abandonments(conn, order, pending))
+    if wrong:
+        conn.execute(_WITHDRAW_OUTBOX, (order.account_id, wrong))
+        conn.execute(_STOP_EXECUTIONS, (STOPPED_BY_ORDER, order.account_id, wrong))
     outcomes = record_in(conn, won_back)
     conn.execute(
         "UPDATE checkouts SET recovered_at = now() WHERE account_id = %s AND integration_id = %s "
@@ -288,6 +307,17 @@ def _complete_checkouts(
         (order.account_id, order.integration_id, tokens),
     )
     return outcomes
+
+
+def _abandonments(conn: Conn, order: Order, tokens: Sequence[str]) -> dict[str, Abandonment]:
+    """The Checkout Abandoned of these tokens of the order's integration, by token."""
+    keys = abandonment_keys(order.provider, tokens)
+    rows = conn.execute(
+        "SELECT unique_event_id, id, occurred_at FROM events "
+        "WHERE account_id = %s AND unique_event_id = ANY(%s)",
+        (order.account_id, list(keys)),
+    ).fetchall()
+    return {keys[key]: Abandonment(event_id, at) for key, event_id, at in rows}
 
 
 def _lock_prefix(account_id: UUID, integration_id: UUID) -> str:

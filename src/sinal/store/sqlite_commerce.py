@@ -18,15 +18,19 @@ from sinal.store.base import Outcome
 from sinal.store.commerce import (
     CHECKOUT_COLUMNS,
     ORDER_COLUMNS,
+    STOPPED_BY_ORDER,
+    Abandonment,
     BuildCheckoutEvent,
     Checkout,
     CheckoutUpdate,
     Order,
     OrderSaved,
     OrderUpdate,
+    abandonment_keys,
     checkout_events,
     merge_checkout,
     merge_order,
+    recovery_events,
 )
 from sinal.store.sqlite_erasure import require_contact
 
@@ -79,8 +83,10 @@ class SQLiteCommerce:
                 _write_order(conn, order)
             recovered: list[Outcome] = []
             if order is not None and recoveries:
-                tokens = _complete_checkouts(conn, order, now)
-                won_back = [recoveries[t] for t in tokens if t in recoveries]
+                tokens = [t for t in _complete_checkouts(conn, order, now) if t in recoveries]
+                found = _abandonments(conn, order, tokens)
+                won_back, wrong = recovery_events(tokens, recoveries, found)
+                _withdraw(conn, order.account_id, wrong, now)
                 recovered = _record_in(conn, won_back) if won_back else []
         return OrderSaved(order, outcomes, recovered)
 
@@ -235,6 +241,37 @@ def _complete_checkouts(conn: sqlite3.Connection, order: Order, now: datetime) -
         if pending:
             won_back.append(token)
     return won_back
+
+
+def _abandonments(
+    conn: sqlite3.Connection, order: Order, tokens: Sequence[str]
+) -> dict[str, Abandonment]:
+    """The Checkout Abandoned of these tokens of the order's integration, by token."""
+    keys = abandonment_keys(order.provider, tokens)
+    if not keys:
+        return {}
+    rows = conn.execute(
+        "SELECT unique_event_id, id, occurred_at FROM events WHERE account_id = ? "
+        f"AND unique_event_id IN ({', '.join('?' * len(keys))})",
+        (str(order.account_id), *keys),
+    ).fetchall()
+    return {keys[key]: Abandonment(UUID(ident), _parse(at)) for key, ident, at in rows}
+
+
+def _withdraw(
+    conn: sqlite3.Connection, account_id: UUID, event_ids: Sequence[UUID], now: datetime
+) -> None:
+    """A Checkout Abandoned an order predates (`recovery_events`) runs no more automation
+    steps: its outbox row, not fanned out yet, goes, and its executions still to run stop as
+    a deleted automation's do."""
+    for event_id in event_ids:
+        key = (str(account_id), str(event_id))
+        conn.execute("DELETE FROM outbox WHERE account_id = ? AND event_id = ?", key)
+        conn.execute(
+            "UPDATE executions SET status = 'stopped', last_error = ?, updated_at = ? "
+            "WHERE account_id = ? AND event_id = ? AND status IN ('pending', 'waiting')",
+            (STOPPED_BY_ORDER, _ts(now), *key),
+        )
 
 
 def _order(r: Sequence[Any]) -> Order:
