@@ -31,6 +31,7 @@ from sinal.errors import StoreUnavailable
 from sinal.integrations import shopify as shopify_hooks
 from sinal.integrations import sign_shopify, sign_yampi, yampi
 from sinal.ledger import Ledger
+from sinal.store.automations import Advance
 from sinal.store.base import EventQuery, StoredEvent
 from sinal.store.commerce import STOPPED_BY_ORDER
 from sinal.worker import start_worker_thread
@@ -834,6 +835,21 @@ async def test_an_order_placed_in_time_but_delivered_after_the_abandonment_corre
     assert summary["Checkout Abandoned"].last_event_at == DUE
     # the cart automation stops (or never starts) for a checkout that was never abandoned
     assert executions(api) == ([("stopped", STOPPED_BY_ORDER)] if dispatched else [])
+
+
+async def test_a_cart_execution_a_worker_holds_starts_no_step_once_the_order_came_first(
+    api: Api, shopify: Shop
+) -> None:
+    await abandoned_with_automation(api, shopify, dispatched=False)
+    store = Automations(api.ledger).store
+    store.fan_out(lambda event, listening: [a.id for a in listening], 10)
+    [claim] = store.claim_executions("w1", 10, 60.0)  # a worker about to run its first step
+
+    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")  # placed in time
+
+    assert store.start_step(claim, 0, "wait") == "stopped"
+    assert store.advance(claim, Advance("completed", 2))  # as the worker leaves it: it stays
+    assert executions(api) == [("stopped", STOPPED_BY_ORDER)]
 
 
 async def test_an_order_placed_after_the_abandonment_recovers_it_at_the_orders_time(

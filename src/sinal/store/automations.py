@@ -449,9 +449,10 @@ class AutomationStore(Protocol):
         Returns (record, True) when this call started it (fresh, or again after a definite
         failure); (the earlier record, False) when it had been started or done before; None
         when the claim was lost; and, starting nothing, a `Halt` when the automation is
-        "paused" or "deleted" or the execution was "stopped" (by the automation's delete)
-        — read in the transaction that would record the start, so no step starts after a
-        pause or delete that committed first."""
+        "paused" or "deleted" or the execution was "stopped" (by the automation's delete,
+        or by an order that its Checkout Abandoned turned out wrong: `STOPPED_BY_ORDER` in
+        `sinal.store.commerce`) — read in the transaction that would record the start, so no
+        step starts after a pause, delete or stop that committed first."""
         ...
 
     def start_steps(self, starts: Sequence[StepStart]) -> list[StepStarted]:
@@ -483,8 +484,8 @@ class AutomationStore(Protocol):
 
     def advance(self, claim: Claim, advance: Advance) -> bool:
         """Move the execution on and release the claim; False when the claim was lost. An
-        execution stopped while held (its automation deleted) stays stopped, with its
-        reason: so does `finish_steps`'s advance."""
+        execution stopped while held (its automation deleted, its abandonment withdrawn)
+        stays stopped, with its reason: so does `finish_steps`'s advance."""
         ...
 
     def renew_claims(self, claims: Sequence[Claim]) -> set[UUID]:
