@@ -13,10 +13,10 @@ Other writers naming the contact (tags, orders) lock it FOR KEY SHARE, which `FO
 excludes; one with a foreign key to it finds it gone (`ContactNotFound`). A checkout has
 neither, and holds the buyer's identities: its write takes ROW EXCLUSIVE on `events` before
 it reads the contact, as an emit does (`require_contact`), so that the erasure deletes what
-it wrote, or it finds no contact. Every commerce write (an order, a checkout, an
-abandonment) takes that lock before any row, in the erasure's order: one holding an order
-or checkout row of the contact while it waited for `events` or the contact deadlocked with
-an erasure waiting for that row.
+it wrote, or it finds no contact. A commerce write that may wait for `events` or the
+contact while it holds an order or checkout row (an order, a checkout naming its buyer,
+an abandonment) takes that lock before any row, in the erasure's order: the row first, it
+deadlocked with an erasure waiting for that row.
 """
 
 from __future__ import annotations
