@@ -43,6 +43,7 @@ class Behaviour:
     # Seconds the answer's body takes to arrive: padded with spaces, a byte every 50 ms
     # (each read well within a client's timeout, their sum not).
     trickle: float = 0.0
+    answer_headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
 
 
 @dataclass
@@ -108,6 +109,8 @@ def _handler(recorder: Recorder, answer: Any) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload) + len(trickled)))
+            for name, value in behaviour.answer_headers.items():
+                self.send_header(name, value)
             self.end_headers()
             with suppress(OSError):  # the client gave up (a timeout): fine
                 self.wfile.write(payload)

@@ -221,6 +221,13 @@ def webhook_secret_place(account_id: object, automation_id: object) -> str:
     return f"automations/{account_id}/{automation_id}/webhook_secret"
 
 
+def webhook_header_place(account_id: object, automation_id: object, name: str) -> str:
+    """Where the value of header `name` of an automation's webhook steps lives: one place
+    per automation, as for the signing secret, and per header name in lower case (names are
+    case-insensitive: a value a PATCH keeps under another case still opens)."""
+    return f"automations/{account_id}/{automation_id}/webhook_headers/{name.lower()}"
+
+
 __all__ = [
     "PLAINTEXT",
     "SECRET_KEYS_VARIABLE",
@@ -236,5 +243,6 @@ __all__ = [
     "reseal_all",
     "seal_all",
     "sealed_with",
+    "webhook_header_place",
     "webhook_secret_place",
 ]

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
+from email.utils import format_datetime
 from typing import Any
 
 import pytest
@@ -851,6 +852,91 @@ def test_webhook_answered_408_is_retried(world: World) -> None:
 
     assert execution.status == "completed"
     assert len(hook.requests) == 2
+
+
+def test_webhook_answered_409_on_its_idempotency_key_is_sent_again_with_the_same_key(
+    world: World,
+) -> None:
+    """409 Conflict to a request carrying an Idempotency-Key: one with that key is still
+    being processed (the IETF draft, Stripe), say an attempt that timed out here; the same
+    request goes again later, and completes once the receiver answers 2xx. It was dead."""
+
+    def conflict_first(body: Any, n: int) -> None:
+        hook.behaviour.status = 409 if n == 0 else 200
+
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.before_answer = conflict_first
+        _hook(world, f"{hook_url}/hook")
+        world.order_paid()
+        execution = _until_settled(world, world.dispatcher())
+
+    assert execution.status == "completed"
+    first, second = hook.requests
+    assert first["headers"]["Idempotency-Key"] == second["headers"]["Idempotency-Key"]
+    assert first["raw"] == second["raw"]
+
+
+def test_webhook_answered_409_until_the_last_attempt_ends_dead_saying_why(world: World) -> None:
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.status = 409
+        _hook(world, f"{hook_url}/hook")
+        world.order_paid()
+        execution = _until_settled(world, world.dispatcher())
+
+    assert (execution.status, len(hook.requests)) == ("dead", 3)  # max_attempts=3
+    assert (
+        "answered 409 Conflict: a request with this Idempotency-Key is still being "
+        "processed there; sent again later with the same key" in (execution.last_error or "")
+    )
+
+
+IN_5_MINUTES = object()  # a Retry-After of an HTTP-date 300 s ahead
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "waits"),
+    [
+        (429, "120", 120.0),
+        (503, IN_5_MINUTES, 300.0),
+        (409, "90", 90.0),
+        (429, "86400", 3600.0),  # a day: cut to the policy's cap
+        (503, "9" * 40, 3600.0),
+        # neither delta-seconds nor an HTTP-date: ignored, the backoff's draw stands
+        (429, "soon", None),
+        (503, "-5", None),
+        (429, "1.5", None),
+        (503, "Mon, 32 Dec 2026 10:00:00 GMT", None),
+    ],
+)
+def test_webhook_retry_waits_as_the_receivers_retry_after_asks_within_the_cap(
+    world: World, status: int, retry_after: object, waits: float | None
+) -> None:
+    """A 429, 503 (or 409) with `Retry-After` is retried no sooner than it asks, nor than
+    the backoff's draw (here 30 to 60 s), and no later than the retry policy's cap; the
+    draw alone was used, whatever the header said."""
+    before = utcnow()
+    is_date = retry_after is IN_5_MINUTES
+    if is_date:
+        retry_after = format_datetime(before + timedelta(seconds=301), usegmt=True)
+    with webhook_receiver() as (hook_url, hook):
+        hook.behaviour.status = status
+        hook.behaviour.answer_headers = {"Retry-After": str(retry_after)}
+        _hook(world, f"{hook_url}/hook")
+        world.order_paid()
+        dispatcher = world.dispatcher(retry=RetryPolicy(max_attempts=3, base=60, cap=3600))
+        world.drain(dispatcher)  # one attempt: the next is not due before the wait
+        after = utcnow()
+
+    [execution] = world.executions()
+    assert (execution.status, len(hook.requests)) == ("pending", 1)
+    waited = (execution.run_at - before).total_seconds()
+    elapsed = (after - before).total_seconds()  # the clock moved on while the step ran
+    if waits is None:
+        assert 30.0 <= waited <= 60.0 + elapsed
+        assert "Retry-After" not in (execution.last_error or "")
+    else:  # an HTTP-date has whole seconds: 300 to 301 s
+        assert waits <= waited <= waits + elapsed + (1.0 if is_date else 0.0)
+        assert "(Retry-After: " in (execution.last_error or "")
 
 
 def test_webhook_that_times_out_is_sent_again_with_the_same_idempotency_key(

@@ -349,15 +349,18 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # Standard Webhooks' example:
 SECRET_TEXT = SECRET.removeprefix("whsec_")
 
 
-def signed_hook(ledger: Ledger, url: str, secret: str = SECRET) -> tuple[Automations, Any]:
-    """An automation POSTing paid orders to `url`, signed with `secret`, and a paid order;
-    the automation's row."""
+def signed_hook(
+    ledger: Ledger, url: str, secret: str = SECRET, headers: dict[str, str] | None = None
+) -> tuple[Automations, Any]:
+    """An automation POSTing paid orders to `url`, signed with `secret` (with `headers`, if
+    given), and a paid order; the automation's row."""
     account = ledger.create_account("Loja")
     contact = ledger.create_contact(account.id, phone="+55 11 98765-4321")
     automations = Automations(ledger)
+    step = {"type": "webhook", "url": url, "secret": secret}
     row = automations.create(account.id, {
         "name": "Avisar o ERP", "trigger_type": "order_paid",
-        "steps": [{"type": "webhook", "url": url, "secret": secret}],
+        "steps": [step if headers is None else {**step, "headers": headers}],
     })  # fmt: skip
     ledger.emit_event(account_id=account.id, contact_id=contact.id, metric_name=METRIC_ORDER_PAID,
                       source="shopify", source_id="1001", entity_type="order")  # fmt: skip
@@ -483,3 +486,121 @@ def test_a_webhook_secret_copied_to_another_automation_does_not_open(
               if x.automation_id == thief.id]  # fmt: skip
     assert errors
     assert all(e is not None and "does not open with key 'k1'" in e for e in errors)
+
+
+# -- a webhook step's header values, in its automation's definition -----------------------
+
+HEADERS = {"Authorization": "Bearer tok-Zq9", "X-Api-Key": "key-Zq9"}
+
+
+def sent_headers(request: dict[str, Any]) -> dict[str, str]:
+    """The step's own headers as a receiver got them."""
+    got = {k.lower(): v for k, v in request["headers"].items()}
+    return {name: got[name.lower()] for name in HEADERS}
+
+
+def test_a_webhook_steps_header_values_are_stored_sealed_shown_masked_and_sent(
+    database_url: str, open_ledger: Any
+) -> None:
+    ledger = open_ledger(K1)
+    with webhook_receiver() as (url, hook):
+        automations, row = signed_hook(ledger, f"{url}/hook", headers=HEADERS)
+        drain(ledger)
+
+    [step] = stored_spec(database_url, row.id)["steps"]
+    assert {value["kid"] for value in step["headers"].values()} == {"k1"}
+    assert "Zq9" not in json.dumps(step)
+    [request] = hook.requests
+    assert sent_headers(request) == HEADERS
+    verify_signature(SECRET, request)
+    stored = automations.store.get_automation(row.account_id, row.id)
+    assert stored is not None
+    shown = automation_view(stored)["steps"][0]
+    assert shown["headers"] == {"Authorization": "********", "X-Api-Key": "********"}
+    assert "Zq9" not in json.dumps(automation_view(stored)) + repr(stored)
+    assert rotation.secret_status(ledger).counts == {"k1": 3}  # the secret, two headers
+
+
+def test_header_values_stored_in_plaintext_are_sent_and_sealed_by_rotation(
+    database_url: str, open_ledger: Any
+) -> None:
+    """Rows written in plaintext (before header values were sealed, or with no key) keep
+    working once keys are set, and `sinal secrets rotate` seals them."""
+    with webhook_receiver() as (url, hook):
+        automations, row = signed_hook(open_ledger(None), f"{url}/hook", headers=HEADERS)
+        assert stored_spec(database_url, row.id)["steps"][0]["headers"] == HEADERS
+        keyed = open_ledger(K1)
+        assert rotation.secret_status(keyed).counts == {"plaintext": 3}
+        drain(keyed)
+
+        assert rotation.rotate_secrets(keyed) == 3
+        assert rotation.rotate_secrets(keyed) == 0
+        pay(keyed, row.account_id)
+        drain(keyed)
+
+    headers = stored_spec(database_url, row.id)["steps"][0]["headers"]
+    assert {value["kid"] for value in headers.values()} == {"k1"}
+    assert rotation.secret_status(keyed).counts == {"k1": 3}
+    after = automations.store.get_automation(row.account_id, row.id)
+    assert after is not None
+    assert after.updated_at == row.updated_at
+    assert [sent_headers(r) for r in hook.requests] == [HEADERS, HEADERS]
+
+
+def test_a_sealed_header_value_moved_to_another_header_does_not_open_and_nothing_is_sent(
+    database_url: str, open_ledger: Any
+) -> None:
+    ledger = open_ledger(K1)
+    with webhook_receiver() as (url, hook):
+        automations, row = signed_hook(ledger, f"{url}/hook", headers=HEADERS)
+        spec = stored_spec(database_url, row.id)
+        headers = spec["steps"][0]["headers"]
+        headers["X-Api-Key"] = headers["Authorization"]  # the token, where the key was
+        sql(database_url, "UPDATE automations SET spec = ? WHERE id = ?", json.dumps(spec),
+            str(row.id))  # fmt: skip
+        drain(ledger)
+
+    assert hook.requests == []
+    [execution] = automations.store.list_executions(row.account_id)
+    assert execution.status in ("pending", "dead")
+    assert (
+        f"automations/{row.account_id}/{row.id}/webhook_headers/x-api-key does not open "
+        "with key 'k1'" in (execution.last_error or "")
+    )
+
+
+def test_a_patch_keeping_sealed_header_values_by_their_mask_still_sends_them(
+    database_url: str, open_ledger: Any
+) -> None:
+    ledger = open_ledger(K1)
+    with webhook_receiver() as (url, hook):
+        automations, row = signed_hook(ledger, f"{url}/hook", headers=HEADERS)
+        changed = automations.update(row.account_id, row.id, {"steps": [
+            {"type": "add_tag", "tag": "erp"},  # the step moves to index 1
+            {"type": "webhook", "url": f"{url}/hook", "secret": SECRET_MASK,
+             "headers": {"authorization": "********", "X-Api-Key": "********"}},
+        ]})  # fmt: skip
+        assert changed is not None
+        drain(ledger)
+
+    headers = stored_spec(database_url, row.id)["steps"][1]["headers"]
+    assert set(headers) == {"authorization", "X-Api-Key"}
+    assert {value["kid"] for value in headers.values()} == {"k1"}
+    [request] = hook.requests
+    assert sent_headers(request) == HEADERS
+
+
+def test_a_client_cannot_send_a_sealed_value_as_a_header_value(open_ledger: Any) -> None:
+    ledger = open_ledger(K1)
+    with webhook_receiver() as (url, _):
+        automations, row = signed_hook(ledger, f"{url}/hook", headers=HEADERS)
+    envelope = ring(K1).seal("key-Zq9", "anything")
+    steps = [{"type": "webhook", "url": "https://erp.example/hook",
+              "headers": {"X-Api-Key": envelope}}]  # fmt: skip
+
+    error = r"steps\[0\]\.headers\.X-Api-Key: header values are text"
+    with pytest.raises(InvalidAutomation, match=error):
+        automations.create(row.account_id, {"name": "x", "trigger_type": "order_paid",
+                                            "steps": steps})  # fmt: skip
+    with pytest.raises(InvalidAutomation, match=error):
+        automations.update(row.account_id, row.id, {"steps": steps})

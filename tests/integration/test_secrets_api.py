@@ -8,16 +8,19 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator
+from contextlib import closing
 from typing import Any
 
 import pytest
 
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
 from sinal.integrations import sign_shopify
 from sinal.keyring import parse_keyring
 from sinal.ledger import Ledger, connect
 from tests.helpers import sql
 from tests.integration.conftest import Api, running_api
+from tests.servers import webhook_receiver
 
 pytestmark = pytest.mark.anyio
 
@@ -114,3 +117,50 @@ async def test_a_secret_the_servers_keys_cannot_open_is_503_and_one_log_line_nam
     assert len(lines) == len(calls)
     assert all(r.exc_info is None for r in lines)  # no traceback: a setting, not a bug
     assert "sealed with key 'k1', which SINAL_SECRET_KEYS does not hold" in lines[0].getMessage()
+
+
+async def test_webhook_header_values_are_sealed_never_answered_and_kept_by_their_mask(
+    keyed_api: Api,
+) -> None:
+    """A step's header values (`Authorization`, `X-Api-Key`) are secrets: sealed at rest,
+    answered as ********, which a PATCH sends back to keep them (the receiver still gets
+    them); the mask for a header with no value to keep is 422 naming it."""
+    api = keyed_api
+    headers = {"Authorization": "Bearer tok-Xy1", "X-Api-Key": "key-Xy1"}
+    with webhook_receiver() as (hook_url, hook):
+        step = {"type": "webhook", "url": f"{hook_url}/hook", "headers": headers}
+        made = await api.post("/v1/automations", {"name": "erp", "trigger_type": "order_paid",
+                                                  "steps": [step]})  # fmt: skip
+        assert made.status_code == 201, made.text
+        path = f"/v1/automations/{made.json()['id']}"
+        shown = (await api.client.get(path)).json()["steps"]
+        masked = {"Authorization": "********", "X-Api-Key": "********"}
+        assert shown[0]["headers"] == masked
+        patched = await api.client.patch(path, json={"steps": shown})
+        assert patched.status_code == 200, patched.text
+        answers = [made, patched, await api.client.get("/v1/automations")]
+        assert not any("Xy1" in answer.text for answer in answers)
+        assert [s["headers"] for s in patched.json()["steps"]] == [masked]
+        stored = sql(api.url, "SELECT spec FROM automations")[0][0]
+        assert "Xy1" not in (stored if isinstance(stored, str) else json.dumps(stored))
+
+        new = {**step, "headers": {"X-Other": "********"}}
+        refused = await api.client.patch(path, json={"steps": [new]})
+        assert refused.status_code == 422, refused.text
+        [error] = refused.json()["errors"]
+        assert (error["field"], error["code"]) == ("steps[0].headers.X-Other", "invalid_value")
+
+        with connect(api.url, keyring=parse_keyring(K1)) as keyed:
+            contact = keyed.create_contact(api.account.id, phone="+55 11 98765-4321")
+            keyed.emit_event(account_id=api.account.id, contact_id=contact.id,
+                             metric_name="Order Paid", source="shopify", source_id="1",
+                             entity_type="order")  # fmt: skip
+            settings = DispatchSettings(http_timeout=1, allow_private_webhooks=True)
+            with closing(Dispatcher(keyed, settings)) as dispatcher:
+                while dispatcher.run_once():
+                    pass
+
+    [request] = hook.requests
+    assert (request["headers"]["Authorization"], request["headers"]["X-Api-Key"]) == (
+        "Bearer tok-Xy1", "key-Xy1",
+    )  # fmt: skip

@@ -803,6 +803,37 @@ def test_a_masked_webhook_secret_with_no_secret_to_keep_is_refused() -> None:
     ]
 
 
+TOKEN = {"Authorization": "Bearer s3cr3t", "X-Source": "sinal"}
+
+
+def test_webhook_header_values_are_shown_masked_and_kept_when_sent_back_so() -> None:
+    """As a secret is: each value shows as ********, which a PATCH sends back to keep it
+    (found by the step's url, the name in any case); a value given replaces it, and a
+    header left out is gone."""
+    spec = parse_automation({"name": "n", "trigger_metric": "M",
+                             "steps": [{**HOOK, "headers": TOKEN}]})  # fmt: skip
+    assert redact_secrets(spec.to_dict())["steps"][0]["headers"] == {
+        "Authorization": "********", "X-Source": "********",
+    }  # fmt: skip
+    assert "s3cr3t" not in repr(spec)
+
+    sent_back = {**HOOK, "headers": {"authorization": "********", "X-New": "v"}}
+    patched = apply_patch(spec.to_dict(), {"steps": [TAG | {"tag": "x"}, sent_back]})
+
+    assert patched.steps[1] == Webhook(HOOK["url"], (("authorization", "Bearer s3cr3t"),
+                                                     ("X-New", "v")))  # fmt: skip
+
+
+def test_a_masked_header_value_with_no_value_to_keep_is_refused_naming_it() -> None:
+    spec = parse_automation({"name": "n", "trigger_metric": "M",
+                             "steps": [{**HOOK, "headers": TOKEN}]})  # fmt: skip
+    with pytest.raises(InvalidAutomation) as excinfo:
+        apply_patch(spec, {"steps": [{**HOOK, "headers": {"X-Api-Key": "********"}}]})
+    [error] = excinfo.value.errors
+    assert (error.field, error.code) == ("steps[0].headers.X-Api-Key", "invalid_value")
+    assert "keeps the value this header already has" in error.message
+
+
 # --------------------------------------------------------------------------- wait until
 
 SAVED_AT = datetime(2026, 12, 7, 13, 0, tzinfo=UTC)

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import math
 import random
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sinal.automations.backoff import RetryPolicy, delay_ceiling, is_exhausted, next_delay
+from sinal.automations.backoff import (
+    RetryPolicy,
+    delay_ceiling,
+    honour_retry_after,
+    is_exhausted,
+    next_delay,
+    parse_retry_after,
+)
 
 
 class Fixed:
@@ -155,3 +163,51 @@ def test_retry_policy_by_default_outlasts_an_outage_of_twenty_hours() -> None:
 
 def test_retry_policy_window_of_one_attempt_is_empty() -> None:
     assert RetryPolicy(max_attempts=1).window() == (0.0, 0.0)
+
+
+NOW = datetime(2026, 12, 7, 15, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("120", 120.0),
+        ("0", 0.0),
+        (" 7 ", 7.0),
+        ("9" * 400, math.inf),  # more than a float holds: the cap cuts it
+        # an HTTP-date: IMF-fixdate, and the obsolete RFC 850 and asctime forms
+        ("Mon, 07 Dec 2026 15:05:00 GMT", 300.0),
+        ("Monday, 07-Dec-26 15:05:00 GMT", 300.0),
+        ("Mon Dec  7 15:05:00 2026", 300.0),
+        ("Mon, 07 Dec 2026 14:00:00 GMT", 0.0),  # past: at once (the backoff stands)
+        # neither: ignored
+        (None, None),
+        ("", None),
+        ("soon", None),
+        ("-5", None),
+        ("1.5", None),
+        ("+5", None),
+        ("١٢٠", None),  # digits, but not ASCII ones
+        ("Mon, 32 Dec 2026 15:05:00 GMT", None),
+        ("Mon, 07 Dec 2026", None),
+    ],
+)
+def test_parse_retry_after_reads_delta_seconds_and_http_dates(
+    value: str | None, seconds: float | None
+) -> None:
+    assert parse_retry_after(value, NOW) == seconds
+
+
+@pytest.mark.parametrize(
+    ("delay", "retry_after", "waited"),
+    [
+        (5.0, 120.0, 120.0),  # as asked
+        (50.0, 10.0, 50.0),  # never sooner than the backoff's draw
+        (5.0, 86_400.0, 3600.0),  # never later than the cap
+        (5.0, math.inf, 3600.0),
+    ],
+)
+def test_honour_retry_after_keeps_within_the_backoff_and_the_cap(
+    delay: float, retry_after: float, waited: float
+) -> None:
+    assert honour_retry_after(delay, retry_after, cap=3600.0) == waited

@@ -174,7 +174,9 @@ class WebhookStep(BaseModel):
 
     type: Literal["webhook"]
     url: str
-    headers: dict[str, str] = _absent()
+    headers: dict[str, Literal["********"]] = _absent(
+        "The header names: their values are never shown (HEADER_MASK)"
+    )
     secret: Literal["whsec_********"] = _absent(
         "Present when the requests are signed: the secret is never shown (SECRET_MASK)"
     )

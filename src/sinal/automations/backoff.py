@@ -12,16 +12,33 @@ delays in tests.
 The defaults (18 attempts, 10 s doubling up to 6 h) retry for 20.7 to 41.4 hours, as
 webhook senders do (Stripe for three days, Svix for a day): an outage of a provider, or of
 this service's network, lasting hours makes nothing dead.
+
+A server's `Retry-After` (`parse_retry_after`) is honoured within those bounds
+(`honour_retry_after`): the next attempt comes no sooner than it asks, nor sooner than the
+backoff's draw (so the attempts still span the window), and at most `cap` later.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Protocol
 
-__all__ = ["RandomSource", "RetryPolicy", "delay_ceiling", "is_exhausted", "next_delay"]
+__all__ = [
+    "RandomSource",
+    "RetryPolicy",
+    "delay_ceiling",
+    "honour_retry_after",
+    "is_exhausted",
+    "next_delay",
+    "parse_retry_after",
+]
+
+_DELTA_SECONDS = re.compile(r"[0-9]+")  # RFC 9110's 1*DIGIT: no sign, no fraction
 
 
 class RandomSource(Protocol):
@@ -75,6 +92,28 @@ def next_delay(
     ceiling = delay_ceiling(attempt, base=base, factor=factor, cap=cap)
     draw = (jitter or random).random()
     return ceiling * (1.0 + draw) / 2.0
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """The seconds from `now` a `Retry-After` header value asks to wait (RFC 9110, 10.2.3):
+    delta-seconds, or an HTTP-date (one already past: 0); None for no value, or one that is
+    neither (ignored)."""
+    text = (value or "").strip()
+    if _DELTA_SECONDS.fullmatch(text):
+        return float(text)  # too many digits for a float: infinity, which the cap cuts
+    try:
+        moment = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if moment.tzinfo is None:  # "-0000": an HTTP-date is in GMT
+        moment = moment.replace(tzinfo=UTC)
+    return max(0.0, (moment - now).total_seconds())
+
+
+def honour_retry_after(delay: float, retry_after: float, cap: float) -> float:
+    """The wait before a retry a server asked to come `retry_after` seconds later: no less
+    than that, nor than the backoff's `delay`, and no more than `cap` (that of the policy)."""
+    return max(delay, min(retry_after, cap))
 
 
 def is_exhausted(attempt: int, max_attempts: int) -> bool:

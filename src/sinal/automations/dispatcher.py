@@ -44,7 +44,7 @@ from uuid import UUID
 import httpx
 import orjson
 
-from sinal.automations.backoff import RetryPolicy, is_exhausted, next_delay
+from sinal.automations.backoff import RetryPolicy, honour_retry_after, is_exhausted, next_delay
 from sinal.automations.matching import explain_match
 from sinal.automations.metrics import WorkerMetrics
 from sinal.automations.model import (
@@ -618,6 +618,8 @@ class Dispatcher:
             if isinstance(exc, RetryLater) and exc.delay
             else next_delay(attempts, base=policy.base, factor=policy.factor, cap=policy.cap)
         )
+        if isinstance(exc, StepFailed) and exc.retry_after is not None:
+            delay = honour_retry_after(delay, exc.retry_after, policy.cap)
         run_at = self.ledger.clock() + timedelta(seconds=delay)
         return Advance("pending", index, run_at=run_at, attempts=attempts, last_error=str(exc))
 

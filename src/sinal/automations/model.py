@@ -16,7 +16,9 @@
   Link Clicked; `campaign` (default: the automation's name) names them.
 - `webhook` takes `"secret": "whsec_<base64 of 24 to 64 bytes>"` (optional): its requests
   are then signed as Standard Webhooks sign (`steps`). The API shows it as `SECRET_MASK`
-  (`redact_secrets`), which a PATCH may send back to keep it (`apply_patch`).
+  (`redact_secrets`), which a PATCH may send back to keep it (`apply_patch`). Its
+  `headers`' values are secrets too (an `Authorization`, an `X-Api-Key`): shown as
+  `HEADER_MASK`, each one kept alike when sent back so.
 - Exactly one of `trigger_metric` (any metric name, custom too) and `trigger_type` (one of
   the seed's 8 event triggers, resolved through `TRIGGER_TO_METRIC`). `status` defaults
   to `active`; `filters` to none. 1 to 50 steps.
@@ -87,6 +89,7 @@ from sinal.keyring import SealedSecret, is_sealed
 from sinal.urls import MAX_URL_LENGTH, target_url_problem
 
 __all__ = [
+    "HEADER_MASK",
     "MAX_CONDITIONS",
     "MAX_STEPS",
     "OPERATORS",
@@ -111,7 +114,7 @@ __all__ = [
     "Wait",
     "Webhook",
     "apply_patch",
-    "has_sealed_secret",
+    "find_sealed_value",
     "parse_automation",
     "parse_condition_field",
     "redact_secrets",
@@ -152,6 +155,8 @@ MIN_SECRET_BYTES: Final = 24
 MAX_SECRET_BYTES: Final = 64
 SECRET_MASK: Final = "whsec_********"
 """What the API shows for a webhook step's secret; sent back, it keeps the secret set."""
+HEADER_MASK: Final = "********"
+"""What the API shows for each value of a webhook step's headers; sent back, it keeps it."""
 
 _LANGUAGE: Final = re.compile(r"[a-z]{2,3}(_[A-Z]{2,3})?")
 _TEMPLATE_NAME: Final = re.compile(r"[a-z0-9_]+")
@@ -296,17 +301,21 @@ class Webhook:
     `secret` (`whsec_<base64>`), signed as Standard Webhooks sign (`steps`)."""
 
     url: str
-    headers: tuple[tuple[str, str], ...] = ()
+    # (name, value): each value as given, or as stored sealed, like `secret`
+    headers: tuple[tuple[str, str | SealedSecret], ...] = dataclasses.field(default=(), repr=False)
     # as given, or as stored sealed (`sinal.keyring`): the step opens it when it runs
     secret: str | SealedSecret | None = dataclasses.field(default=None, repr=False)
     type: ClassVar[Literal["webhook"]] = "webhook"
 
     def to_dict(self) -> dict[str, Any]:
-        """The step as JSON-like data, its secret included (as stored; the API shows
-        `redact_secrets` of it)."""
+        """The step as JSON-like data, its secret and header values included (as stored;
+        the API shows `redact_secrets` of it)."""
         data: dict[str, Any] = {"type": self.type, "url": self.url}
         if self.headers:
-            data["headers"] = dict(self.headers)
+            data["headers"] = {
+                name: value.as_dict() if isinstance(value, SealedSecret) else value
+                for name, value in self.headers
+            }
         if isinstance(self.secret, SealedSecret):
             data["secret"] = self.secret.as_dict()
         elif self.secret is not None:
@@ -472,44 +481,94 @@ def _untils(steps: object) -> list[datetime]:
 
 
 def redact_secrets(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A definition as stored, with each webhook step's secret shown as `SECRET_MASK`."""
+    """A definition as stored, with each webhook step's secret shown as `SECRET_MASK` and
+    each of its headers' values as `HEADER_MASK`."""
     steps = spec.get("steps")
     if not isinstance(steps, list):
         return dict(spec)
-    shown = [
-        {**step, "secret": SECRET_MASK} if _is_signed_webhook(step) else step for step in steps
-    ]
-    return {**spec, "steps": shown}
+    return {**spec, "steps": [_redacted(step) if _is_webhook(step) else step for step in steps]}
+
+
+def _redacted(step: Mapping[str, Any]) -> dict[str, Any]:
+    shown = dict(step)
+    if _is_signed_webhook(step):
+        shown["secret"] = SECRET_MASK
+    if isinstance(headers := step.get("headers"), Mapping):
+        shown["headers"] = dict.fromkeys(headers, HEADER_MASK)
+    return shown
 
 
 def _keep_secrets(steps: list[Any], stored: list[Any]) -> list[Any]:
-    """A PATCH's `steps`, each webhook step whose secret is `SECRET_MASK` (as the API shows
-    it, sent back) given the secret stored for it: that of the stored signed webhook steps
-    of the same url (moved, others put before it), or of the stored signed webhook step at
-    the same index (its url changed, or several of the url have different secrets). A mask
-    matching no one secret stays, and fails the check."""
+    """A PATCH's `steps`, each webhook step's secret sent as `SECRET_MASK`, and each header
+    value sent as `HEADER_MASK` (as the API shows them, sent back), given the value stored
+    for it (`_kept`). A mask matching no one value stays, and fails the check."""
     kept = []
-    for i, step in enumerate(steps):
-        if _is_webhook(step) and step.get("secret") == SECRET_MASK:
-            url = step.get("url")
-            same = stored[i] if i < len(stored) else None
-            found = _distinct(s["secret"] for s in stored
-                              if _is_signed_webhook(s) and s.get("url") == url)  # fmt: skip
-            if _is_signed_webhook(same) and (not found or same.get("url") == url):
-                found = [same["secret"]]
-            if len(found) == 1:
-                kept.append({**step, "secret": found[0]})
-                continue
+    for i, sent in enumerate(steps):
+        if not _is_webhook(sent):
+            kept.append(sent)
+            continue
+        same = stored[i] if i < len(stored) else None
+        url = sent.get("url")
+        step = dict(sent)
+        if step.get("secret") == SECRET_MASK:
+            step["secret"] = _kept(stored, same, url, _secret_of, SECRET_MASK)
+        if isinstance(headers := step.get("headers"), Mapping):
+            step["headers"] = {
+                name: _kept(stored, same, url, _header_of(name), value)
+                if value == HEADER_MASK else value
+                for name, value in headers.items()
+            }  # fmt: skip
         kept.append(step)
     return kept
 
 
-def _distinct(secrets: Iterable[Any]) -> list[Any]:
-    """The different secrets among `secrets` (texts, or sealed values: dicts), in order."""
+def _kept(
+    stored: list[Any],
+    same: object,
+    url: object,
+    get: Callable[[Mapping[str, Any]], Any],
+    mask: str,
+) -> Any:
+    """The value (`get` of a stored webhook step: its secret, a header's) that a step sent
+    back with `mask` stands for: the one value of the stored webhook steps of the same url
+    (moved, others put before it), or that of the stored webhook step at the same index
+    (its url changed, or several of the url have different values); `mask` itself when
+    there is no one such value."""
+    of_url = (get(s) for s in stored if _is_webhook(s) and s.get("url") == url)
+    found = _distinct(value for value in of_url if value is not None)
+    if (
+        _is_webhook(same)
+        and (here := get(same)) is not None
+        and (not found or same.get("url") == url)
+    ):
+        found = [here]
+    return found[0] if len(found) == 1 else mask
+
+
+def _secret_of(step: Mapping[str, Any]) -> Any:
+    """A stored webhook step's secret (a text, or a sealed value), or None."""
+    return step["secret"] if _is_signed_webhook(step) else None
+
+
+def _header_of(name: str) -> Callable[[Mapping[str, Any]], Any]:
+    """What reads the value of header `name` (in any case) of a stored webhook step."""
+
+    def get(step: Mapping[str, Any]) -> Any:
+        headers = step.get("headers")
+        for key, value in headers.items() if isinstance(headers, Mapping) else ():
+            if key.lower() == name.lower() and (isinstance(value, str) or is_sealed(value)):
+                return value
+        return None
+
+    return get
+
+
+def _distinct(values: Iterable[Any]) -> list[Any]:
+    """The different values among `values` (texts, or sealed values: dicts), in order."""
     found: list[Any] = []
-    for secret in secrets:
-        if secret not in found:
-            found.append(secret)
+    for value in values:
+        if value not in found:
+            found.append(value)
     return found
 
 
@@ -522,14 +581,23 @@ def _is_signed_webhook(step: object) -> TypeGuard[Mapping[str, Any]]:
                                   is_sealed(step.get("secret")))  # fmt: skip
 
 
-def has_sealed_secret(steps: object) -> str | None:
-    """The path of the first webhook step of `steps` whose secret is a sealed value, or
-    None: a sealed value is what sinal stores, never what a client sends."""
+def find_sealed_value(steps: object) -> FieldError | None:
+    """The error for the first sealed value in a webhook step of `steps`, as its secret or
+    a header's value, or None: a sealed value is what sinal stores, never what a client
+    sends."""
     if not isinstance(steps, list):
         return None
     for i, step in enumerate(steps):
-        if _is_webhook(step) and is_sealed(step.get("secret")):
-            return f"steps[{i}].secret"
+        if not _is_webhook(step):
+            continue
+        if is_sealed(step.get("secret")):
+            return FieldError(f"steps[{i}].secret", "invalid_type",
+                              f"secret must be text: {SECRET_PREFIX} and base64")  # fmt: skip
+        headers = step.get("headers")
+        for name, value in headers.items() if isinstance(headers, Mapping) else ():
+            if is_sealed(value):
+                return FieldError(f"steps[{i}].headers.{name}", "invalid_header",
+                                  "header values are text (at most 4096 characters)")  # fmt: skip
     return None
 
 
@@ -1096,14 +1164,16 @@ def _url(c: _Checker, at: str, raw: object) -> str | None:
     return url
 
 
-def _headers(c: _Checker, at: str, raw: object) -> tuple[tuple[str, str], ...]:
+def _headers(c: _Checker, at: str, raw: object) -> tuple[tuple[str, str | SealedSecret], ...]:
+    """A webhook step's headers, checked (a value stored sealed was checked before it was);
+    no error quotes a value (one may be a credential)."""
     if not isinstance(raw, Mapping):
         c.fail(at, "invalid_type", "headers must be an object of name: value")
         return ()
     if len(raw) > MAX_HEADERS:
         c.fail(at, "too_many", f"at most {MAX_HEADERS} headers")
         return ()
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str | SealedSecret]] = []
     seen: set[str] = set()
     for name, value in raw.items():
         where = f"{at}.{name}"
@@ -1113,6 +1183,13 @@ def _headers(c: _Checker, at: str, raw: object) -> tuple[tuple[str, str], ...]:
             c.fail(where, "forbidden_header", f"{name} is set by sinal, not by the automation")
         elif name.lower() in seen:
             c.fail(where, "duplicate_header", f"{name} is given twice")
+        elif is_sealed(value):
+            seen.add(name.lower())
+            found.append((name, SealedSecret.of(value)))
+        elif value == HEADER_MASK:
+            c.fail(where, "invalid_value",
+                   f"{HEADER_MASK} keeps the value this header already has (in the webhook "
+                   "step at the same position or url); give the value for a new one")  # fmt: skip
         elif not isinstance(value, str) or len(value) > MAX_HEADER_VALUE:
             c.fail(where, "invalid_header", "header values are text (at most 4096 characters)")
         elif _has_control(value, allow_newlines=False):

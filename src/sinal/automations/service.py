@@ -16,7 +16,7 @@ from sinal.automations.model import (
     MAX_NAME,
     InvalidAutomation,
     apply_patch,
-    has_sealed_secret,
+    find_sealed_value,
     parse_automation,
     redact_secrets,
 )
@@ -142,17 +142,18 @@ class Automations:
 
 
 def _refuse_sealed_secrets(data: object) -> None:
-    """`InvalidAutomation` for a webhook step sent with a sealed value as its secret: the
-    store seals secrets, and the API shows none, so a client has none to send."""
-    path = has_sealed_secret(data.get("steps")) if isinstance(data, Mapping) else None
-    if path is not None:
-        message = "secret must be text: whsec_ and base64"
-        raise InvalidAutomation([FieldError(path, "invalid_type", message)])
+    """`InvalidAutomation` for a webhook step sent with a sealed value as its secret or a
+    header's value: the store seals them, and the API shows none, so a client has none to
+    send."""
+    error = find_sealed_value(data.get("steps")) if isinstance(data, Mapping) else None
+    if error is not None:
+        raise InvalidAutomation([error])
 
 
 def automation_view(row: AutomationRow) -> dict[str, Any]:
-    """An automation as the API shows it: a webhook step's secret never, only that it is
-    set (`SECRET_MASK`, which a PATCH may send back to keep it)."""
+    """An automation as the API shows it: a webhook step's secret and header values never,
+    only that they are set (`SECRET_MASK`, `HEADER_MASK`, which a PATCH may send back to
+    keep them)."""
     return {
         "id": str(row.id),
         **redact_secrets(row.spec),

@@ -6,7 +6,11 @@ Failures are sorted by what happened, then by whether sending again is safe:
 
 - `StepFailed(retry=True)`: definitely not done, and may work later: no connection could be
   made (refused, a name that does not resolve), or the server refused it for now (408,
-  429, and the WhatsApp API's rate limits: `sinal.integrations.whatsapp_api`).
+  429, and the WhatsApp API's rate limits: `sinal.integrations.whatsapp_api`; for a
+  webhook, 409 too: its receiver is still processing a request with the same
+  Idempotency-Key, `_webhook_refused`). A `Retry-After` on such an answer (and on a 5xx a
+  webhook retries) rides along as `retry_after`, which the dispatcher honours within its
+  retry policy's bounds (`backoff.honour_retry_after`).
 - `StepFailed(retry=False)`: refused, and will be again as configured (no WhatsApp
   connection, a 4xx such as an undeliverable message or an expired token).
 - `OutcomeUnknown`: the request left and no answer says what became of it: no answer in
@@ -46,6 +50,7 @@ import httpx
 import orjson
 
 from sinal import catalog as c
+from sinal.automations.backoff import parse_retry_after
 from sinal.automations.matching import ContactData, evaluate_filters, template_context
 from sinal.automations.model import (
     AddTag,
@@ -73,7 +78,13 @@ from sinal.events import EmitEvent, build_unique_event_id, decimal_text, stamp
 from sinal.integrations.links import rewrite_urls
 from sinal.integrations.whatsapp import sent_callback_data
 from sinal.integrations.whatsapp_api import read_refusal
-from sinal.keyring import Keyring, SealedSecret, open_value, webhook_secret_place
+from sinal.keyring import (
+    Keyring,
+    SealedSecret,
+    open_value,
+    webhook_header_place,
+    webhook_secret_place,
+)
 from sinal.store.automations import Claim, Execution, Integration
 
 log = logging.getLogger("sinal.steps")
@@ -88,15 +99,22 @@ MAX_ANSWER: Final = 1024 * 1024
 
 
 class StepFailed(SinalError):
-    """The step did not happen; `retry` says whether trying again can help."""
+    """The step did not happen; `retry` says whether trying again can help, and
+    `retry_after` (seconds) how long the server asked to wait first, if it did."""
 
-    def __init__(self, message: str, *, retry: bool) -> None:
+    def __init__(self, message: str, *, retry: bool, retry_after: float | None = None) -> None:
         self.retry = retry
+        self.retry_after = retry_after
         super().__init__(message)
 
 
 class OutcomeUnknown(SinalError):
-    """The request left, no answer came: the side effect may or may not have happened."""
+    """The request left, no answer came: the side effect may or may not have happened.
+    `retry_after`: the seconds a 5xx's `Retry-After` asked to wait, if it did."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +342,7 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
     # The receiver dedupes on the key, which is what makes resending safe: after a crash,
     # and after a request that may or may not have arrived. Names are case-insensitive:
     # the step's own `idempotency-key` would go out beside this one.
-    headers = httpx.Headers(dict(step.headers))
+    headers = httpx.Headers(_opened_headers(step, ctx))
     key = f"{e.id}:{ctx.index}"
     headers["Idempotency-Key"] = key
     content = orjson.dumps(body)
@@ -332,9 +350,11 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
     if secret is not None:
         headers.update(sign_webhook(signing_key(secret), key, int(time.time()), content))
     try:
-        status = _post(ctx, step.url, content, headers, addresses).status_code
+        answer = _post(ctx, step.url, content, headers, addresses, refused=_webhook_refused)
     except OutcomeUnknown as exc:
-        raise StepFailed(f"{exc}; sent again with the same Idempotency-Key", retry=True) from exc
+        raise StepFailed(f"{exc}; sent again with the same Idempotency-Key", retry=True,
+                         retry_after=exc.retry_after) from exc  # fmt: skip
+    status = answer.status_code
     if 300 <= status < 400:
         # not followed: where it points was never checked (a private address, say)
         raise StepFailed(
@@ -348,12 +368,39 @@ def _webhook(step: Any, ctx: StepContext) -> StepOutcome:
 def _opened_secret(step: Webhook, ctx: StepContext) -> str | None:
     """The step's signing secret, opened if it is stored sealed (`SecretUnreadable` when
     no key of the ring opens it: the step fails, retried, before anything is sent)."""
-    if not isinstance(step.secret, SealedSecret):
-        return step.secret
     automation = ctx.claim.automation
     place = webhook_secret_place(automation.account_id, automation.id)
-    opened: str = open_value(ctx.keyring, step.secret.as_dict(), place)
-    return opened
+    return None if step.secret is None else _opened(step.secret, ctx, place)
+
+
+def _opened_headers(step: Webhook, ctx: StepContext) -> dict[str, str]:
+    """The step's headers, each value opened if it is stored sealed (as the secret is)."""
+    a = ctx.claim.automation
+    return {name: _opened(value, ctx, webhook_header_place(a.account_id, a.id, name))
+            for name, value in step.headers}  # fmt: skip
+
+
+def _opened(value: str | SealedSecret, ctx: StepContext, place: str) -> str:
+    """A value of a step as given (stored in plaintext), or opened for `place`."""
+    if isinstance(value, str):
+        return value
+    return str(open_value(ctx.keyring, value.as_dict(), place))
+
+
+def _webhook_refused(answer: _Answer, url: str) -> StepFailed:
+    """A 4xx from a webhook's receiver: as from anyone (`_refused`), but for 409 Conflict.
+    Sent with an Idempotency-Key, a 409 means a request with that key is still being
+    processed (the IETF Idempotency-Key draft, Stripe): an earlier attempt, which timed out
+    here, is running there. Its outcome is the receiver's to tell, so the same request is
+    sent again later, and a receiver done with it answers as it did the first time."""
+    if answer.status_code == 409:
+        return StepFailed(
+            f"{_host(url)} answered 409 Conflict: a request with this Idempotency-Key is still "
+            "being processed there; sent again later with the same key" + _asked(answer),
+            retry=True,
+            retry_after=answer.retry_after,
+        )
+    return _refused(answer, url)
 
 
 def sign_webhook(key: bytes, message_id: str, timestamp: int, content: bytes) -> dict[str, str]:
@@ -508,6 +555,7 @@ class _Answer:
     content: bytes  # at most `MAX_ANSWER` bytes
     encoding: str
     complete: bool  # the whole body, read in the time it had
+    retry_after: float | None = None  # seconds its Retry-After asks to wait (None: none)
 
     @property
     def text(self) -> str:
@@ -519,10 +567,11 @@ class _Answer:
 _Refusal = Callable[[_Answer, str], StepFailed]
 
 
-def _read(response: httpx.Response, seconds: float | None) -> _Answer:
-    """The status and up to `MAX_ANSWER` bytes of the body, read for at most `seconds`: the
-    client's timeout bounds each read, not their sum, and a server trickling its answer
-    would hold the step (and a worker's thread) as long as it liked."""
+def _read(response: httpx.Response, seconds: float | None, now: datetime) -> _Answer:
+    """The status, `Retry-After` (from `now`) and up to `MAX_ANSWER` bytes of the body,
+    read for at most `seconds`: the client's timeout bounds each read, not their sum, and a
+    server trickling its answer would hold the step (and a worker's thread) as long as it
+    liked."""
     deadline = None if seconds is None else time.monotonic() + seconds
     body = bytearray()
     complete = True
@@ -531,8 +580,9 @@ def _read(response: httpx.Response, seconds: float | None) -> _Answer:
         if len(body) > MAX_ANSWER or (deadline is not None and time.monotonic() > deadline):
             complete = False
             break
+    retry_after = parse_retry_after(response.headers.get("Retry-After"), now)
     return _Answer(response.status_code, bytes(body[:MAX_ANSWER]), response.encoding or "utf-8",
-                   complete)  # fmt: skip
+                   complete, retry_after)  # fmt: skip
 
 
 def _post(
@@ -555,7 +605,7 @@ def _post(
         with ctx.http.stream(
             "POST", url, content=content, headers=sent, extensions={"trace": gate.trace}
         ) as response:
-            answer = _read(response, ctx.http.timeout.read)
+            answer = _read(response, ctx.http.timeout.read, ctx.now)
     except StepFailed:  # the gate refused the address connected to, before anything was sent
         raise
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -576,7 +626,8 @@ def _post(
         said = answer.text[:300].strip()
         raise OutcomeUnknown(
             f"{_host(url)} answered {answer.status_code}, a server error: the request may or "
-            "may not have been carried out" + (f": {said}" if said else "")
+            "may not have been carried out" + (f": {said}" if said else "") + _asked(answer),
+            retry_after=answer.retry_after,
         )
     if answer.status_code >= 400:
         raise (refused or _refused)(answer, url)
@@ -585,13 +636,22 @@ def _post(
 
 def _refused(answer: _Answer, url: str) -> StepFailed:
     """A 4xx from anyone: 408 (the server, or its proxy, gave up waiting for the request)
-    and 429 say "not now"; the rest, "not like this"."""
+    and 429 say "not now" (and maybe for how long: `Retry-After`); the rest, "not like
+    this"."""
     if answer.status_code in (408, 429):
-        return StepFailed(f"{_host(url)} answered {answer.status_code}", retry=True)
+        return StepFailed(f"{_host(url)} answered {answer.status_code}" + _asked(answer),
+                          retry=True, retry_after=answer.retry_after)  # fmt: skip
     return StepFailed(
         f"{_host(url)} refused the request ({answer.status_code}): {answer.text[:300]}",
         retry=False,
     )
+
+
+def _asked(answer: _Answer) -> str:
+    """What an answer's `Retry-After` asked, for a step's error ("" when it has none)."""
+    if answer.retry_after is None:
+        return ""
+    return f" (Retry-After: {answer.retry_after:.0f} s)"
 
 
 def _whatsapp_refused(answer: _Answer, url: str) -> StepFailed:

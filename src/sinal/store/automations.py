@@ -27,7 +27,7 @@ from sinal.keyring import (
     reseal,
     reseal_all,
     seal_all,
-    sealed_with,
+    webhook_header_place,
     webhook_secret_place,
 )
 from sinal.store.base import Contact, StoredEvent
@@ -126,37 +126,58 @@ def sealed_secrets(keyring: Keyring | None, integration: Integration) -> dict[st
 
 def sealed_spec(keyring: Keyring | None, row: AutomationRow) -> dict[str, Any]:
     """An automation's definition as its row stores it: each webhook step's signing secret
-    sealed with `keyring`'s current key (as it is without one, or when sealed already)."""
-    steps = row.spec.get("steps")
-    if keyring is None or not isinstance(steps, list):
+    and header values sealed with `keyring`'s current key (as they are without one, or
+    when sealed already)."""
+    if keyring is None:
         return row.spec
-    place = webhook_secret_place(row.account_id, row.id)
-    sealed = [{**step, "secret": keyring.seal(step["secret"], place)}
-              if _webhook_secret(step) and isinstance(step["secret"], str) else step
-              for step in steps]  # fmt: skip
-    return {**row.spec, "steps": sealed}
+
+    def seal(value: Any, place: str) -> Any:
+        return keyring.seal(value, place) if isinstance(value, str) else value
+
+    return _with_secrets(row.spec, row.account_id, row.id, seal)[0]
 
 
 def resealed_spec(
     keyring: Keyring, account_id: UUID, automation_id: UUID, spec: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, int, int]:
-    """A stored definition with each webhook step's signing secret sealed with the current
-    key (None when every one was already), the number of its secrets, and of those sealed
-    again; `SecretUnreadable` for one no key opens."""
+    """A stored definition with each webhook step's signing secret and header values
+    sealed with the current key (None when every one was already), the number of its
+    secrets, and of those sealed again; `SecretUnreadable` for one no key opens."""
+    resealed = 0
+
+    def again(value: Any, place: str) -> Any:
+        nonlocal resealed
+        fresh = reseal(keyring, value, place)
+        resealed += fresh is not value
+        return fresh
+
+    fresh, scanned = _with_secrets(spec, account_id, automation_id, again)
+    return (fresh if resealed else None), scanned, resealed
+
+
+def _with_secrets(
+    spec: dict[str, Any], account_id: UUID, automation_id: UUID, change: Callable[[Any, str], Any]
+) -> tuple[dict[str, Any], int]:
+    """A stored definition with `change(value, its place)` applied to each secret of its
+    webhook steps (the signing secret, each header's value), and the number of them."""
     steps = spec.get("steps")
     if not isinstance(steps, list):
-        return None, 0, 0
-    place = webhook_secret_place(account_id, automation_id)
-    fresh, scanned, resealed = [], 0, 0
-    for step in steps:
-        if _webhook_secret(step):
-            scanned += 1
-            if sealed_with(step["secret"]) != keyring.current_id:
-                fresh.append({**step, "secret": reseal(keyring, step["secret"], place)})
-                resealed += 1
-                continue
+        return spec, 0
+    secret_place = webhook_secret_place(account_id, automation_id)
+    fresh, count = [], 0
+    for stored in steps:
+        step = dict(stored) if isinstance(stored, dict) else stored
+        if isinstance(step, dict) and step.get("type") == "webhook":
+            if _is_secret(step.get("secret")):
+                step["secret"] = change(step["secret"], secret_place)
+                count += 1
+            if isinstance(headers := step.get("headers"), dict):
+                places = {n: webhook_header_place(account_id, automation_id, n) for n in headers}
+                step["headers"] = {n: change(v, places[n]) if _is_secret(v) else v
+                                   for n, v in headers.items()}  # fmt: skip
+                count += sum(_is_secret(v) for v in headers.values())
         fresh.append(step)
-    return ({**spec, "steps": fresh} if resealed else None), scanned, resealed
+    return {**spec, "steps": fresh}, count
 
 
 def _resealed_row(
@@ -198,12 +219,9 @@ def resealed_rows(
     return writes, scanned, resealed
 
 
-def _webhook_secret(step: object) -> bool:
-    """Whether `step` (as stored) is a webhook step with a signing secret."""
-    if not isinstance(step, dict) or step.get("type") != "webhook":
-        return False
-    secret = step.get("secret")
-    return isinstance(secret, str) or is_sealed(secret)
+def _is_secret(value: object) -> bool:
+    """Whether a stored value of a secret's place holds one (a text, or a sealed value)."""
+    return isinstance(value, str) or is_sealed(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,19 +273,29 @@ _DISARM_OUTBOX = (
 T = TypeVar("T")
 
 
-# The secrets of integrations (each value of `secrets`) and of webhook steps (`secret`),
-# by the id of the key that sealed them (NULL: plaintext).
+# The secrets of integrations (each value of `secrets`) and of webhook steps (`secret`,
+# each value of `headers`), by the id of the key that sealed them (NULL: plaintext).
 _COUNT_SECRETS_SQL = """
+WITH hooks AS (
+  SELECT st FROM automations a,
+         jsonb_array_elements(CASE WHEN jsonb_typeof(a.spec -> 'steps') = 'array'
+                                   THEN a.spec -> 'steps' ELSE '[]' END) st
+  WHERE st ->> 'type' = 'webhook'
+)
 SELECT CASE WHEN jsonb_typeof(s.value) = 'object' THEN s.value ->> 'kid' END, count(*)
 FROM integrations i, jsonb_each(i.secrets) s
 WHERE jsonb_typeof(s.value) IN ('string', 'object') GROUP BY 1
 UNION ALL
 SELECT CASE WHEN jsonb_typeof(st -> 'secret') = 'object' THEN st -> 'secret' ->> 'kid' END,
        count(*)
-FROM automations a,
-     jsonb_array_elements(CASE WHEN jsonb_typeof(a.spec -> 'steps') = 'array'
-                               THEN a.spec -> 'steps' ELSE '[]' END) st
-WHERE st ->> 'type' = 'webhook' AND jsonb_typeof(st -> 'secret') IN ('string', 'object')
+FROM hooks WHERE jsonb_typeof(st -> 'secret') IN ('string', 'object')
+GROUP BY 1
+UNION ALL
+SELECT CASE WHEN jsonb_typeof(h.value) = 'object' THEN h.value ->> 'kid' END, count(*)
+FROM hooks,
+     jsonb_each(CASE WHEN jsonb_typeof(st -> 'headers') = 'object'
+                     THEN st -> 'headers' ELSE '{}' END) h
+WHERE jsonb_typeof(h.value) IN ('string', 'object')
 GROUP BY 1
 """
 

@@ -600,8 +600,8 @@ def _advance(conn: sqlite3.Connection, claim: Claim, advance: Advance, now: str)
     return cur.rowcount == 1
 
 
-# The secrets of integrations (each value of `secrets`) and of webhook steps (`secret`),
-# by the id of the key that sealed them (NULL: plaintext).
+# The secrets of integrations (each value of `secrets`) and of webhook steps (`secret`,
+# each value of `headers`), by the id of the key that sealed them (NULL: plaintext).
 _COUNT_SECRETS_SQL = """
 SELECT CASE WHEN s.type = 'object' THEN json_extract(s.value, '$.kid') END, count(*)
 FROM integrations i, json_each(i.secrets) s WHERE s.type IN ('text', 'object') GROUP BY 1
@@ -611,6 +611,12 @@ SELECT CASE WHEN json_type(st.value, '$.secret') = 'object'
 FROM automations a, json_each(a.spec, '$.steps') st
 WHERE json_extract(st.value, '$.type') = 'webhook'
   AND json_type(st.value, '$.secret') IN ('text', 'object')
+GROUP BY 1
+UNION ALL
+SELECT CASE WHEN h.type = 'object' THEN json_extract(h.value, '$.kid') END, count(*)
+FROM automations a, json_each(a.spec, '$.steps') st, json_each(st.value, '$.headers') h
+WHERE json_extract(st.value, '$.type') = 'webhook'
+  AND json_type(st.value, '$.headers') = 'object' AND h.type IN ('text', 'object')
 GROUP BY 1
 """
 

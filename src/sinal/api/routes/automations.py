@@ -61,7 +61,8 @@ class AutomationIn(BaseModel):
     Link Clicked for the contact, named by `campaign` (default: the automation's name).
     A webhook's `secret` (`whsec_` and the base64 of 24 to 64 bytes) signs its requests as
     Standard Webhooks do (`webhook-id`, `webhook-timestamp`, `webhook-signature`); answers
-    show it as `whsec_********`, which a PATCH may send back to keep it."""
+    show it as `whsec_********`, which a PATCH may send back to keep it. Its `headers`'
+    values are secrets too: sealed at rest, shown as `********`, kept alike."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -75,7 +76,8 @@ class AutomationIn(BaseModel):
 
 class AutomationPatch(BaseModel):
     """Any fields of an automation; `null` removes an optional one. `steps` replaces them
-    all: a webhook step's `secret` sent back as `whsec_********` keeps its secret."""
+    all: a webhook step's `secret` sent back as `whsec_********` keeps its secret, and a
+    header's value sent back as `********` keeps its value."""
 
     model_config = ConfigDict(extra="allow")
 
