@@ -192,15 +192,22 @@ class _Inbox:
         """The contact Meta's user id was seen with, given the phone and profile name it
         lacks (Contact Updated; a phone another contact has is left to it); None if there
         is none (an erasure deleted it meanwhile included)."""
-        found = self.store.find_whatsapp_user(self.account_id, user_id)
-        if found is None:
+        user = self.store.find_whatsapp_user(self.account_id, user_id, ref.phone)
+        if user is None:
             return None
+        contact = user.contact
         # first seen with the number hidden, the contact has none: automations could not
-        # message it once Meta shows the number (wa_id / from)
-        contact = self.ledger.fill_contact(
-            self.account_id, found, phone=ref.phone, name=ref.name, source=SOURCE
+        # message it once Meta shows the number (wa_id / from). A number another contact
+        # has stays that contact's: not even tried, as that write fails on every message.
+        may_take = contact.phone is None and user.phone_holder in (None, contact.id)
+        phone = ref.phone if may_take else None
+        name = ref.name if contact.name is None else None
+        if phone is None and name is None:
+            return contact.id  # nothing to give it: no write, and no second read
+        filled = self.ledger.fill_contact(
+            self.account_id, contact.id, phone=phone, name=name, source=SOURCE
         )
-        return None if contact is None else contact.id
+        return None if filled is None else filled.id
 
     def resolved(self, ref: ContactRef) -> UUID:
         """The contact found or created by `ref`'s phone (or external id), remembered for

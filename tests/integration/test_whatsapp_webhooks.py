@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -36,6 +37,9 @@ from tests.integration.whatsapp import (
     events,
     fixture_body,
     meta_bytes,
+    one_connection,
+    receive,
+    statements,
     statuses,
     text_message,
 )
@@ -349,6 +353,64 @@ async def test_whatsapp_user_gains_no_phone_another_contact_has(api: Api) -> Non
     again = api.ledger.get_contact(api.account.id, other.json()["id"])
     assert again is not None
     assert (again.phone, again.name) == ("+5521912345678", "Beatriz")
+
+
+def _message_costs(api: Api, wa: Integration, body: dict[str, Any]) -> list[str]:
+    """The statements the processing of one delivery sends, once it is kept (`statements`)."""
+    with one_connection(api) as ledger:
+        kept = webhooks.store_of(ledger).save_delivery(
+            replace(receive(ledger, wa, b"{}").delivery, id=uuid4(), delivery_id=str(uuid4()),
+                    body=meta_bytes(body), status="received")
+        )[0]  # fmt: skip
+        with statements(ledger) as sent:
+            webhooks.process(ledger, wa, kept)
+    return sent
+
+
+def _reads_before_writing(sent: list[str]) -> int:
+    """The round trips that read before a delivery's first write: SQLite's reads are BEGIN …
+    COMMIT blocks (a write begins IMMEDIATE), PostgreSQL's single statements (a write
+    begins with BEGIN)."""
+    if "BEGIN IMMEDIATE" in sent:
+        return sent[: sent.index("BEGIN IMMEDIATE")].count("BEGIN")
+    return sent.index("BEGIN")
+
+
+async def test_whatsapp_a_known_users_message_reads_its_contact_once(api: Api) -> None:
+    """A message from a user Meta names by user id, whose contact lacks nothing: the user's
+    contact is one read (it was two: the user id, then the contact), and nothing is written
+    for the contact."""
+    wa = connect_whatsapp(api)
+    first = text_message("wamid.FIRST", "5521912345678", "Oi", name="Bia")
+    receive(api.ledger, wa, meta_bytes(_from_user(first, BIA)))
+    again = _from_user(text_message("wamid.AGAIN", "5521912345678", "De novo", name="Bia"), BIA)
+
+    sent = _message_costs(api, wa, again)
+
+    assert _reads_before_writing(sent) == 1
+    assert "ROLLBACK" not in sent
+    assert [e.properties["wa_message_id"] for e in events(api, "Message Received")] == [
+        "wamid.FIRST",
+        "wamid.AGAIN",
+    ]
+
+
+async def test_whatsapp_a_user_whose_phone_is_anothers_costs_no_failed_write(api: Api) -> None:
+    """The phone Meta shows for a user id's contact is another contact's: no write is tried
+    for it (it would fail, again on every message), and the contact keeps its own."""
+    wa = connect_whatsapp(api)
+    receive(api.ledger, wa, fixture_body("user_id_only"))  # Bia, her number hidden
+    await api.post("/v1/contacts", {"phone": "+55 21 91234-5678", "name": "Beatriz"})
+    shown = _from_user(text_message("wamid.SHOWN", "5521912345678", "Oi", name="Bia"), BIA)
+
+    sent = _message_costs(api, wa, shown)
+
+    assert "ROLLBACK" not in sent  # no write begun to fail
+    assert _reads_before_writing(sent) == 1
+    received = events(api, "Message Received")
+    contact = api.ledger.get_contact(api.account.id, received[-1].contact_id)
+    assert contact is not None
+    assert (contact.phone, contact.name) == (None, "Bia")
 
 
 async def test_whatsapp_redelivery_records_nothing_twice(api: Api) -> None:

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+from psycopg import pq
 
 from sinal import webhooks
 from sinal.automations.service import Automations
 from sinal.integrations.signatures import sign_whatsapp
+from sinal.ledger import Ledger
 from sinal.store.automations import Integration
 from sinal.store.base import EventQuery, StoredEvent
+from sinal.store.postgres import PostgresStore
+from sinal.store.sqlite import SQLiteStore
 from sinal.store.webhooks import StoredDelivery
 from tests.integration.conftest import Api
 
@@ -109,3 +118,55 @@ def due_at(api: Api) -> datetime:
     [delivery] = deferred(api)
     assert delivery.due_at is not None
     return delivery.due_at
+
+
+def receive(ledger: Ledger, integration: Integration, body: bytes) -> webhooks.Received:
+    """A delivery kept and processed in this thread, as the route does."""
+    return webhooks.receive(ledger, integration, topic=None, delivery_id=str(uuid.uuid4()),
+                            headers={}, body=body)  # fmt: skip
+
+
+@contextmanager
+def one_connection(api: Api) -> Iterator[Ledger]:
+    """A ledger on the api's database whose statements `statements` sees: SQLite's of this
+    thread, PostgreSQL's through a store of one connection."""
+    if isinstance(api.ledger.store, SQLiteStore):
+        yield api.ledger
+        return
+    with Ledger(PostgresStore(api.url, max_size=1)) as ledger:
+        yield ledger
+
+
+@contextmanager
+def statements(ledger: Ledger) -> Iterator[list[str]]:
+    """The statements a `one_connection` ledger sends meanwhile, as its driver traces them:
+    SQLite's trace callback; libpq's trace, a simple Query's text or "Bind" for each
+    statement with parameters (one round trip each, BEGIN and COMMIT included)."""
+    sent: list[str] = []
+    store = ledger.store
+    if isinstance(store, SQLiteStore):
+        conn = store._conn()
+        conn.set_trace_callback(sent.append)
+        try:
+            yield sent
+        finally:
+            conn.set_trace_callback(None)
+        return
+    assert isinstance(store, PostgresStore)
+    with store._conn() as checked_out:  # the store's one connection, whoever uses it
+        pgconn = checked_out.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield sent
+        finally:
+            pgconn.untrace()
+            os.fsync(trace.fileno())
+            trace.seek(0)
+            for line in trace:
+                direction, _, kind, *rest = line.rstrip("\n").split("\t")
+                if direction == "F" and kind == "Query":
+                    sent.append(rest[0].strip(' "'))
+                elif direction == "F" and kind == "Bind":
+                    sent.append(kind)

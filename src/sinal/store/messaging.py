@@ -22,7 +22,7 @@ from sinal.catalog import (
 )
 from sinal.events import PreparedEvent
 from sinal.integrations.whatsapp import advance_status
-from sinal.store.base import Outcome
+from sinal.store.base import Contact, Outcome
 
 ConversationStatus = Literal["open", "closed"]
 
@@ -34,6 +34,10 @@ STATUS_COLUMNS = (
 CONVERSATION_COLUMNS = "account_id, id, contact_id, status, assigned_to, opened_at, closed_at"
 LINK_COLUMNS = (
     "account_id, id, token, url, contact_id, campaign, automation_execution_id, created_at"
+)
+# A WhatsApp user's contact (`c`), in the order `Contact` takes them.
+USER_CONTACT_COLUMNS = (
+    "c.account_id, c.id, c.name, c.phone, c.email, c.external_id, c.created_at, c.updated_at"
 )
 
 # The metrics of a message sinal sent (entity_type "message", entity_id = wamid).
@@ -96,6 +100,15 @@ class SentMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class WhatsAppUser:
+    """The contact Meta's business-scoped user id was seen with, as it stands now, and the
+    contact whose identity the phone asked about is (None: no contact has it)."""
+
+    contact: Contact
+    phone_holder: UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Conversation:
     """A minimal conversation with a contact: open or closed, maybe with an agent."""
 
@@ -140,8 +153,17 @@ BuildConversationEvent = Callable[[Conversation, Conversation], PreparedEvent]
 class MessagingStore(Protocol):
     """What WhatsApp processing, conversations and tracked links need from a database."""
 
-    def find_whatsapp_user(self, account_id: UUID, user_id: str) -> UUID | None:
-        """The contact Meta's business-scoped user id was seen with, or None."""
+    def find_whatsapp_user(
+        self, account_id: UUID, user_id: str, phone: str | None = None
+    ) -> WhatsAppUser | None:
+        """The contact Meta's business-scoped user id was seen with and, given `phone`,
+        the contact that has it, in one statement; None when the user id has no contact
+        (an erasure deleted it meanwhile included)."""
+        ...
+
+    def last_inbound_number(self, account_id: UUID, contact_id: UUID) -> str | None:
+        """The business number (``phone_number_id``) the contact last wrote to: that of
+        its latest Message Received naming one; None if none does."""
         ...
 
     def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:
@@ -220,6 +242,7 @@ __all__ = [
     "SENT_METRICS",
     "STATUS_COLUMNS",
     "TEMPLATE_METRICS",
+    "USER_CONTACT_COLUMNS",
     "BuildConversationEvent",
     "BuildOpenedEvent",
     "Conversation",
@@ -229,4 +252,5 @@ __all__ = [
     "MessageStatus",
     "MessagingStore",
     "SentMessage",
+    "WhatsAppUser",
 ]

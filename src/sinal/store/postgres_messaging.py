@@ -10,16 +10,18 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import TupleRow
 
+from sinal.catalog import METRIC_MESSAGE_RECEIVED
 from sinal.errors import ContactNotFound
 from sinal.events import PreparedEvent
 from sinal.ids import new_id
-from sinal.store.base import Outcome
+from sinal.store.base import Contact, Outcome
 from sinal.store.messaging import (
     CONVERSATION_COLUMNS,
     LINK_COLUMNS,
     SENT_METRICS,
     STATUS_COLUMNS,
     TEMPLATE_METRICS,
+    USER_CONTACT_COLUMNS,
     BuildConversationEvent,
     BuildOpenedEvent,
     Conversation,
@@ -27,6 +29,7 @@ from sinal.store.messaging import (
     Link,
     MessageStatus,
     SentMessage,
+    WhatsAppUser,
 )
 
 Conn = psycopg.Connection[TupleRow]
@@ -53,14 +56,31 @@ class PostgresMessaging:
 
     # -- WhatsApp users and inbound messages ---------------------------------------------
 
-    def find_whatsapp_user(self, account_id: UUID, user_id: str) -> UUID | None:
-        """The contact the user id was seen with."""
+    def find_whatsapp_user(
+        self, account_id: UUID, user_id: str, phone: str | None = None
+    ) -> WhatsAppUser | None:
+        """The contact the user id was seen with, and the one that has `phone`."""
         with self._conn() as conn:
             row = conn.execute(
-                "SELECT contact_id FROM whatsapp_users WHERE account_id = %s AND user_id = %s",
-                (account_id, user_id),
+                f"SELECT {USER_CONTACT_COLUMNS}, (SELECT i.contact_id FROM contact_identities i "
+                "WHERE i.account_id = u.account_id AND i.kind = 'phone' AND i.value = %s) "
+                "FROM whatsapp_users u "
+                "JOIN contacts c ON c.account_id = u.account_id AND c.id = u.contact_id "
+                "WHERE u.account_id = %s AND u.user_id = %s",
+                (phone, account_id, user_id),
             ).fetchone()
-        return None if row is None else row[0]
+        return None if row is None else WhatsAppUser(Contact(*row[:8]), row[8])
+
+    def last_inbound_number(self, account_id: UUID, contact_id: UUID) -> str | None:
+        """The newest Message Received naming a phone_number_id (index events_contact_time)."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT properties->>'phone_number_id' FROM events "
+                "WHERE account_id = %s AND contact_id = %s AND metric_name = %s "
+                "AND properties ? 'phone_number_id' ORDER BY occurred_at DESC, id DESC LIMIT 1",
+                (account_id, contact_id, METRIC_MESSAGE_RECEIVED),
+            ).fetchone()
+        return None if row is None else str(row[0])
 
     def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:
         """Remember the user id's contact; the first one stays."""

@@ -114,6 +114,14 @@ def parse_ts(text: str) -> datetime:
     return datetime.fromisoformat(text).astimezone(UTC)
 
 
+def contact_of(row: Sequence[Any]) -> Contact:
+    """A contact from its row (`_CONTACT_COLUMNS`, in that order)."""
+    return Contact(
+        UUID(row[0]), UUID(row[1]), row[2], row[3], row[4], row[5],
+        parse_ts(row[6]), parse_ts(row[7]),
+    )  # fmt: skip
+
+
 def _opt(value: object | None) -> str | None:
     return None if value is None else str(value)
 
@@ -615,12 +623,7 @@ class SQLiteStore(
             f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = ? AND id = ?",
             (account, contact),
         ).fetchone()
-        if row is None:
-            return None
-        return Contact(
-            UUID(row[0]), UUID(row[1]), row[2], row[3], row[4], row[5],
-            parse_ts(row[6]), parse_ts(row[7]),
-        )  # fmt: skip
+        return None if row is None else contact_of(row)
 
     # -- events ------------------------------------------------------------------------
 

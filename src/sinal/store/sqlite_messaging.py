@@ -9,16 +9,18 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from sinal.catalog import METRIC_MESSAGE_RECEIVED
 from sinal.errors import ContactNotFound
 from sinal.events import PreparedEvent
 from sinal.ids import new_id
-from sinal.store.base import Outcome
+from sinal.store.base import Contact, Outcome
 from sinal.store.messaging import (
     CONVERSATION_COLUMNS,
     LINK_COLUMNS,
     SENT_METRICS,
     STATUS_COLUMNS,
     TEMPLATE_METRICS,
+    USER_CONTACT_COLUMNS,
     BuildConversationEvent,
     BuildOpenedEvent,
     Conversation,
@@ -26,6 +28,7 @@ from sinal.store.messaging import (
     Link,
     MessageStatus,
     SentMessage,
+    WhatsAppUser,
 )
 from sinal.store.sqlite_erasure import require_contact
 
@@ -40,6 +43,12 @@ def _parse(text: str) -> datetime:
     from sinal.store.sqlite import parse_ts
 
     return parse_ts(text)
+
+
+def _contact(row: Sequence[Any]) -> Contact:
+    from sinal.store.sqlite import contact_of
+
+    return contact_of(row)
 
 
 def _record(conn: sqlite3.Connection, events: Sequence[PreparedEvent]) -> list[Outcome]:
@@ -63,14 +72,34 @@ class SQLiteMessaging:
 
     # -- WhatsApp users and inbound messages ---------------------------------------------
 
-    def find_whatsapp_user(self, account_id: UUID, user_id: str) -> UUID | None:
-        """The contact the user id was seen with."""
+    def find_whatsapp_user(
+        self, account_id: UUID, user_id: str, phone: str | None = None
+    ) -> WhatsAppUser | None:
+        """The contact the user id was seen with, and the one that has `phone`."""
         with self._read() as conn:
             row = conn.execute(
-                "SELECT contact_id FROM whatsapp_users WHERE account_id = ? AND user_id = ?",
-                (str(account_id), user_id),
+                f"SELECT {USER_CONTACT_COLUMNS}, (SELECT i.contact_id FROM contact_identities i "
+                "WHERE i.account_id = u.account_id AND i.kind = 'phone' AND i.value = ?) "
+                "FROM whatsapp_users u "
+                "JOIN contacts c ON c.account_id = u.account_id AND c.id = u.contact_id "
+                "WHERE u.account_id = ? AND u.user_id = ?",
+                (phone, str(account_id), user_id),
             ).fetchone()
-        return None if row is None else UUID(row[0])
+        if row is None:
+            return None
+        return WhatsAppUser(_contact(row[:8]), None if row[8] is None else UUID(row[8]))
+
+    def last_inbound_number(self, account_id: UUID, contact_id: UUID) -> str | None:
+        """The newest Message Received naming a phone_number_id (index events_contact_time)."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT json_extract(properties, '$.phone_number_id') FROM events "
+                "WHERE account_id = ? AND contact_id = ? AND metric_name = ? "
+                "AND json_extract(properties, '$.phone_number_id') IS NOT NULL "
+                "ORDER BY occurred_at DESC, id DESC LIMIT 1",
+                (str(account_id), str(contact_id), METRIC_MESSAGE_RECEIVED),
+            ).fetchone()
+        return None if row is None else str(row[0])
 
     def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:
         """Remember the user id's contact; the first one stays. `ContactNotFound` when the
