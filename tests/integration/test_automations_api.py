@@ -18,6 +18,7 @@ from sinal.automations.service import Automations
 from sinal.events import stamp
 from sinal.ledger import Ledger
 from tests.integration.conftest import Api, running_api
+from tests.integration.whatsapp import PHONE_NUMBER_ID, connect_whatsapp
 from tests.servers import meta_error, verify_signature, webhook_receiver, whatsapp_server
 
 pytestmark = pytest.mark.anyio
@@ -747,3 +748,34 @@ async def test_a_wait_until_that_passed_since_it_was_saved_still_runs_and_patche
     _answered(api, ana.id, range(1))
     [run] = (await api.client.get(f"{path}/executions")).json()["data"]
     assert (run["status"], run["next_step"]) == ("completed", 3)
+
+
+# -- the number a sending step sends from ------------------------------------------------
+
+
+async def test_a_sending_steps_number_must_be_one_of_the_accounts_connections(api: Api) -> None:
+    """`phone_number_id` names the WhatsApp number to send from: one the account has not
+    connected is 422 naming the step; a PATCH keeping one whose connection was deleted
+    since is taken (the step then fails when it would use it)."""
+    connection = connect_whatsapp(api)
+    unknown = {"type": "send_message", "text": "Oi", "phone_number_id": "999"}
+    created = await api.post("/v1/automations", {**TAGGING, "steps": [unknown]})
+    assert created.status_code == 422, created.text
+    [error] = created.json()["errors"]
+    assert (error["field"], error["code"]) == ("steps[0].phone_number_id", "unknown_connection")
+    assert PHONE_NUMBER_ID in error["message"]  # the numbers it could name
+
+    known = {**unknown, "phone_number_id": PHONE_NUMBER_ID}
+    created = await api.post("/v1/automations", {**TAGGING, "steps": [known]})
+    assert created.status_code == 201, created.text
+    assert created.json()["steps"] == [known]
+    path = f"/v1/automations/{created.json()['id']}"
+    patched = await api.client.patch(path, json={"steps": [{"type": "add_tag", "tag": "x"},
+                                                           unknown]})  # fmt: skip
+    assert patched.status_code == 422, patched.text
+    assert [e["field"] for e in patched.json()["errors"]] == ["steps[1].phone_number_id"]
+
+    assert (await api.client.delete(f"/v1/integrations/{connection.id}")).status_code == 204
+    kept = await api.client.patch(path, json={"status": "paused", "steps": [known]})
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["steps"] == [known]

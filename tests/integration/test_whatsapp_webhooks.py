@@ -607,6 +607,71 @@ def _dispatch(api: Api) -> None:
         dispatcher.close()
 
 
+SECOND_NUMBER = "106540352249999"  # the account's second WhatsApp number
+
+
+def _to_number(number: str, body: dict[str, Any]) -> bytes:
+    """`body` as Meta delivers it for business number `number`."""
+    body["entry"][0]["changes"][0]["value"]["metadata"]["phone_number_id"] = number
+    return meta_bytes(body)
+
+
+async def test_whatsapp_a_reply_goes_out_from_the_number_the_contact_last_wrote_to(
+    api: Api,
+) -> None:
+    """An account with two numbers: a WhatsApp conversation is per business number, so a
+    message to the contact goes from the one it last wrote to, not from the oldest."""
+    with whatsapp_server() as (wa_url, server):
+        first = connect_whatsapp(api, api_base_url=wa_url)
+        second = connect_whatsapp(api, api_base_url=wa_url, phone_number_id=SECOND_NUMBER)
+        reply = {"name": "Resposta", "trigger_type": "message_received",
+                 "steps": [{"type": "send_message", "text": "Recebido!"}]}  # fmt: skip
+        assert (await api.post("/v1/automations", reply)).status_code == 201
+        oi = text_message("wamid.B1", "5521912345678", "Oi", name="Bia")
+        await deliver(api, second, _to_number(SECOND_NUMBER, oi))
+        _dispatch(api)
+        again = text_message("wamid.A1", "5521912345678", "Oi de novo", name="Bia")
+        await deliver(api, first, meta_bytes(again))
+        _dispatch(api)
+        paths = [r["path"] for r in server.requests]
+    assert paths == [f"/{SECOND_NUMBER}/messages", f"/{PHONE_NUMBER_ID}/messages"]
+    sent = events(api, "Message Sent")
+    assert [e.properties["phone_number_id"] for e in sent] == [SECOND_NUMBER, PHONE_NUMBER_ID]
+
+
+async def test_whatsapp_a_contact_who_never_wrote_gets_the_steps_number_else_the_oldest(
+    api: Api,
+) -> None:
+    """The step's `phone_number_id` for a contact who has written to none of the numbers,
+    else the oldest connection; a step naming a number disconnected since fails, dead,
+    saying so (nothing sent from another number)."""
+    with whatsapp_server() as (wa_url, server):
+        connect_whatsapp(api, api_base_url=wa_url)
+        second = connect_whatsapp(api, api_base_url=wa_url, phone_number_id=SECOND_NUMBER)
+        for template, chosen in (("oferta_b", {"phone_number_id": SECOND_NUMBER}),
+                                 ("oferta_a", {})):  # fmt: skip
+            step = {"type": "send_template", "name": template, "language": "pt_BR", **chosen}
+            answer = await api.post("/v1/automations", {"name": template,
+                                                        "trigger_metric": "Ping",
+                                                        "steps": [step]})  # fmt: skip
+            assert answer.status_code == 201, answer.text
+        ping = {"metric": "Ping", "source": "api", "contact": {"phone": "+55 21 91234-5678"}}
+        assert (await api.post("/v1/events", {**ping, "source_id": "1"})).status_code == 201
+        _dispatch(api)
+        sent = {r["path"]: r["body"]["template"]["name"] for r in server.requests}
+        assert sent == {f"/{SECOND_NUMBER}/messages": "oferta_b",
+                        f"/{PHONE_NUMBER_ID}/messages": "oferta_a"}  # fmt: skip
+
+        assert (await api.client.delete(f"/v1/integrations/{second.id}")).status_code == 204
+        assert (await api.post("/v1/events", {**ping, "source_id": "2"})).status_code == 201
+        _dispatch(api)
+        later = [r["body"]["template"]["name"] for r in server.requests[2:]]
+    assert later == ["oferta_a"]
+    store = Automations(api.ledger).store
+    [dead] = [x for x in store.list_executions(api.account.id) if x.status == "dead"]
+    assert f"phone_number_id {SECOND_NUMBER} is none of the account's" in (dead.last_error or "")
+
+
 async def test_whatsapp_statuses_of_a_template_an_automation_sent_reach_its_contact(
     api: Api,
 ) -> None:

@@ -147,6 +147,15 @@ def when(field: str, op: str, value: object) -> dict[str, object]:
             SendTemplate("pedido_pago", "pt_BR", ("{{ event.properties.url }}",), (), True),
         ),
         ({**AI, "track_links": True, "campaign": "ia"}, AiRespond(None, None, None, True, "ia")),
+        (
+            {**MSG, "text": "oi", "phone_number_id": " 106540352242922 "},
+            SendMessage("oi", phone_number_id="106540352242922"),
+        ),
+        (
+            {**TPL, "phone_number_id": "1"},
+            SendTemplate("pedido_pago", "pt_BR", phone_number_id="1"),
+        ),
+        ({**AI, "phone_number_id": "1"}, AiRespond(phone_number_id="1")),
         ({**TAG, "tag": " vip "}, AddTag("vip")),
         ({"type": "remove_tag", "tag": "carrinho-aberto"}, RemoveTag("carrinho-aberto")),
         ({"type": "close_conversation"}, CloseConversation()),
@@ -367,6 +376,12 @@ def components(*items: object) -> dict[str, object]:
         ({**MSG, "text": "oi", "track_links": "yes"}, ".track_links", "invalid_type"),
         ({**MSG, "text": "oi", "track_links": 1}, ".track_links", "invalid_type"),
         ({**MSG, "text": "oi", "campaign": "bf"}, ".campaign", "conflict"),
+        (
+            {**MSG, "text": "oi", "phone_number_id": 106540352242922},
+            ".phone_number_id",
+            "invalid_type",
+        ),
+        ({**TPL, "phone_number_id": " "}, ".phone_number_id", "empty"),
         ({**MSG, "text": "oi", "track_links": True, "campaign": ""}, ".campaign", "empty"),
         (
             {**MSG, "text": "oi", "track_links": True, "campaign": "x" * 201},

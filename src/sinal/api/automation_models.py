@@ -124,6 +124,10 @@ class SendMessageStep(BaseModel):
     text: str
     track_links: bool = _absent("Present (true) when the text's URLs are tracked")
     campaign: str = _absent("With track_links: the links' campaign, if not the automation's")
+    phone_number_id: str = _absent(
+        "The WhatsApp number to send from to a contact who has written to none of the "
+        "account's numbers (one of its connections' phone_number_id)"
+    )
 
 
 class SendTemplateStep(BaseModel):
@@ -136,6 +140,10 @@ class SendTemplateStep(BaseModel):
     components: list[dict[str, Any]] = _absent()
     track_links: bool = _absent("Present (true) when the parameters' URLs are tracked")
     campaign: str = _absent("With track_links: the links' campaign, if not the automation's")
+    phone_number_id: str = _absent(
+        "The WhatsApp number to send from to a contact who has written to none of the "
+        "account's numbers (one of its connections' phone_number_id)"
+    )
 
 
 class AddTagStep(BaseModel):
@@ -167,6 +175,10 @@ class AiRespondStep(BaseModel):
     max_tokens: int = _absent()
     track_links: bool = _absent("Present (true) when the answer's URLs are tracked")
     campaign: str = _absent("With track_links: the links' campaign, if not the automation's")
+    phone_number_id: str = _absent(
+        "The WhatsApp number to send from to a contact who has written to none of the "
+        "account's numbers (one of its connections' phone_number_id)"
+    )
 
 
 class WebhookStep(BaseModel):

@@ -86,6 +86,7 @@ from sinal.store.automations import (
     StepStatus,
 )
 from sinal.store.base import StoredEvent
+from sinal.store.messaging import MessagingStore
 
 log = logging.getLogger("sinal.dispatcher")
 
@@ -667,6 +668,7 @@ class Dispatcher:
 
     def _context(self, claim: Claim, index: int, tags: tuple[str, ...]) -> StepContext:
         account, contact = claim.execution.account_id, claim.execution.contact_id
+        messaging = cast(MessagingStore, self.ledger.store)
 
         def change_tag(tag: str, add: bool, event: EmitEvent) -> None:
             prepared = prepare(event, self.ledger.clock())
@@ -686,7 +688,8 @@ class Dispatcher:
             index=index,
             now=self.ledger.clock(),
             http=self.http,
-            integrations=lambda kind: self._integrations.first(account, kind),
+            integrations=lambda kind: self._integrations.live(account, kind),
+            inbound_number=lambda: messaging.last_inbound_number(account, contact),
             change_tag=change_tag,
             close_conversation=close_conversation,
             allow_private_webhooks=self.settings.allow_private_webhooks,
@@ -761,26 +764,25 @@ class _HeldClaims:
 
 
 class _IntegrationCache:
-    """The account's first live integration of a kind, kept for a few seconds: a step per
-    execution would otherwise read it every time. A changed or deleted connection is seen
+    """The account's live integrations of a kind, kept for a few seconds: a step per
+    execution would otherwise read them every time. A changed or deleted connection is seen
     within `ttl` seconds."""
 
     def __init__(self, store: AutomationStore, ttl: float) -> None:
         self._store = store
         self._ttl = ttl
-        self._found: dict[tuple[UUID, str], tuple[float, Integration | None]] = {}
+        self._found: dict[tuple[UUID, str], tuple[float, list[Integration]]] = {}
 
-    def first(self, account_id: UUID, kind: str) -> Integration | None:
-        """The oldest live integration of `kind`, or None."""
+    def live(self, account_id: UUID, kind: str) -> list[Integration]:
+        """The live integrations of `kind`, oldest first."""
         key = (account_id, kind)
         now = time.monotonic()
         cached = self._found.get(key)
         if cached is not None and cached[0] > now:
             return cached[1]
         found = self._store.list_integrations(account_id, kind)  # type: ignore[arg-type]
-        first = found[0] if found else None
-        self._found[key] = (now + self._ttl, first)  # a race only reads twice: harmless
-        return first
+        self._found[key] = (now + self._ttl, found)  # a race only reads twice: harmless
+        return found
 
 
 class _Combiner(Generic[ItemT, AnswerT]):

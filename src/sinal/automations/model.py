@@ -14,6 +14,10 @@
   `"track_links": true` (default false): each http(s) URL of the rendered text is sent as
   the short URL of a tracked link made for the execution's contact, whose clicks record
   Link Clicked; `campaign` (default: the automation's name) names them.
+- `send_message`, `ai_respond` and `send_template` take `"phone_number_id"` (optional):
+  the WhatsApp number to send from to a contact who has written to none of the account's
+  numbers (`steps._sender` has the whole rule); which connection it names is checked when
+  the definition is saved (`service`: 422 `unknown_connection`), not here.
 - `webhook` takes `"secret": "whsec_<base64 of 24 to 64 bytes>"` (optional): its requests
   are then signed as Standard Webhooks sign (`steps`). The API shows it as `SECRET_MASK`
   (`redact_secrets`), which a PATCH may send back to keep it (`apply_patch`). Its
@@ -146,6 +150,7 @@ MAX_WAIT_SECONDS: Final = 30 * 24 * 3600
 MAX_HEADERS: Final = 20
 MAX_HEADER_VALUE: Final = 4096
 MAX_TEMPLATE_NAME: Final = 512
+MAX_PHONE_NUMBER_ID: Final = 200  # a sending step's; Meta's are 15 or so digits
 MAX_PARAMETERS: Final = 50
 MAX_COMPONENTS: Final = 10
 MAX_COMPONENT_DEPTH: Final = 8
@@ -211,11 +216,12 @@ class SendMessage:
     text: str
     track_links: bool = False
     campaign: str | None = None
+    phone_number_id: str | None = None  # see `_sending_dict`
     type: ClassVar[Literal["send_message"]] = "send_message"
 
     def to_dict(self) -> dict[str, Any]:
         """The step as JSON-like data."""
-        return {"type": self.type, "text": self.text, **_tracking_dict(self)}
+        return {"type": self.type, "text": self.text, **_sending_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +234,7 @@ class SendTemplate:
     components: tuple[dict[str, Any], ...] = ()
     track_links: bool = False  # in `parameters` (components go to Meta as given)
     campaign: str | None = None
+    phone_number_id: str | None = None
     type: ClassVar[Literal["send_template"]] = "send_template"
 
     def to_dict(self) -> dict[str, Any]:
@@ -237,7 +244,7 @@ class SendTemplate:
             data["parameters"] = list(self.parameters)
         if self.components:
             data["components"] = list(self.components)
-        return {**data, **_tracking_dict(self)}
+        return {**data, **_sending_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +291,7 @@ class AiRespond:
     max_tokens: int | None = None
     track_links: bool = False  # in the answer
     campaign: str | None = None
+    phone_number_id: str | None = None
     type: ClassVar[Literal["ai_respond"]] = "ai_respond"
 
     def to_dict(self) -> dict[str, Any]:
@@ -292,7 +300,7 @@ class AiRespond:
         for key in ("system_prompt", "prompt", "max_tokens"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
-        return {**data, **_tracking_dict(self)}
+        return {**data, **_sending_dict(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,13 +365,18 @@ class FilterStep:
         return {"type": self.type, "conditions": [c.to_dict() for c in self.conditions]}
 
 
-def _tracking_dict(step: SendMessage | SendTemplate | AiRespond) -> dict[str, Any]:
-    """A sending step's link tracking, as JSON-like data (nothing when off)."""
-    if not step.track_links:
-        return {}
-    if step.campaign is None:
-        return {"track_links": True}
-    return {"track_links": True, "campaign": step.campaign}
+def _sending_dict(step: SendMessage | SendTemplate | AiRespond) -> dict[str, Any]:
+    """A sending step's link tracking (nothing when off) and `phone_number_id` (the number
+    it sends from to a contact who has written to none of the account's numbers), as
+    JSON-like data."""
+    data: dict[str, Any] = {}
+    if step.track_links:
+        data["track_links"] = True
+    if step.track_links and step.campaign is not None:
+        data["campaign"] = step.campaign
+    if step.phone_number_id is not None:
+        data["phone_number_id"] = step.phone_number_id
+    return data
 
 
 Step: TypeAlias = (
@@ -1013,7 +1026,8 @@ def _step(c: _Checker, at: str, raw: object) -> Step | None:
 def _send_message(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
     text = c.template(f"{at}.text", body.get("text"), MAX_TEXT, required=True, multiline=True)
     track_links, campaign = _tracking(c, at, body)
-    return None if text is None else SendMessage(text, track_links, campaign)
+    number = _sender(c, at, body)
+    return None if text is None else SendMessage(text, track_links, campaign, number)
 
 
 def _tracking(c: _Checker, at: str, body: Mapping[str, object]) -> tuple[bool, str | None]:
@@ -1027,6 +1041,13 @@ def _tracking(c: _Checker, at: str, body: Mapping[str, object]) -> tuple[bool, s
         c.fail(f"{at}.campaign", "conflict",
                "campaign names the step's tracked links: set track_links to true")  # fmt: skip
     return raw is True, campaign
+
+
+def _sender(c: _Checker, at: str, body: Mapping[str, object]) -> str | None:
+    """A sending step's `phone_number_id` (optional): which of the account's WhatsApp
+    numbers it names is checked when the automation is saved (`service`), not here."""
+    return c.text(f"{at}.phone_number_id", body.get("phone_number_id"), MAX_PHONE_NUMBER_ID,
+                  required=False)  # fmt: skip
 
 
 def _send_template(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
@@ -1054,7 +1075,9 @@ def _send_template(c: _Checker, at: str, body: Mapping[str, object]) -> Step | N
                "track_links applies to parameters; components go to Meta as given")  # fmt: skip
     if name is None or language is None:
         return None
-    return SendTemplate(name, language, tuple(parameters), components, track_links, campaign)
+    number = _sender(c, at, body)
+    return SendTemplate(name, language, tuple(parameters), components, track_links, campaign,
+                        number)  # fmt: skip
 
 
 def _components(c: _Checker, at: str, raw: object) -> tuple[dict[str, Any], ...]:
@@ -1108,7 +1131,8 @@ def _ai_respond(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None
     if raw_tokens is not None:
         max_tokens = c.integer(f"{at}.max_tokens", raw_tokens, 1, MAX_MAX_TOKENS)
     track_links, campaign = _tracking(c, at, body)
-    return AiRespond(prompts[0], prompts[1], max_tokens, track_links, campaign)
+    number = _sender(c, at, body)
+    return AiRespond(prompts[0], prompts[1], max_tokens, track_links, campaign, number)
 
 
 def _webhook(c: _Checker, at: str, body: Mapping[str, object]) -> Step | None:
@@ -1242,18 +1266,18 @@ def _filter_step(c: _Checker, at: str, body: Mapping[str, object]) -> Step | Non
     return FilterStep(conditions)
 
 
-_TRACKING_KEYS: Final = ("track_links", "campaign")
+_SENDING_KEYS: Final = ("track_links", "campaign", "phone_number_id")
 _StepParser = Callable[[_Checker, str, Mapping[str, object]], Step | None]
 _STEP_PARSERS: Final[dict[str, tuple[tuple[str, ...], _StepParser]]] = {
-    "send_message": (("text", *_TRACKING_KEYS), _send_message),
+    "send_message": (("text", *_SENDING_KEYS), _send_message),
     "send_template": (
-        ("name", "language", "parameters", "components", *_TRACKING_KEYS),
+        ("name", "language", "parameters", "components", *_SENDING_KEYS),
         _send_template,
     ),
     "add_tag": (("tag",), _tag_step(AddTag)),
     "remove_tag": (("tag",), _tag_step(RemoveTag)),
     "close_conversation": ((), _close_conversation),
-    "ai_respond": (("system_prompt", "prompt", "max_tokens", *_TRACKING_KEYS), _ai_respond),
+    "ai_respond": (("system_prompt", "prompt", "max_tokens", *_SENDING_KEYS), _ai_respond),
     "webhook": (("url", "headers", "secret"), _webhook),
     "wait": (("seconds", "until"), _wait),
     "filter": (("conditions",), _filter_step),

@@ -1,12 +1,16 @@
 """Automations and integrations as the API and the CLI manage them: validate, store, show.
 
 Thin on purpose: validation lives in `model` (automations) and `_validate_integration`
-(connections); storage in the store's `AutomationStore` methods.
+(connections); storage in the store's `AutomationStore` methods. What needs the account's
+data is checked here: a sending step's `phone_number_id` must name one of the account's
+WhatsApp connections when the automation is saved (422 `unknown_connection`), unless the
+stored definition had it already (a connection deleted since does not make every later
+PATCH fail; the step then fails when it would use it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, cast, get_args
 from uuid import UUID
@@ -14,6 +18,7 @@ from uuid import UUID
 from sinal.automations.matching import explain_match
 from sinal.automations.model import (
     MAX_NAME,
+    AutomationSpec,
     InvalidAutomation,
     apply_patch,
     find_sealed_value,
@@ -95,6 +100,8 @@ class Automations:
         _refuse_sealed_secrets(data)
         now = self.ledger.clock()
         spec = parse_automation(data, now=now)
+        if _chosen_numbers(spec.steps):
+            _refuse_unknown_numbers(spec, self._numbers(account_id))
         row = AutomationRow(account_id, new_id(), spec.name, spec.status, spec.metric_name,
                             spec.to_dict(), now, now)  # fmt: skip
         self.store.create_automation(row)
@@ -103,11 +110,16 @@ class Automations:
     def update(self, account_id: UUID, automation_id: UUID, patch: object) -> AutomationRow | None:
         """Apply a partial update (re-validated); None when there is no such automation."""
         _refuse_sealed_secrets(patch)
+        steps = patch.get("steps") if isinstance(patch, Mapping) else None
+        # read before the row's lock is taken (SQLite: no read inside its write)
+        live = self._numbers(account_id) if _names_numbers(steps) else None
 
         def change(row: AutomationRow) -> AutomationRow:  # under the row's write lock
             now = self.ledger.clock()
             # as stored: a patch may repair what fails
             spec = apply_patch(row.spec, patch, now=now)
+            if live is not None:
+                _refuse_unknown_numbers(spec, live, kept=_stored_numbers(row.spec))
             return replace(row, name=spec.name, status=spec.status,
                            trigger_metric=spec.metric_name, spec=spec.to_dict(),
                            updated_at=now)  # fmt: skip
@@ -139,6 +151,50 @@ class Automations:
                 entry["execution"] = execution_summary(execution)
             answer.append(entry)
         return answer
+
+    def _numbers(self, account_id: UUID) -> list[str]:
+        """The phone_number_id of each of the account's live WhatsApp connections."""
+        found = self.store.list_integrations(account_id, "whatsapp")
+        return [str(i.settings.get("phone_number_id")) for i in found]
+
+
+def _chosen_numbers(steps: Iterable[object]) -> list[tuple[int, str]]:
+    """The sending steps that name a `phone_number_id`: (index, number)."""
+    chosen = ((i, getattr(step, "phone_number_id", None)) for i, step in enumerate(steps))
+    return [(i, number) for i, number in chosen if isinstance(number, str)]
+
+
+def _names_numbers(steps: object) -> bool:
+    """Whether steps as a PATCH sends them name any `phone_number_id`."""
+    return isinstance(steps, list) and any(
+        isinstance(step, Mapping) and step.get("phone_number_id") is not None for step in steps
+    )
+
+
+def _stored_numbers(spec: Mapping[str, Any]) -> set[str]:
+    """The numbers a stored definition's steps name."""
+    steps = spec.get("steps")
+    if not isinstance(steps, list):
+        return set()
+    named = (step.get("phone_number_id") for step in steps if isinstance(step, Mapping))
+    return {number for number in named if isinstance(number, str)}
+
+
+def _refuse_unknown_numbers(
+    spec: AutomationSpec, live: Collection[str], kept: Collection[str] = ()
+) -> None:
+    """`InvalidAutomation` naming each step whose `phone_number_id` is none of the account's
+    WhatsApp numbers (`live`), nor one the stored definition had (`kept`)."""
+    shown = ", ".join(sorted(live)) or "none: POST /v1/integrations"
+    errors = [
+        FieldError(f"steps[{i}].phone_number_id", "unknown_connection",
+                   f"{number} is the phone_number_id of none of the account's WhatsApp "
+                   f"connections (theirs: {shown})")
+        for i, number in _chosen_numbers(spec.steps)
+        if number not in live and number not in kept
+    ]  # fmt: skip
+    if errors:
+        raise InvalidAutomation(errors)
 
 
 def _refuse_sealed_secrets(data: object) -> None:

@@ -148,13 +148,16 @@ class StepContext:
     index: int
     now: datetime
     http: httpx.Client
-    integrations: Callable[[str], Integration | None]  # kind -> the account's connection
+    # kind -> the account's live connections of that kind, oldest first
+    integrations: Callable[[str], Sequence[Integration]]
     change_tag: Callable[[str, bool, EmitEvent], None]  # (tag, add, event) in one transaction
     # (key, event of closing conversation <id>) -> (its id, the event's id), or None when
     # none was open: the close and its event in one transaction, once per key
     close_conversation: Callable[
         [str, Callable[[UUID], EmitEvent]], tuple[UUID, UUID | None] | None
     ]
+    # the phone_number_id of the business number the contact last wrote to, or None
+    inbound_number: Callable[[], str | None] = lambda: None
     allow_private_webhooks: bool = False
     links: LinkMaker | None = None  # None: steps with track_links fail (not retried)
     keyring: Keyring | None = None  # opens the sealed signing secrets of webhook steps
@@ -226,11 +229,11 @@ def _send_message(step: Any, ctx: StepContext) -> StepOutcome:
     links = _Links(ctx, step.track_links, step.campaign)
     text = links.track(text)
     payload = {"type": "text", "text": {"preview_url": False, "body": text}}
-    wamid, phone = _whatsapp_send(ctx, payload)
+    sent = _whatsapp_send(ctx, payload, number=step.phone_number_id)
     return StepOutcome(
-        result={"wamid": wamid, "text": text, **links.result()},
-        emit=ctx.event(c.METRIC_MESSAGE_SENT, entity_type="message", entity_id=wamid,
-                       properties={"phone": phone, "wa_message_id": wamid, "text": text}),
+        result={**sent.result(), "text": text, **links.result()},
+        emit=ctx.event(c.METRIC_MESSAGE_SENT, entity_type="message", entity_id=sent.wamid,
+                       properties={**sent.properties(), "text": text}),
     )  # fmt: skip
 
 
@@ -247,19 +250,19 @@ def _send_template(step: Any, ctx: StepContext) -> StepOutcome:
     template: dict[str, Any] = {"name": step.name, "language": {"code": step.language}}
     if components:
         template["components"] = components
-    wamid, phone = _whatsapp_send(ctx, {"type": "template", "template": template},
-                                  is_template=True)  # fmt: skip
+    sent = _whatsapp_send(ctx, {"type": "template", "template": template}, is_template=True,
+                          number=step.phone_number_id)  # fmt: skip
     return StepOutcome(
-        result={"wamid": wamid, "template": step.name, **links.result()},
-        emit=ctx.event(c.METRIC_TEMPLATE_SENT, entity_type="message", entity_id=wamid,
-                       properties={"phone": phone, "wa_message_id": wamid,
-                                   "template_name": step.name, "language": step.language}),
+        result={**sent.result(), "template": step.name, **links.result()},
+        emit=ctx.event(c.METRIC_TEMPLATE_SENT, entity_type="message", entity_id=sent.wamid,
+                       properties={**sent.properties(), "template_name": step.name,
+                                   "language": step.language}),
     )  # fmt: skip
 
 
 def _ai_respond(step: Any, ctx: StepContext) -> StepOutcome:
     assert isinstance(step, AiRespond)
-    ai = ctx.integrations("ai")
+    ai = next(iter(ctx.integrations("ai")), None)
     if ai is None:
         raise StepFailed("the account has no AI connection (POST /v1/integrations)", retry=False)
     links = _Links(ctx, step.track_links, step.campaign)
@@ -286,12 +289,12 @@ def _ai_respond(step: Any, ctx: StepContext) -> StepOutcome:
     # the AI call is harmless to repeat; from here on the send is the side effect
     reply = links.track(reply)
     payload = {"type": "text", "text": {"preview_url": False, "body": reply}}
-    wamid, phone = _whatsapp_send(ctx, payload)
+    sent = _whatsapp_send(ctx, payload, number=step.phone_number_id)
     return StepOutcome(
-        result={"wamid": wamid, "text": reply, "model": ai.settings.get("model"),
+        result={**sent.result(), "text": reply, "model": ai.settings.get("model"),
                 **links.result()},
-        emit=ctx.event(c.METRIC_AI_RESPONSE_SENT, entity_type="message", entity_id=wamid,
-                       properties={"phone": phone, "wa_message_id": wamid, "text": reply}),
+        emit=ctx.event(c.METRIC_AI_RESPONSE_SENT, entity_type="message", entity_id=sent.wamid,
+                       properties={**sent.properties(), "text": reply}),
     )  # fmt: skip
 
 
@@ -480,23 +483,73 @@ class _Links:
         return short
 
 
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """A WhatsApp message the Cloud API took: its wamid, the contact's phone it went to and
+    the business number it went out from."""
+
+    wamid: str
+    phone: str
+    phone_number_id: str
+
+    def result(self) -> dict[str, Any]:
+        """The step's result."""
+        return {"wamid": self.wamid, "phone_number_id": self.phone_number_id}
+
+    def properties(self) -> dict[str, Any]:
+        """The send event's properties."""
+        return {"phone": self.phone, "wa_message_id": self.wamid,
+                "phone_number_id": self.phone_number_id}  # fmt: skip
+
+
+def _whatsapp_sender(ctx: StepContext, chosen: str | None) -> Integration:
+    """The WhatsApp connection a message to the contact goes out through: the number the
+    contact last wrote to (a WhatsApp conversation is per business number, and a free-form
+    message is refused outside that number's 24-hour window), else the step's
+    `phone_number_id` (`chosen`), else the account's oldest connection."""
+    connections = ctx.integrations("whatsapp")
+    if not connections:
+        raise StepFailed("the account has no WhatsApp connection (POST /v1/integrations)",
+                         retry=False)  # fmt: skip
+    numbers: dict[str, Integration] = {}
+    for wa in connections:  # oldest first: a number connected twice is its oldest's
+        numbers.setdefault(str(wa.settings.get("phone_number_id")), wa)
+    if len(connections) > 1 or chosen is not None:  # one number: nothing to choose
+        talked_to = ctx.inbound_number()
+        if talked_to is not None and talked_to in numbers:
+            return numbers[talked_to]
+    if chosen is None:
+        return connections[0]
+    if chosen in numbers:
+        return numbers[chosen]
+    raise StepFailed(
+        f"the step's phone_number_id {chosen} is none of the account's WhatsApp connections "
+        "(disconnected since the automation was saved?), and the contact has written to "
+        "none of them",
+        retry=False,
+    )
+
+
 def _whatsapp_send(
-    ctx: StepContext, message: dict[str, Any], *, is_template: bool = False
-) -> tuple[str, str]:
-    """POST {api_base_url}/{phone_number_id}/messages; the returned wamid and the phone.
+    ctx: StepContext,
+    message: dict[str, Any],
+    *,
+    is_template: bool = False,
+    number: str | None = None,
+) -> _Sent:
+    """POST {api_base_url}/{phone_number_id}/messages through `_whatsapp_sender`'s
+    connection (`number`: the step's choice); what the API took.
 
     The message carries callback data naming the contact, its kind, the automation and the
     execution: Meta echoes it in the message's statuses, which may arrive before this
     step's send event is recorded."""
-    wa = ctx.integrations("whatsapp")
-    if wa is None:
-        raise StepFailed("the account has no WhatsApp connection (POST /v1/integrations)",
-                         retry=False)  # fmt: skip
+    wa = _whatsapp_sender(ctx, number)
     phone = ctx.claim.contact.phone
     if not phone:
         raise StepFailed("the contact has no phone number", retry=False)
     base = str(wa.settings.get("api_base_url") or DEFAULT_WHATSAPP_API).rstrip("/")
-    url = f"{base}/{wa.settings.get('phone_number_id')}/messages"
+    sender = str(wa.settings.get("phone_number_id"))
+    url = f"{base}/{sender}/messages"
     e = ctx.claim.execution
     callback = sent_callback_data(e.contact_id, is_template=is_template,
                                   sent_by=(e.automation_id, e.id))  # fmt: skip
@@ -510,7 +563,7 @@ def _whatsapp_send(
     except OutcomeUnknown as exc:  # the Cloud API has no idempotency key to resend with
         raise OutcomeUnknown(f"{exc}; not sent again, so the contact gets no duplicate") from exc
     try:
-        return str(answer["messages"][0]["id"]), phone
+        return _Sent(str(answer["messages"][0]["id"]), phone, sender)
     except (KeyError, IndexError, TypeError) as exc:
         # a 2xx without a message id: it may have been accepted; do not send again blindly
         raise OutcomeUnknown("the WhatsApp API answered without messages[0].id") from exc

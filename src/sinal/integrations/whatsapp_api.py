@@ -24,7 +24,9 @@ import orjson
 
 __all__ = ["TEMPORARY_CODES", "SendRefusal", "read_refusal"]
 
-# Meta's codes that refuse a message for now, not for good.
+# Meta's codes that refuse a message for now, not for good. Meta documents no Retry-After
+# (nor another delay) with them: 130429 comes back until the number is within its
+# throughput again, so the execution's backoff paces the next attempt.
 TEMPORARY_CODES: Final = frozenset(
     {
         4,  # API Too Many Calls: the app's call rate limit

@@ -59,6 +59,9 @@ class AutomationIn(BaseModel):
     `ai_respond` and `send_template` (its parameters) also take `track_links: true`: their
     http(s) URLs go out as tracked short links (on SINAL_PUBLIC_URL) whose clicks record
     Link Clicked for the contact, named by `campaign` (default: the automation's name).
+    They send from the WhatsApp number the contact last wrote to, else from their
+    `phone_number_id` (one of the account's connections', else 422 `unknown_connection`),
+    else from the account's oldest connection.
     A webhook's `secret` (`whsec_` and the base64 of 24 to 64 bytes) signs its requests as
     Standard Webhooks do (`webhook-id`, `webhook-timestamp`, `webhook-signature`); answers
     show it as `whsec_********`, which a PATCH may send back to keep it. Its `headers`'
