@@ -627,16 +627,22 @@ async def test_whatsapp_a_reply_goes_out_from_the_number_the_contact_last_wrote_
         reply = {"name": "Resposta", "trigger_type": "message_received",
                  "steps": [{"type": "send_message", "text": "Recebido!"}]}  # fmt: skip
         assert (await api.post("/v1/automations", reply)).status_code == 201
-        oi = text_message("wamid.B1", "5521912345678", "Oi", name="Bia")
+        oi = text_message("wamid.B1", "5521912345678", "Oi", name="Bia", timestamp=1715360000)
         await deliver(api, second, _to_number(SECOND_NUMBER, oi))
         _dispatch(api)
-        again = text_message("wamid.A1", "5521912345678", "Oi de novo", name="Bia")
+        again = text_message("wamid.A1", "5521912345678", "Oi de novo", timestamp=1715360100)
         await deliver(api, first, meta_bytes(again))
         _dispatch(api)
+        # a message to the second number written before A1, delivered late: A1 is newer
+        late = text_message("wamid.B0", "5521912345678", "Antes", timestamp=1715359000)
+        await deliver(api, second, _to_number(SECOND_NUMBER, late))
+        _dispatch(api)
         paths = [r["path"] for r in server.requests]
-    assert paths == [f"/{SECOND_NUMBER}/messages", f"/{PHONE_NUMBER_ID}/messages"]
+    first_path, second_path = f"/{PHONE_NUMBER_ID}/messages", f"/{SECOND_NUMBER}/messages"
+    assert paths == [second_path, first_path, first_path]
     sent = events(api, "Message Sent")
-    assert [e.properties["phone_number_id"] for e in sent] == [SECOND_NUMBER, PHONE_NUMBER_ID]
+    assert [e.properties["phone_number_id"] for e in sent] == [
+        SECOND_NUMBER, PHONE_NUMBER_ID, PHONE_NUMBER_ID]  # fmt: skip
 
 
 async def test_whatsapp_a_contact_who_never_wrote_gets_the_steps_number_else_the_oldest(
