@@ -16,8 +16,8 @@
   Link Clicked; `campaign` (default: the automation's name) names them.
 - `send_message`, `ai_respond` and `send_template` take `"phone_number_id"` (optional):
   the WhatsApp number to send from to a contact who has written to none of the account's
-  numbers (`steps._sender` has the whole rule); which connection it names is checked when
-  the definition is saved (`service`: 422 `unknown_connection`), not here.
+  numbers (`steps._whatsapp_sender` has the whole rule); that the account has it is
+  checked when the definition is saved (`service`: 422 `unknown_connection`), not here.
 - `webhook` takes `"secret": "whsec_<base64 of 24 to 64 bytes>"` (optional): its requests
   are then signed as Standard Webhooks sign (`steps`). The API shows it as `SECRET_MASK`
   (`redact_secrets`), which a PATCH may send back to keep it (`apply_patch`). Its
