@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sinal import catalog as c
+from sinal.automations.templates import format_money
 from sinal.events import EmitEvent, EmitResult
 from sinal.ledger import Ledger
 from sinal.store.base import EventQuery
@@ -102,7 +103,7 @@ def _print_events(console: Console, ledger: Ledger, account: uuid.UUID) -> None:
             e.occurred_at.astimezone().strftime("%H:%M"),
             e.metric_name,
             c.get_metric_label(e.metric_name, "pt-BR"),
-            "" if e.value is None else f"{e.value:.2f} {e.currency}",
+            "" if e.value is None else format_money(e.value, e.currency),
             e.unique_event_id or "",
         )
     console.print(table)
@@ -128,7 +129,7 @@ def _print_summary(
             names.get(s.contact_id, str(s.contact_id)),
             c.get_metric_label(s.metric_name, "pt-BR"),
             str(s.event_count),
-            f"R$ {s.total_value:.2f}",
+            format_money(s.total_value),  # the demo's values are all in BRL
             s.first_event_at.astimezone().strftime("%H:%M"),
             s.last_event_at.astimezone().strftime("%H:%M"),
         )

@@ -57,6 +57,9 @@ def test_cli_demo_shows_events_duplicates_rejections_and_summary(database_url: s
     assert "duplicate" in out
     assert "contact_not_found" in out
     assert "Pedido Pago" in out  # the summary's labels are pt-BR
+    # money as the templates' `| money` writes it, in events and summaries alike
+    assert "R$ 297,90" in out
+    assert "297.90" not in out
     assert count(database_url, "events") == 7
     assert count(database_url, "rejections") == 1
 
