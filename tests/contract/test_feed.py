@@ -18,6 +18,7 @@ import pytest
 
 from sinal import EmitEvent, connect
 from sinal.events import PreparedEvent, identify, prepare
+from sinal.ids import new_id
 from sinal.ledger import Ledger
 from sinal.store.base import FEED_START, Account, FeedPosition, Outcome, StoredEvent
 from tests.contract.test_schema import _migrate_up_to
@@ -99,6 +100,66 @@ def test_feed_pages_every_write_path_once_in_order_of_arrival(
     assert (ids[0], set(ids[1:11]), set(ids[11:211]), ids[211]) == (one, in_batch, in_big, last)
     final = ledger.read_feed(account.id, position, 7)
     assert (final.events, final.next, final.has_more) == ([], position, False)
+
+
+# The columns an INSERT of sinal's named before migration 0021 (the feed), but for the
+# id and unique_event_id: neither `seq` (SQLite) nor `tx` (PostgreSQL).
+_OLD_COLUMNS = (
+    "contact_id, metric_id, metric_name, properties, value, currency, source, source_id, "
+    "integration_id, entity_type, entity_id, automation_execution_id, occurred_at, "
+    "received_at, schema_version, created_at"
+)
+
+
+def _stored_as_before_the_feed(url: str, model: UUID | None) -> UUID:
+    """A copy of the event `model`, under a new id and unique_event_id, written as a sinal
+    from before migration 0021 still running in a rolling deploy writes one; its id."""
+    ident = new_id()
+    as_uuid = "" if url.startswith("sqlite") else "::uuid"
+    sql(url, f"INSERT INTO events (account_id, id, unique_event_id, {_OLD_COLUMNS}) "
+        f"SELECT account_id, ?{as_uuid}, ?, {_OLD_COLUMNS} FROM events WHERE id = ?{as_uuid}",
+        str(ident), f"old:{ident}", str(model))  # fmt: skip
+    return ident
+
+
+def test_feed_gives_the_events_an_older_sinal_writes(
+    ledger: Ledger, account: Account, database_url: str
+) -> None:
+    """Its INSERT names no `seq`: the schema numbers the event (SQLite: migration 0024's
+    trigger; PostgreSQL: `tx`'s default), in order with this code's events, so the feed
+    gives each once (on SQLite it gave none of them)."""
+    contact = ledger.create_contact(account.id, email="ana@example.com").id
+    first = ledger.emit(_event(account.id, contact, 1)).event_id
+    _, position = _drain(ledger, account.id, want=1)
+
+    old = [_stored_as_before_the_feed(database_url, first) for _ in range(2)]
+    last = ledger.emit(_event(account.id, contact, 2)).event_id
+    got, after = _drain(ledger, account.id, want=3, after=position)
+
+    assert _ids(got) == [*old, last]
+    assert ledger.read_feed(account.id, after).events == []
+
+
+def test_migration_0024_numbers_the_events_an_older_sinal_wrote_before_it(
+    sqlite_url: str,
+) -> None:
+    """SQLite: an event written with no `seq` between migrations 0021 and 0024 gets a
+    number after every one given, so a poller past the others still reads it."""
+    with connect(sqlite_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, email="ana@example.com").id
+        first = ledger.emit(_event(account.id, contact, 1)).event_id
+        _, position = _drain(ledger, account.id, want=1)
+        sql(sqlite_url, "DROP TRIGGER events_seq_default")  # as at 0023
+        sql(sqlite_url, "DELETE FROM schema_migrations WHERE version = 24")
+        old = _stored_as_before_the_feed(sqlite_url, first)
+        assert ledger.read_feed(account.id, position).events == []
+
+        assert ledger.migrate() == [24]
+        last = ledger.emit(_event(account.id, contact, 2)).event_id
+
+        got, _ = _drain(ledger, account.id, want=2, after=position)
+        assert _ids(got) == [old, last]
 
 
 def test_feed_gives_an_event_stored_after_the_newest_ones_were_erased(

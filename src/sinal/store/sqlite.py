@@ -1358,6 +1358,16 @@ def _summary_row(row: Sequence[Any]) -> SummaryRow:
 
 
 def _split_sql(script: str) -> list[str]:
-    """Split a migration into statements (ours have no ';' inside literals or bodies)."""
+    """Split a migration into statements: at each ';' that ends one, not at those inside a
+    trigger's body (`sqlite3.complete_statement`; ours have no ';' inside literals)."""
     lines = [line for line in script.splitlines() if not line.lstrip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+    statements, current = [], ""
+    for part in "\n".join(lines).split(";"):
+        current += part
+        if sqlite3.complete_statement(current + ";"):
+            if current.strip():
+                statements.append(current.strip())
+            current = ""
+        else:
+            current += ";"
+    return statements
