@@ -18,6 +18,7 @@ SinalError
 │   ├── DuplicateKey      # .constraint
 │   ├── UnstorableInput   # data the database refused (a value, a text, a constraint)
 │   │   └── UnstorableText  # a NUL character PostgreSQL refused: the input's fault
+│   ├── SchemaViolation   # a row sinal itself wrote broke the schema: a bug, not the input
 │   └── SchemaOutOfDate   # migrations not applied
 ├── WebhookError
 │   ├── SignatureMismatch
@@ -147,7 +148,8 @@ class DuplicateKey(StoreError):
 class UnstorableInput(StoreError, ValueError):
     """The database refused the data of a statement: a value out of a column's range, a
     text or JSON it cannot hold, a constraint (PostgreSQL's SQLSTATE classes 22, 23 but
-    for a unique key, and 54; SQLite's constraint and data errors). The input is at fault
+    for a unique key, and 54; SQLite's constraint and data errors; but for those of
+    `SchemaViolation`, sinal's own faults). The input is at fault
     and trying again cannot help, unlike most `StoreError`s. Validation refuses every such
     input it knows of first; this is the net under a check that was missed. Its message is
     the first line of the database's, which may name tables and quote data: the API
@@ -167,6 +169,18 @@ class UnstorableText(UnstorableInput):
 
     def __init__(self) -> None:
         super().__init__("the input holds a NUL character (\\u0000), which the database refuses")
+
+
+class SchemaViolation(StoreError):
+    """The database refused a statement for what sinal itself wrote or asked, whatever the
+    input: a NOT NULL column left empty, a reference to a row that is not there (sinal
+    checks each one it takes from an input first), a value of a type its column does not
+    take, a statement beyond the database's limits (PostgreSQL's SQLSTATEs 23502, 23503
+    but a contact's key, 23001, 22004, 22012, 54001, 54011, 54023; SQLite's NOT NULL,
+    FOREIGN KEY and datatype constraints). A bug in sinal, or a schema changed under it:
+    the API answers 500 with an error id and logs the traceback, rather than tell the
+    client to change an input that is fine (`UnstorableInput`). Its message is the first
+    line of the database's."""
 
 
 class StoreUnavailable(StoreError):

@@ -141,3 +141,35 @@ def test_a_batch_item_of_an_integer_too_long_to_write_is_invalid_alone(
     ]  # fmt: skip
     assert [(e.field, e.code) for e in results[1].errors] == [("source_id", "too_long")]
     assert count(database_url, "events") == 2
+
+
+# A row sinal writes beside every event, with a NOT NULL column left empty, as code out of
+# step with its schema would: refused whatever the event holds.
+_OWN_FAULT = {
+    "sqlite": ["CREATE TABLE audit (note TEXT NOT NULL)",
+               "CREATE TRIGGER audit AFTER INSERT ON events "
+               "BEGIN INSERT INTO audit VALUES (NULL); END"],
+    "postgres": ["CREATE TABLE audit (note text NOT NULL)",
+                 "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS "
+                 "$$ BEGIN INSERT INTO audit VALUES (NULL); RETURN NEW; END $$",
+                 "CREATE TRIGGER audit AFTER INSERT ON events "
+                 "FOR EACH ROW EXECUTE FUNCTION audit()"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [6, 200], ids=["statement", "streamed"])
+def test_a_row_sinal_writes_wrong_is_its_fault_not_the_events(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact, database_url: str, size: int
+) -> None:
+    """A `SchemaViolation` (the API's 500), alone or in a batch: not events rejected as
+    "refused", which tells their sender to change an input that is fine; nothing written."""
+    for statement in _OWN_FAULT["sqlite" if database_url.startswith("sqlite") else "postgres"]:
+        sql(database_url, statement)
+
+    with pytest.raises(sinal.SchemaViolation, match="audit") as alone:
+        ledger.emit(paid(account, contact, 1))
+    with pytest.raises(sinal.SchemaViolation):
+        ledger.emit_many([paid(account, contact, n) for n in range(2, 2 + size)])
+
+    assert not isinstance(alone.value, sinal.UnstorableInput)
+    assert rows(database_url) == dict.fromkeys(_TABLES, 0)

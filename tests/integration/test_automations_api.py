@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import unicodedata
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
 from sinal.events import stamp
 from sinal.ledger import Ledger
+from tests.helpers import sql
 from tests.integration.conftest import Api, running_api
 from tests.integration.whatsapp import PHONE_NUMBER_ID, connect_whatsapp
 from tests.servers import meta_error, verify_signature, webhook_receiver, whatsapp_server
@@ -703,6 +705,64 @@ async def test_executions_cursor_not_from_a_page_is_422_naming_it(api: Api, curs
     assert [(e["field"], e["code"]) for e in response.json()["errors"]] == [
         ("cursor", "invalid_cursor")
     ]
+
+
+AI = {"kind": "ai", "base_url": "https://ai.example", "model": "m"}
+
+
+# -- what the database refuses: the input's fault (422) or sinal's (500) ------------------
+
+_REFUSALS = {
+    # a CHECK on the data: the input's fault, as a check validation lacks would be
+    ("input", "sqlite"): ["CREATE TRIGGER no_acme BEFORE INSERT ON integrations "
+                          "WHEN NEW.name = 'acme' BEGIN SELECT RAISE(ABORT, 'no acme'); END"],
+    ("input", "postgres"): ["ALTER TABLE integrations ADD CONSTRAINT no_acme "
+                            "CHECK (name IS DISTINCT FROM 'acme')"],
+    # a row sinal itself writes with a NOT NULL column left empty, as code out of step with
+    # its schema would, whatever the input
+    ("own", "sqlite"): ["CREATE TABLE audit (note TEXT NOT NULL)",
+                        "CREATE TRIGGER audit AFTER INSERT ON integrations "
+                        "BEGIN INSERT INTO audit VALUES (NULL); END"],
+    ("own", "postgres"): ["CREATE TABLE audit (note text NOT NULL)",
+                          "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS "
+                          "$$ BEGIN INSERT INTO audit VALUES (NULL); RETURN NEW; END $$",
+                          "CREATE TRIGGER audit AFTER INSERT ON integrations "
+                          "FOR EACH ROW EXECUTE FUNCTION audit()"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "problem"),
+    [("input", 422, "unstorable-input"), ("own", 500, "internal-error")],
+)
+async def test_a_refused_write_is_422_for_the_inputs_fault_and_500_for_sinals(
+    api: Api, caplog: pytest.LogCaptureFixture, fault: str, status: int, problem: str
+) -> None:
+    """Data the database refuses is the input's fault (422, a warning logged); a row sinal
+    itself wrote wrong is a bug, whatever the input: 500 with an opaque `error_id`, which
+    the log line holding its traceback names (it was 422, telling the client to change an
+    input that is fine). Neither echoes the database's message; neither writes a thing."""
+    backend = "sqlite" if api.url.startswith("sqlite") else "postgres"
+    for statement in _REFUSALS[fault, backend]:
+        sql(api.url, statement)
+
+    with caplog.at_level(logging.WARNING, logger="sinal.api"):
+        response = await api.post("/v1/integrations", {**AI, "name": "acme"})
+
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == f"/problems/{problem}"
+    assert "acme" not in body["detail"]
+    assert "audit" not in body["detail"]
+    [logged] = [r for r in caplog.records if r.name == "sinal.api"]
+    if fault == "own":
+        assert len(body["error_id"]) == 32
+        assert body["error_id"] in logged.getMessage()
+        assert logged.exc_info is not None  # the traceback
+    else:
+        assert "error_id" not in body
+        assert logged.exc_info is None
+    assert (await api.client.get("/v1/integrations")).json()["data"] == []
 
 
 # -- wait until --------------------------------------------------------------------------

@@ -482,14 +482,16 @@ async def test_a_statement_the_database_refused_is_503_and_logged_with_its_trace
         raise StoreError('syntax error at or near "SELCT"')  # a bug of ours, not an outage
 
     monkeypatch.setattr(api.app.state.service.ledger, "list_events", refused)
+    error_ids = []
     with caplog.at_level(logging.WARNING, logger="sinal.api"):
         for _ in range(2):
             response = await api.client.get("/v1/events")
             assert response.status_code == 503
             assert "SELCT" not in response.text
+            error_ids.append(response.json()["error_id"])
 
     lines = [r for r in caplog.records if r.name == "sinal.api"]
     assert [(r.levelname, r.getMessage()) for r in lines] == [
-        ("ERROR", "GET /v1/events failed")
-    ] * 2
+        ("ERROR", f"GET /v1/events failed (error_id {error_id})") for error_id in error_ids
+    ]
     assert all(r.exc_info is not None for r in lines)

@@ -19,11 +19,12 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from uuid import uuid4
 
 import orjson
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
@@ -43,6 +44,7 @@ from sinal.errors import (
     InvalidLink,
     InvalidQuery,
     SchemaOutOfDate,
+    SchemaViolation,
     SecretUnreadable,
     SignatureMismatch,
     StoreError,
@@ -159,6 +161,8 @@ PROBLEMS: dict[type[BaseException], Problem] = {
     UnstorableText: Problem(422, "unstorable-text", "The request holds a NUL character"),
     UnstorableInput: Problem(422, "unstorable-input", "The database refused the request's data"),
     SchemaOutOfDate: Problem(503, "schema-out-of-date", "The database needs `sinal migrate`"),
+    # Before StoreError: what sinal itself wrote broke its schema, a bug, whatever the input.
+    SchemaViolation: Problem(500, "internal-error", "Something went wrong on our side"),
     # The server's keys (SINAL_SECRET_KEYS) cannot open a stored secret: its operator's to
     # fix; the answer names no key (webhook routes answer anyone), the log line does.
     SecretUnreadable: Problem(
@@ -227,9 +231,12 @@ async def handle_error(request: Request, exc: Exception) -> Response:
                     path, exc)  # fmt: skip
     elif isinstance(exc, SecretUnreadable):  # a configuration, not a bug: no traceback
         log.error("%s %s: answered 503: %s", request.method, path, exc)
-    elif problem.status >= 500:
-        log.error("%s %s failed", request.method, path, exc_info=exc)
-    extra = exc.extra if isinstance(exc, ApiError) else {}
+    extra = dict(exc.extra) if isinstance(exc, ApiError) else {}
+    if problem.status >= 500 and not isinstance(exc, StoreUnavailable | SecretUnreadable):
+        # a bug (or a statement the database failed): the answer names its log line, which
+        # holds the traceback, by an id that tells the client nothing else
+        extra["error_id"] = error_id = uuid4().hex
+        log.error("%s %s failed (error_id %s)", request.method, path, error_id, exc_info=exc)
     detail = _detail(exc, problem, errors)
     return problem_response(problem, detail, errors, instance=path, headers=headers, **extra)
 
@@ -335,6 +342,11 @@ class ProblemBody(BaseModel):
     errors: list[FieldProblem]
     reason: str | None = None
     rejection_id: str | None = None
+    error_id: str | None = Field(
+        None,
+        description="With an answer of ours whose traceback was logged (a 500: a bug): the "
+        "id of that log line, to quote when reporting it",
+    )
 
 
 def problem_responses(*statuses: int | type[Exception]) -> dict[int | str, dict[str, Any]]:

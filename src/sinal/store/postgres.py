@@ -91,6 +91,7 @@ from sinal.errors import (
     ContactNotFound,
     DuplicateKey,
     IdentityConflict,
+    SchemaViolation,
     StoreError,
     StoreUnavailable,
     UnstorableInput,
@@ -439,6 +440,15 @@ _CONTACT_KEY = "_account_id_contact_id_fkey"
 # constraint violation, program limit exceeded (an index row too large). psycopg raises
 # class 54 as an OperationalError, which said "unavailable" (retry) for it before.
 _REFUSAL_CLASSES = ("22", "23", "54")
+# ... but for these, which say what sinal itself wrote or asked, whatever the input
+# (`SchemaViolation`): a NOT NULL column left empty (23502), a reference to a row that is
+# not there (23503: sinal checks each one it takes from an input before writing; a
+# contact erased meanwhile is told apart above), a row another restricts (23001), a
+# NULL or a division by zero in its own SQL (22004, 22012), a statement beyond
+# PostgreSQL's limits (54001 too complex, 54011 too many columns, 54023 too many
+# arguments). A value out of range, a text or JSON PostgreSQL cannot hold, a CHECK, an
+# index row too large (54000) or an error a trigger raises judge the data: the input's.
+_OWN_FAULTS = frozenset({"23502", "23503", "23001", "22004", "22012", "54001", "54011", "54023"})
 
 
 @contextmanager
@@ -463,6 +473,8 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
         # psycopg's own check, before anything is sent: a text parameter holds a NUL
         raise UnstorableText from exc
+    if exc.sqlstate in _OWN_FAULTS:  # a bug of sinal's (or a schema changed under it)
+        raise SchemaViolation(_reason(exc)) from exc
     if _is_refused(exc):  # its first line: the next ones may quote the whole row
         raise UnstorableInput(_reason(exc)) from exc
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
@@ -480,8 +492,11 @@ def _is_contact_gone(exc: psycopg.Error) -> bool:
 
 def _is_refused(exc: psycopg.Error) -> bool:
     """Whether PostgreSQL (or psycopg, for a NUL) refused a statement for its data:
-    `UnstorableInput`. Not a unique key (a race, redone) nor a contact erased meanwhile."""
+    `UnstorableInput`. Not a unique key (a race, redone), a contact erased meanwhile, nor
+    what sinal itself wrote wrong (`_OWN_FAULTS`)."""
     if isinstance(exc, psycopg.errors.UniqueViolation) or _is_contact_gone(exc):
+        return False
+    if exc.sqlstate in _OWN_FAULTS:
         return False
     if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
         return True

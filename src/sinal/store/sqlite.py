@@ -41,6 +41,7 @@ from sinal.errors import (
     ConfigurationError,
     DuplicateKey,
     IdentityConflict,
+    SchemaViolation,
     StoreError,
     StoreUnavailable,
     UnstorableInput,
@@ -158,6 +159,21 @@ _UNAVAILABLE = frozenset({
 })  # fmt: skip
 
 
+# SQLite's extended result codes of a statement refused for what sinal itself wrote,
+# whatever the input (`SchemaViolation`): a NOT NULL column left empty, a reference to a
+# row that is not there (sinal checks each one it takes from an input first), a value of
+# a type its STRICT column does not take (sinal binds every value's type; 3091 is
+# SQLITE_CONSTRAINT_DATATYPE, which the sqlite3 module does not name). A CHECK, a
+# trigger's RAISE or a text too big judge the data: the input's fault (`UnstorableInput`).
+_OWN_FAULTS = frozenset({
+    sqlite3.SQLITE_CONSTRAINT_NOTNULL, sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY, 3091,
+})  # fmt: skip
+
+
+def _is_own_fault(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) in _OWN_FAULTS
+
+
 @contextmanager
 def translated_errors() -> Iterator[None]:
     """Turn sqlite3's exceptions into sinal's, chained."""
@@ -166,6 +182,8 @@ def translated_errors() -> Iterator[None]:
     except sqlite3.IntegrityError as exc:
         if "UNIQUE" in str(exc):
             raise DuplicateKey(str(exc)) from exc
+        if _is_own_fault(exc):
+            raise SchemaViolation(str(exc)) from exc
         raise UnstorableInput(str(exc)) from exc
     except sqlite3.DataError as exc:  # a text or blob too big, say
         raise UnstorableInput(str(exc)) from exc
@@ -1220,7 +1238,7 @@ def _record_isolated(batch: _Batch, events: Sequence[PreparedEvent]) -> list[Out
     except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
         conn.execute("ROLLBACK TO refusal")
         conn.execute("RELEASE refusal")
-        if "UNIQUE" in str(exc):
+        if "UNIQUE" in str(exc) or _is_own_fault(exc):
             raise
         if len(events) == 1:
             return [refused(events[0], exc)]
