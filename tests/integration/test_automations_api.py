@@ -707,7 +707,65 @@ async def test_executions_cursor_not_from_a_page_is_422_naming_it(api: Api, curs
     ]
 
 
+# -- the account's automations and integrations, a page at a time ----------------------
+
 AI = {"kind": "ai", "base_url": "https://ai.example", "model": "m"}
+
+
+async def _paged(api: Api, path: str, limit: int, between: Any = None) -> list[list[str]]:
+    """The ids of each page of `path`, passing each `next_cursor` back as `cursor`;
+    `between()` is awaited after the first page."""
+    pages: list[list[str]] = []
+    params: dict[str, Any] = {"limit": limit}
+    while True:
+        page = await api.client.get(path, params=params)
+        assert page.status_code == 200, page.text
+        pages.append([x["id"] for x in page.json()["data"]])
+        if between is not None and len(pages) == 1:
+            await between()
+        if page.json()["next_cursor"] is None:
+            return pages
+        params["cursor"] = page.json()["next_cursor"]
+
+
+@pytest.mark.parametrize("path", ["/v1/automations", "/v1/integrations"])
+async def test_automations_and_integrations_page_through_every_one_once_oldest_first(
+    api: Api, path: str
+) -> None:
+    """As every list: `limit`, and each `next_cursor` passed back as `cursor` until it is
+    null; oldest first, each live one once (a deleted one left out), and one made while
+    paging on the last page. Without parameters, the first 100 and a null cursor."""
+    body = AI if path == "/v1/integrations" else TAGGING
+    ids = [(await api.post(path, {**body, "name": f"n{n}"})).json()["id"] for n in range(6)]
+    assert (await api.client.delete(f"{path}/{ids.pop(2)}")).status_code == 204
+    whole = (await api.client.get(path)).json()
+    assert ([x["id"] for x in whole["data"]], whole["next_cursor"]) == (ids, None)
+    made: list[str] = []
+
+    async def make_one() -> None:
+        made.append((await api.post(path, {**body, "name": "later"})).json()["id"])
+
+    pages = await _paged(api, path, 2, between=make_one)
+
+    assert pages == [ids[:2], ids[2:4], [ids[4], *made]]
+    other = await api.key_for("admin", account=api.ledger.create_account("Outra"))
+    theirs = await api.client.get(path, headers=api.auth(other))
+    assert theirs.json() == {"data": [], "next_cursor": None}
+
+
+@pytest.mark.parametrize("path", ["/v1/automations", "/v1/integrations"])
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [({"cursor": "garbage"}, "cursor"), ({"limit": 0}, "limit"), ({"limit": 1001}, "limit")],
+)
+async def test_automations_and_integrations_bad_page_is_422_naming_it(
+    api: Api, path: str, params: dict[str, Any], field: str
+) -> None:
+    response = await api.client.get(path, params=params)
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+    if field == "cursor":
+        assert response.json()["errors"][0]["code"] == "invalid_cursor"
 
 
 # -- what the database refuses: the input's fault (422) or sinal's (500) ------------------

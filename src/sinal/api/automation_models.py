@@ -93,9 +93,11 @@ class IntegrationOut(
 
 
 class IntegrationList(BaseModel):
-    """The account's integrations, oldest first."""
+    """The account's integrations, oldest first; pass `next_cursor` as `cursor` for the
+    next page (null on the last)."""
 
     data: list[IntegrationOut]
+    next_cursor: str | None
 
 
 # -- automations -------------------------------------------------------------------------
@@ -233,9 +235,11 @@ class AutomationOut(BaseModel):
 
 
 class AutomationList(BaseModel):
-    """The account's automations, oldest first."""
+    """The account's automations, oldest first; pass `next_cursor` as `cursor` for the
+    next page (null on the last)."""
 
     data: list[AutomationOut]
+    next_cursor: str | None
 
 
 # -- executions and traces ---------------------------------------------------------------

@@ -218,7 +218,7 @@ def decode_feed_cursor(cursor: str) -> FeedPosition:
 
 
 def decode_id_cursor(cursor: str) -> UUID:
-    """The id in a rejections cursor."""
+    """The id in a cursor of `id_page`'s."""
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         return UUID(text)
@@ -237,9 +237,9 @@ _T = TypeVar("_T", bound=_Identified)
 
 
 def id_page(rows: Sequence[_T], limit: int, view: Callable[[_T], Any]) -> dict[str, Any]:
-    """A page of a list read newest first by id, `limit + 1` rows asked for: its first
-    `limit` rows as `view` shows them, and the cursor to the rest (null when none is left;
-    `decode_id_cursor` reads it back)."""
+    """A page of a list read by id (newest first, or oldest first), `limit + 1` rows asked
+    for: its first `limit` rows as `view` shows them, and the cursor to the rest, its last
+    row's id (null when none is left; `decode_id_cursor` reads it back)."""
     page = rows[:limit]
     more = len(rows) > limit
     return {

@@ -394,9 +394,16 @@ class AutomationStore(Protocol):
         ...
 
     def list_integrations(
-        self, account_id: UUID, kind: IntegrationKind | None = None
+        self,
+        account_id: UUID,
+        kind: IntegrationKind | None = None,
+        *,
+        after: UUID | None = None,
+        limit: int | None = None,
     ) -> list[Integration]:
-        """The account's live integrations, oldest first."""
+        """The account's live integrations (of `kind`, when given), oldest first by id
+        (UUIDv7: creation order): past the integration `after`, when given; at most
+        `limit` (all of them when None)."""
         ...
 
     def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
@@ -427,8 +434,11 @@ class AutomationStore(Protocol):
         """One live automation, or None."""
         ...
 
-    def list_automations(self, account_id: UUID) -> list[AutomationRow]:
-        """The account's live automations, oldest first."""
+    def list_automations(
+        self, account_id: UUID, *, after: UUID | None = None, limit: int | None = None
+    ) -> list[AutomationRow]:
+        """The account's live automations, oldest first by id (UUIDv7: creation order):
+        past the automation `after`, when given; at most `limit` (all of them when None)."""
         ...
 
     def update_automation(

@@ -70,6 +70,15 @@ from sinal.store.postgres_erasure import WRITE_EVENTS
 log = logging.getLogger("sinal.store")
 
 
+def _live_page(account_id: UUID, after: UUID | None) -> tuple[str, list[UUID]]:
+    """The WHERE of a page of an account's live rows past the id `after`: read from the
+    primary key (account_id, id) on, in order."""
+    where, args = "account_id = %s AND deleted_at IS NULL", [account_id]
+    if after is not None:
+        where, args = f"{where} AND id > %s", [*args, after]
+    return where, args
+
+
 def _qualified(columns: str, alias: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
 
@@ -338,14 +347,20 @@ class PostgresAutomations:
         return None if row is None else opened_integration(self.keyring, Integration(*row))
 
     def list_integrations(
-        self, account_id: UUID, kind: IntegrationKind | None = None
+        self,
+        account_id: UUID,
+        kind: IntegrationKind | None = None,
+        *,
+        after: UUID | None = None,
+        limit: int | None = None,
     ) -> list[Integration]:
-        """The account's live integrations, oldest first."""
+        """The account's live integrations, oldest first (by id)."""
+        where, args = _live_page(account_id, after)
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {INTEGRATION_COLUMNS} FROM integrations WHERE account_id = %s "
-                "AND deleted_at IS NULL AND (%s::text IS NULL OR kind = %s) ORDER BY created_at",
-                (account_id, kind, kind),
+                f"SELECT {INTEGRATION_COLUMNS} FROM integrations WHERE {where} "
+                "AND (%s::text IS NULL OR kind = %s) ORDER BY id LIMIT %s",
+                (*args, kind, kind, limit),  # LIMIT NULL: no limit
             ).fetchall()
         return [opened_integration(self.keyring, Integration(*r)) for r in rows]
 
@@ -408,13 +423,15 @@ class PostgresAutomations:
             ).fetchone()
         return None if row is None else AutomationRow(*row)
 
-    def list_automations(self, account_id: UUID) -> list[AutomationRow]:
-        """The account's live automations, oldest first."""
+    def list_automations(
+        self, account_id: UUID, *, after: UUID | None = None, limit: int | None = None
+    ) -> list[AutomationRow]:
+        """The account's live automations, oldest first (by id)."""
+        where, args = _live_page(account_id, after)
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {AUTOMATION_COLUMNS} FROM automations "
-                "WHERE account_id = %s AND deleted_at IS NULL ORDER BY created_at, id",
-                (account_id,),
+                f"SELECT {AUTOMATION_COLUMNS} FROM automations WHERE {where} ORDER BY id LIMIT %s",
+                (*args, limit),  # LIMIT NULL: no limit
             ).fetchall()
         return [AutomationRow(*r) for r in rows]
 

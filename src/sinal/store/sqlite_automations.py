@@ -118,14 +118,20 @@ class SQLiteAutomations:
         return None if row is None else _integration(row, self.keyring)
 
     def list_integrations(
-        self, account_id: UUID, kind: IntegrationKind | None = None
+        self,
+        account_id: UUID,
+        kind: IntegrationKind | None = None,
+        *,
+        after: UUID | None = None,
+        limit: int | None = None,
     ) -> list[Integration]:
-        """The account's live integrations, oldest first."""
+        """The account's live integrations, oldest first (by id)."""
+        where, args = _live_page(account_id, after)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {INTEGRATION_COLUMNS} FROM integrations WHERE account_id = ? "
-                "AND deleted_at IS NULL AND (? IS NULL OR kind = ?) ORDER BY created_at",
-                (str(account_id), kind, kind),
+                f"SELECT {INTEGRATION_COLUMNS} FROM integrations WHERE {where} "
+                "AND (? IS NULL OR kind = ?) ORDER BY id LIMIT ?",
+                (*args, kind, kind, -1 if limit is None else limit),  # -1: no limit
             ).fetchall()
         return [_integration(r, self.keyring) for r in rows]
 
@@ -190,13 +196,15 @@ class SQLiteAutomations:
             ).fetchone()
         return None if row is None else _automation(row)
 
-    def list_automations(self, account_id: UUID) -> list[AutomationRow]:
-        """The account's live automations, oldest first."""
+    def list_automations(
+        self, account_id: UUID, *, after: UUID | None = None, limit: int | None = None
+    ) -> list[AutomationRow]:
+        """The account's live automations, oldest first (by id)."""
+        where, args = _live_page(account_id, after)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {AUTOMATION_COLUMNS} FROM automations "
-                "WHERE account_id = ? AND deleted_at IS NULL ORDER BY created_at, id",
-                (str(account_id),),
+                f"SELECT {AUTOMATION_COLUMNS} FROM automations WHERE {where} ORDER BY id LIMIT ?",
+                (*args, -1 if limit is None else limit),  # -1: no limit
             ).fetchall()
         return [_automation(r) for r in rows]
 
@@ -619,6 +627,15 @@ WHERE json_extract(st.value, '$.type') = 'webhook'
   AND json_type(st.value, '$.headers') = 'object' AND h.type IN ('text', 'object')
 GROUP BY 1
 """
+
+
+def _live_page(account_id: UUID, after: UUID | None) -> tuple[str, list[str]]:
+    """The WHERE of a page of an account's live rows past the id `after`: read from the
+    primary key (account_id, id) on, in order (canonical text: text order is id order)."""
+    where, args = "account_id = ? AND deleted_at IS NULL", [str(account_id)]
+    if after is not None:
+        where, args = f"{where} AND id > ?", [*args, str(after)]
+    return where, args
 
 
 def _integration(r: Sequence[Any], keyring: Keyring | None) -> Integration:

@@ -126,17 +126,27 @@ async def create_integration(request: Request) -> Response:
 
 @router.get(
     "/v1/integrations",
-    summary="The account's integrations (no secrets)",
+    summary="The account's integrations (no secrets), oldest first",
     response_model=IntegrationList,
-    responses=problem_responses(401, 403, 503),
+    responses=problem_responses(401, 403, 422, 503),
 )
-async def list_integrations(request: Request) -> Response:
-    """Oldest first."""
+async def list_integrations(
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> Response:
+    """Keyset pagination, as every list: pass `next_cursor` back as `cursor` until it is
+    null (until this release, every integration came in one answer, with no
+    `next_cursor`). Oldest first by id: one made while paging comes on the last page."""
     svc = service(request)
     key = await svc.authorize(request, "admin")
-    found = await svc.run(_automations(request).store.list_integrations, key.account_id)
+    after = None if cursor is None else decode_id_cursor(cursor)
+    store = _automations(request).store
+    found = await svc.run(
+        lambda: store.list_integrations(key.account_id, after=after, limit=limit + 1)
+    )
     base = svc.public_base_url(request)
-    return json_response({"data": [integration_view(i, base) for i in found]})
+    return json_response(id_page(found, limit, lambda i: integration_view(i, base)))
 
 
 @router.get(
@@ -195,16 +205,26 @@ async def create_automation(request: Request) -> Response:
 
 @router.get(
     "/v1/automations",
-    summary="The account's automations",
+    summary="The account's automations, oldest first",
     response_model=AutomationList,
-    responses=problem_responses(401, 403, 503),
+    responses=problem_responses(401, 403, 422, 503),
 )
-async def list_automations(request: Request) -> Response:
-    """Oldest first."""
+async def list_automations(
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> Response:
+    """Keyset pagination, as every list: pass `next_cursor` back as `cursor` until it is
+    null (until this release, every automation came in one answer, with no
+    `next_cursor`). Oldest first by id: one made while paging comes on the last page."""
     svc = service(request)
     key = await svc.authorize(request, "admin")
-    rows = await svc.run(_automations(request).store.list_automations, key.account_id)
-    return json_response({"data": [automation_view(r) for r in rows]})
+    after = None if cursor is None else decode_id_cursor(cursor)
+    store = _automations(request).store
+    rows = await svc.run(
+        lambda: store.list_automations(key.account_id, after=after, limit=limit + 1)
+    )
+    return json_response(id_page(rows, limit, automation_view))
 
 
 @router.get(
