@@ -13,6 +13,7 @@ from uuid import UUID
 import anyio
 import pytest
 
+from sinal import EmitEvent
 from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
@@ -766,6 +767,38 @@ async def test_automations_and_integrations_bad_page_is_422_naming_it(
     assert [e["field"] for e in response.json()["errors"]] == [field]
     if field == "cursor":
         assert response.json()["errors"][0]["code"] == "invalid_cursor"
+
+
+async def test_an_executions_answer_lists_1000_emitted_events_and_says_when_more(
+    api: Api,
+) -> None:
+    """A step emits one event at most, so only events a library caller tagged with the
+    execution pass 1,000: the answer lists the newest 1,000, oldest first, and
+    `emitted_events_truncated` says that more name the execution."""
+    automation = (await api.post("/v1/automations", TAGGING)).json()
+    ana = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    _answered(api, ana.id, range(1))
+    runs = await api.client.get(f"/v1/automations/{automation['id']}/executions")
+    [run] = runs.json()["data"]
+    path = f"/v1/executions/{run['id']}"
+    alone = (await api.client.get(path)).json()
+    assert [e["metric"] for e in alone["emitted_events"]] == ["Tag Added"]
+    assert alone["emitted_events_truncated"] is False
+
+    start = datetime.now(UTC) + timedelta(minutes=1)
+    api.ledger.emit_many([
+        EmitEvent(account_id=api.account.id, contact_id=ana.id, metric_name="Note",
+                  source="crm", source_id=str(n), automation_execution_id=UUID(run["id"]),
+                  occurred_at=start + timedelta(seconds=n))
+        for n in range(1000)
+    ])  # fmt: skip
+
+    detail = (await api.client.get(path)).json()
+    emitted = detail["emitted_events"]
+    assert len(emitted) == 1000
+    assert {e["metric"] for e in emitted} == {"Note"}  # Tag Added, the oldest, left out
+    assert [e["occurred_at"] for e in emitted] == sorted(e["occurred_at"] for e in emitted)
+    assert detail["emitted_events_truncated"] is True
 
 
 # -- what the database refuses: the input's fault (422) or sinal's (500) ------------------

@@ -295,7 +295,13 @@ class ExecutionDetail(ExecutionOut):
     """An execution with its steps and the events they emitted (oldest first)."""
 
     steps: list[StepRecordOut]
-    emitted_events: list[EmittedEventOut]
+    emitted_events: list[EmittedEventOut] = Field(
+        description="The newest 1,000 at most, oldest first (a step emits one at most)"
+    )
+    emitted_events_truncated: bool = Field(
+        description="Whether more events name the execution than emitted_events lists: "
+        "only events a library caller tagged with it can pass 1,000"
+    )
 
 
 class TraceEntry(BaseModel):

@@ -38,6 +38,11 @@ T = TypeVar("T")
 
 router = APIRouter(tags=["automations"])
 MAX_BODY = 256 * 1024
+# The most events an execution's answer lists. A cap, not a page: its steps emit one
+# event each at most (50 steps; a step run again never records its event twice), so only
+# events a library caller tagged with the execution (EmitEvent.automation_execution_id)
+# can pass it, and `emitted_events_truncated` says when they do.
+MAX_EMITTED = 1000
 
 
 class ConditionIn(BaseModel):
@@ -314,14 +319,17 @@ async def list_executions(
     responses=problem_responses(401, 403, 404, 503),
 )
 async def get_execution(request: Request, execution_id: str) -> Response:
-    """Each step's record ('started', 'completed', 'failed', 'unknown')."""
+    """Each step's record ('started', 'completed', 'failed', 'unknown'), and the events that
+    name the execution: the newest 1,000 at most, oldest first; `emitted_events_truncated`
+    says whether there are more."""
     svc = service(request)
     key = await svc.authorize(request, "read")
     store = _automations(request).store
     found = await _owned(request, store.get_execution, key.account_id, execution_id, "execution")
-    query = EventQuery(key.account_id, automation_execution_id=found.id, limit=1000)
+    query = EventQuery(key.account_id, automation_execution_id=found.id, limit=MAX_EMITTED + 1)
     emitted = await svc.run(svc.ledger.list_events, query)
-    return json_response(execution_view(found, list(reversed(emitted))))
+    view = execution_view(found, list(reversed(emitted[:MAX_EMITTED])))
+    return json_response({**view, "emitted_events_truncated": len(emitted) > MAX_EMITTED})
 
 
 @router.get(
