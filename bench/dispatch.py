@@ -63,6 +63,8 @@ PRODUCERS = 4  # threads committing those batches
 # is left out of the percentiles and shows in "done / offered")
 FULL = {"throughput": 10_000, "lag_seconds": 20.0, "lag_workers": (1, 4), "drain": 60.0}
 QUICK = {"throughput": 600, "lag_seconds": 3.0, "lag_workers": (4,), "drain": 6.0}
+# the workers' PostgreSQL sessions say so (PGAPPNAME), for their backends' CPU time
+WORKER_APP = "sinal-dbench-worker"
 console = Console(stderr=True, soft_wrap=True)  # progress; stdout holds only the results
 
 
@@ -91,6 +93,10 @@ class Lag:
     p50: float
     p99: float
     max: float
+    # CPU seconds over the run (from the load's start to the drain's end, read from /proc:
+    # the server must run on this host) of the worker processes and of their backends
+    worker_cpu: float = float("nan")
+    db_cpu: float = float("nan")
 
 
 # -- the two systems -----------------------------------------------------------------------
@@ -144,7 +150,8 @@ class System(ABC):
         for i in range(n):
             log = (self.logs / f"{self.name}-{len(self.procs)}-{i}.log").open("wb")
             proc = subprocess.Popen(
-                self.worker_command(), env={**os.environ, **self.worker_env()},
+                self.worker_command(),
+                env={**os.environ, **self.worker_env(), "PGAPPNAME": WORKER_APP},
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
             self.procs.append(proc)
@@ -201,15 +208,31 @@ class System(ABC):
         self.reset()
         self.start_workers(workers)
         try:
+            before = self.cpu()
             offered, elapsed = steady(self.offer, RATE, seconds)
             self.wait_done(offered, timeout=drain)
+            after = self.cpu()
         finally:
             self.stop_workers()
         lags = sorted(self.lags())
         return Lag(
             workers, offered, offered / elapsed, len(lags),
             percentile(lags, 0.50), percentile(lags, 0.99), lags[-1] if lags else float("nan"),
+            *(sum(after[k].values()) - sum(before[k].get(pid, 0.0) for pid in after[k])
+              for k in ("workers", "backends")),
         )  # fmt: skip
+
+    def cpu(self) -> dict[str, dict[int, float]]:
+        """CPU seconds so far of each worker process and each of their backends, by pid."""
+        backends = self.query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s",
+            WORKER_APP,
+        )
+        return {
+            "workers": {p.pid: cpu_seconds(p.pid) for p in self.procs},
+            "backends": {pid: cpu_seconds(pid) for (pid,) in backends},
+        }
 
     @abstractmethod
     def worker_command(self) -> list[str]:
@@ -424,6 +447,16 @@ def steady(offer: Callable[[int], None], rate: int, seconds: float) -> tuple[int
     return per_tick * ticks, elapsed
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process of this host so far (0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()  # after the command, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-quantile of sorted `values` (nearest rank); NaN when empty."""
     if not values:
@@ -487,6 +520,27 @@ def run(base_url: str, sizes: dict[str, Any], concurrency: int) -> Report:
     return report
 
 
+def run_one_worker(base_url: str, sizes: dict[str, Any], concurrency: int) -> Lag:
+    """Only sinal's lag run with one worker (`--one-worker`)."""
+    with tempfile.TemporaryDirectory(prefix="sinal-dbench-") as tmp:
+        system = SinalSystem(base_url, Path(tmp), concurrency)
+        try:
+            return system.lag(1, sizes["lag_seconds"], sizes["drain"])
+        finally:
+            system.drop()
+
+
+def show_one_worker(lag: Lag, seconds: float) -> None:
+    """The one-worker run's line: its lag, and CPU per execution done."""
+    per = 1e6 / lag.done if lag.done else float("nan")
+    Console(width=110).print(
+        f"sinal, 1 worker, {lag.offered_rate:,.0f}/s offered for {seconds:.0f} s: lag p50 "
+        f"{lag.p50 * 1000:,.0f} ms, p99 {lag.p99 * 1000:,.0f} ms, max {lag.max * 1000:,.0f} ms; "
+        f"{lag.done:,} / {lag.offered:,} done; CPU per execution: worker "
+        f"{lag.worker_cpu * per:,.0f} µs, its PostgreSQL backends {lag.db_cpu * per:,.0f} µs"
+    )
+
+
 def show(report: Report, sizes: dict[str, Any], concurrency: int) -> None:
     """The results as a table, and the targets."""
     table = Table(title=f"Dispatch on PostgreSQL (worker processes × {concurrency} concurrency)")
@@ -529,6 +583,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--concurrency", type=int, default=CONCURRENCY,
         help=f"executions / jobs each worker process runs at once (default {CONCURRENCY})",
     )  # fmt: skip
+    parser.add_argument(
+        "--one-worker", action="store_true",
+        help="only sinal's lag run with 1 worker, and its CPU per execution",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seconds", type=float, help="seconds of load in the lag runs (default 20; --quick 3)"
+    )
     parser.add_argument("--peer-worker", metavar="URL", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -551,7 +612,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    sizes = QUICK if args.quick else FULL
+    sizes: dict[str, Any] = {**(QUICK if args.quick else FULL)}
+    if args.seconds:
+        sizes["lag_seconds"] = args.seconds
+    if args.one_worker:
+        lag = run_one_worker(args.pg.rstrip("/"), sizes, args.concurrency)
+        if args.json:
+            print(json.dumps(asdict(lag), indent=2))
+        else:
+            show_one_worker(lag, sizes["lag_seconds"])
+        return 0
     report = run(args.pg.rstrip("/"), sizes, args.concurrency)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
