@@ -1837,6 +1837,43 @@ def test_a_closed_postgres_store_stays_closed(world: World) -> None:
             store.get_account(world.account.id)
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_step_records_are_planned_for_the_table_as_it_is(world: World) -> None:
+    """A step's start and finish (and the claim) are planned each time, on the size of
+    `executions` then: a plan PostgreSQL kept from their first runs, on a table of a few
+    rows, found the execution through `executions_contact` by account, and read every
+    execution of the account at each step once it had grown (bench/README.md, Dispatch:
+    one worker fell behind 1,000 events/s)."""
+    world.automations.create(world.account.id, {
+        "name": "ping", "trigger_metric": "Ping",
+        "steps": [{"type": "filter", "conditions": [
+            {"field": "source", "op": "eq", "value": "test"}]}],
+    })  # fmt: skip
+    store = PostgresStore(world.url, max_size=1)  # one connection: the one looked at below
+    try:
+        # psycopg prepares a statement on its 6th run; PostgreSQL then plans it for its
+        # parameters 5 times before it may keep a generic plan
+        for n in range(15):
+            world.ledger.emit_event(account_id=world.account.id, contact_id=world.contact.id,
+                                    metric_name="Ping", source="test",
+                                    source_id=str(n))  # fmt: skip
+            store.fan_out(choose, 10)
+            [claim] = store.claim_executions("w", 10, 60)
+            assert store.start_steps([StepStart(claim, 0, "filter")])[0] is not None
+            done = StepFinish(claim, 0, "completed", then=Advance("completed", 1))
+            assert store.finish_steps([done]) == [True]
+        with store._conn() as conn:
+            plans = conn.execute(
+                "SELECT left(statement, 60), generic_plans, custom_plans "
+                "FROM pg_prepared_statements WHERE statement ~ 'json_to_recordset|claimed AS'"
+            ).fetchall()
+    finally:
+        store.close()
+    assert len(plans) == 3, plans  # start, finish, claim: each prepared
+    assert all(generic == 0 for _, generic, _ in plans), plans
+
+
 # -- a send's outcome: sent again only when it certainly did not leave ------------------------
 
 UNDELIVERABLE = meta_error(

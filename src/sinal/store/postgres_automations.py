@@ -193,12 +193,26 @@ WHERE e.account_id = d.account_id AND e.id = d.id
 # executions/s on a new database, and the lag grew with the table (bench/README.md,
 # session 34). These settings, sent in the statement's round trip and transaction, leave
 # the planner one way: a nested loop over the requests, each an index lookup.
+#
+# Which index, the planner picks by the table's size, and every index of `executions`
+# leads with `account_id`: while the table holds a few hundred rows, finding the account's
+# executions through `executions_contact` and filtering them by id costs it as much as the
+# primary key, and a generic plan made then (psycopg prepares a statement on its sixth
+# run) was kept as the table grew: each start and finish read every execution of the
+# account (5,438 rows for one finish 28 s into a run), 1.4-7.2 ms of PostgreSQL's CPU per
+# execution at 1,000 events/s, and one worker fell behind (bench/README.md, Dispatch).
+# Planned each time (`force_custom_plan`), a statement is costed on the table as it is:
+# 0.4-0.5 ms per execution, planning included.
 _BY_KEY_SETTINGS = ("enable_seqscan", "enable_hashjoin", "enable_mergejoin")
-_BY_KEY = "SELECT " + ", ".join(f"set_config('{s}', 'off', true)" for s in _BY_KEY_SETTINGS)
+_BY_KEY = (
+    "SELECT "
+    + ", ".join(f"set_config('{s}', 'off', true)" for s in _BY_KEY_SETTINGS)
+    + ", set_config('plan_cache_mode', 'force_custom_plan', true)"
+)
 # ... and back, for what else the transaction runs (a plan is kept whatever the settings).
 _BY_KEY_END = (
     "SELECT set_config(name, reset_val, true) FROM pg_settings WHERE name IN ("
-    + ", ".join(f"'{s}'" for s in _BY_KEY_SETTINGS)
+    + ", ".join(f"'{s}'" for s in (*_BY_KEY_SETTINGS, "plan_cache_mode"))
     + ")"
 )
 
