@@ -199,7 +199,7 @@ WHERE e.account_id = d.account_id AND e.id = d.id
 # executions through `executions_contact` and filtering them by id costs it as much as the
 # primary key, and a generic plan made then (psycopg prepares a statement on its sixth
 # run) was kept as the table grew: each start and finish read every execution of the
-# account (5,438 rows for one finish 28 s into a run), 1.4-7.2 ms of PostgreSQL's CPU per
+# account (5,438 rows for one finish 28 s into a run), 0.85-7.2 ms of PostgreSQL's CPU per
 # execution at 1,000 events/s, and one worker fell behind (bench/README.md, Dispatch).
 # Planned each time (`force_custom_plan`), a statement is costed on the table as it is:
 # 0.4-0.5 ms per execution, planning included.
