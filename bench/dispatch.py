@@ -3,6 +3,7 @@
 Run from the project root (procrastinate comes with the `bench` extra):
 
     .venv/bin/python bench/dispatch.py [--quick] [--json] [--pg postgresql://user@host:port]
+    .venv/bin/python bench/dispatch.py --one-worker [--seconds 20]  # sinal, 1 worker, lag only
 
 Each system gets a fresh database of its own on the same server and runs the same work:
 one no-op unit per input, done by `sinal worker` / procrastinate worker *processes*.
