@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shlex
 import shutil
 import socket
+import sys
 import tempfile
 from typing import Annotated, Any, cast
 
@@ -408,11 +410,32 @@ def _run_uvicorn(settings: Settings, *, access_log: bool) -> None:
         host=settings.host,
         port=settings.port,
         workers=settings.workers,
+        log_config=_log_config(settings.log_level),
         log_level=settings.log_level,
         access_log=access_log,
         loop="auto",
         http="auto",
     )
+
+
+def _this_command() -> str:
+    """How to run sinal again as it was run, for a line to paste: `make run` starts
+    `.venv/bin/sinal`, which is not on the PATH (`sinal …` was "command not found")."""
+    argv0 = sys.argv[0]
+    return shlex.quote(argv0) if os.path.basename(argv0) == "sinal" else "sinal"
+
+
+def _log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging, and sinal's loggers through its handler at `level`: without them
+    the worker inside `sinal serve` logged nothing at info (started, abandoned checkouts
+    recorded, rows pruned) and its warnings came without their level."""
+    from uvicorn.config import LOG_LEVELS, LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["sinal"] = {
+        "handlers": ["default"], "level": LOG_LEVELS[level.lower()], "propagate": False,
+    }  # fmt: skip
+    return config
 
 
 def _print_demo(ledger: Ledger, settings: Settings) -> None:
@@ -422,7 +445,7 @@ def _print_demo(ledger: Ledger, settings: Settings) -> None:
     if existing:
         typer.echo(
             f"The database already has accounts; make a key with:\n"
-            f"  sinal keys create --account {existing[0].id} --scopes ingest,read"
+            f"  {_this_command()} keys create --account {existing[0].id} --scopes ingest,read"
         )
         return
     account = ledger.create_account("Loja Demo")

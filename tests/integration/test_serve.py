@@ -180,6 +180,53 @@ def test_serve_demo_prints_a_key_and_a_curl_line_that_works(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_serve_demo_on_a_database_with_accounts_prints_a_command_that_runs(
+    tmp_path: Path,
+) -> None:
+    """`make run` again: the line it printed, `sinal keys create …`, was "command not
+    found", as `make` runs `.venv/bin/sinal`, which is not on the PATH."""
+    env = {**os.environ, "SINAL_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.db'}"}
+    subprocess.run([SINAL, "migrate"], env=env, capture_output=True, check=True, timeout=60)
+    account = cli(env, "accounts", "create", "--name", "Loja")
+    proc = subprocess.Popen([SINAL, "serve", "--demo", "--port", str(free_port())], env=env,
+                            cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    command = lines[1].strip()
+    done = subprocess.run(["bash", "-c", command], env={**env, "PATH": "/usr/bin:/bin"},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+
+    assert lines[0] == "The database already has accounts; make a key with:\n"
+    assert done.returncode == 0, command + "\n" + done.stderr
+    assert f"for account {account['id']}:" in done.stdout
+    assert re.search(r"^snl_[0-9a-f]{32}_[0-9A-Za-z]{43}$", done.stdout, re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_serve_logs_its_worker_as_uvicorn_logs_itself(
+    server: tuple[str, subprocess.Popen[str]],
+) -> None:
+    """The worker inside `sinal serve` logged nothing at info (its start and stop,
+    abandoned checkouts recorded, rows pruned), and its warnings had no level."""
+    _, proc = server
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=15)
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+
+    assert re.search(r"^INFO: +worker \S+ started$", output, re.MULTILINE), output
+    assert re.search(r"^INFO: +worker \S+ stopped$", output, re.MULTILINE), output
+
+
+@pytest.mark.slow
 def test_serve_runs_automations_in_its_own_worker(env: dict[str, str], tmp_path: Path) -> None:
     from tests.servers import whatsapp_server
 
