@@ -104,6 +104,46 @@ def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        # the password was quoted whole
+        (
+            "postgress://app:s3cret@db/shop",
+            "unsupported database URL 'postgress://app:***@db/shop': use sqlite:///file.db or "
+            "postgresql://...",
+        ),
+        # a traceback (urlsplit's ValueError: Invalid IPv6 URL); libpq's reason quotes the URL
+        ("postgresql://app:s3cret@[db/shop", "malformed PostgreSQL URL: "),
+        # made a file named "sqlite:shop.db", in which nothing else found the database
+        (
+            "sqlite:shop.db",
+            "malformed SQLite URL 'sqlite:shop.db': use sqlite:///relative.db or "
+            "sqlite:////absolute.db (three slashes, then the path)",
+        ),
+        # "unable to open database file"
+        (
+            "sqlite:///nowhere/shop.db",
+            "cannot create the SQLite database nowhere/shop.db: there is no directory "
+            "{tmp}/nowhere",
+        ),
+    ],
+    ids=["password", "ipv6", "sqlite_slashes", "sqlite_directory"],
+)
+def test_cli_database_url_mistakes_are_one_line_saying_what_to_fix(
+    url: str, message: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "SINAL_DATABASE_URL": url, "PYTHONPATH": str(SRC)}
+    result = subprocess.run([*SINAL, "migrate"], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: {message.format(tmp=tmp_path)}"), result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "s3cret" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.postgres
 def test_cli_migrate_on_a_database_not_in_utf8_is_one_line_naming_its_encoding(
     non_utf8_url: str,

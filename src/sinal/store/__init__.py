@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+import re
 
 from sinal.errors import ConfigurationError
 from sinal.keyring import Keyring
@@ -18,10 +18,14 @@ def open_store(
     that does not exist is created, or with `create=False` is `ConfigurationError`.
     `keyring` seals the secrets it writes (integrations', webhook steps') and opens those
     it reads (`sinal.keyring`); without one they are written as they are."""
-    scheme = urlsplit(url).scheme
+    scheme = url.partition(":")[0].lower()  # not urlsplit: "postgresql://[x" raised ValueError
     if scheme == "sqlite":
-        path = url.removeprefix("sqlite://")
-        path = path.removeprefix("/")  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
+        if url[7:9] != "//":  # "sqlite:x.db" made a file named "sqlite:x.db"
+            raise ConfigurationError(
+                f"malformed SQLite URL {url!r}: use sqlite:///relative.db or "
+                "sqlite:////absolute.db (three slashes, then the path)"
+            )
+        path = url[9:].removeprefix("/")  # sqlite:///rel.db: rel.db; sqlite:////abs.db: /abs.db
         from sinal.store.sqlite import SQLiteStore
 
         return SQLiteStore(path, busy_timeout=wait, create=create, keyring=keyring)
@@ -30,8 +34,17 @@ def open_store(
 
         return PostgresStore(url, wait=wait, keyring=keyring)
     raise ConfigurationError(
-        f"unsupported database URL {url!r}: use sqlite:///file.db or postgresql://..."
+        f"unsupported database URL {mask_password(url)!r}: use sqlite:///file.db or "
+        "postgresql://..."
     )
 
 
-__all__ = ["DEFAULT_WAIT", "Store", "open_store"]
+def mask_password(text: str) -> str:
+    """`text` with the password of every URL in it masked: an error message is shown and
+    logged, and one quoting a mistyped URL ("postgress://app:secret@db/x") showed it."""
+    return _PASSWORD.sub(r"\1***@", text)
+
+
+_PASSWORD = re.compile(r"([a-zA-Z][\w+.-]*://[^/@:\s\"']*:)[^/@\s\"']*@")
+
+__all__ = ["DEFAULT_WAIT", "Store", "mask_password", "open_store"]

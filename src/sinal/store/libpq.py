@@ -33,6 +33,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from sinal.errors import ConfigurationError
+from sinal.store import mask_password
 
 NETWORK_DEFAULTS: dict[str, str] = {
     "connect_timeout": "10",
@@ -71,7 +72,7 @@ def network_defaults(url: str) -> dict[str, Any]:
     try:
         given = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        reason = str(exc).strip().splitlines()[0]
+        reason = mask_password(str(exc).strip().splitlines()[0])  # libpq may quote the URL
         raise ConfigurationError(f"malformed PostgreSQL URL: {reason}") from None
     refused = _refused_value(given)
     if refused is not None:

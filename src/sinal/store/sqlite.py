@@ -408,6 +408,11 @@ class SQLiteStore(
                 uri=not self._create,
             )
         except sqlite3.OperationalError:
+            folder = os.path.dirname(os.path.abspath(self.path))
+            if self._create and not os.path.isdir(folder):  # SQLite: "unable to open …"
+                raise ConfigurationError(
+                    f"cannot create the SQLite database {self.path}: there is no directory {folder}"
+                ) from None
             if self._create or os.path.exists(self.path):
                 raise
             raise ConfigurationError(
