@@ -251,7 +251,7 @@ contacts_app = typer.Typer(help="Contacts.", no_args_is_help=True)
 app.add_typer(contacts_app, name="contacts")
 
 
-@contacts_app.command("erase")
+@contacts_app.command("erase", short_help="Erase a contact and everything of it, irreversibly.")
 def contacts_erase(
     contact: Annotated[str, typer.Argument(help="The contact's id.", show_default=False)],
     account: Annotated[str, typer.Option(help="The contact's account.", show_default=False)],
@@ -469,7 +469,9 @@ def _print_demo(ledger: Ledger, settings: Settings) -> None:
     typer.echo(f"API docs: {base}/docs")
 
 
-@app.command(epilog=_settings_epilog())
+@app.command(
+    epilog=_settings_epilog(), short_help="Run an automation worker (outbox, steps, housekeeping)."
+)
 def worker(database_url: DatabaseOption = None) -> None:
     """Run an automation worker: fans out the outbox, runs executions and, every
     SINAL_HOUSEKEEPING_INTERVAL seconds, its periodic tasks (abandoned checkouts, data
@@ -502,7 +504,7 @@ executions_app = typer.Typer(help="Automation executions.", no_args_is_help=True
 app.add_typer(executions_app, name="executions")
 
 
-@executions_app.command("retry")
+@executions_app.command("retry", short_help="Revive dead executions, or one named execution.")
 def executions_retry(
     execution: Annotated[
         str | None,
@@ -535,7 +537,7 @@ app.add_typer(webhooks_app, name="webhooks")
 _REPLAYABLE = ("unmappable", "failed", "received")
 
 
-@webhooks_app.command("replay")
+@webhooks_app.command("replay", short_help="Process kept deliveries again, oldest first.")
 def webhooks_replay(
     status: Annotated[
         str,
@@ -575,7 +577,7 @@ def webhooks_replay(
     console.print(f"replayed {sum(outcome.values())} deliveries: {summary}")
 
 
-@app.command()
+@app.command(short_help="Delete now the finished rows past their SINAL_*_RETENTION_DAYS.")
 def prune(as_json: JsonOption = False, database_url: DatabaseOption = None) -> None:
     """Delete now, until none is left, the finished rows older than their
     SINAL_*_RETENTION_DAYS (0, the default: kept for ever), in short transactions beside
@@ -628,7 +630,9 @@ def secrets_status(as_json: JsonOption = False, database_url: DatabaseOption = N
         console.print(f"{status.total} secret(s) stored")
 
 
-@secrets_app.command("rotate")
+@secrets_app.command(
+    "rotate", short_help="Seal every stored secret with the current key of SINAL_SECRET_KEYS."
+)
 def secrets_rotate(as_json: JsonOption = False, database_url: DatabaseOption = None) -> None:
     """Seal again with the current key (the first of SINAL_SECRET_KEYS) every stored secret
     in plaintext or sealed with a previous key, 100 rows per transaction; running
@@ -674,6 +678,7 @@ def _progress() -> Progress:
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        disable=not err_console.is_terminal,  # in a log or a pipe it left an empty line
     )
 
 

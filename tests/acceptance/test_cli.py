@@ -97,6 +97,17 @@ def test_cli_prune_deletes_only_what_the_settings_let_go_and_says_so(database_ur
     assert count(database_url, "rejections") == 1
 
 
+@pytest.mark.parametrize(
+    "command", [["rebuild-summaries"], ["webhooks", "replay"], ["prune"]], ids=" ".join
+)
+def test_cli_progress_bar_leaves_nothing_in_a_log(database_url: str, command: list[str]) -> None:
+    # a bar is for a terminal: in a log or a pipe, an empty line was left on stderr
+    result = run(database_url, *command)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
 @pytest.mark.parametrize("url", ["mysql://nope", "sqlite:///"])
 def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
     result = run(url, "migrate")
@@ -217,6 +228,19 @@ def test_cli_malformed_setting_is_one_line_naming_it(
     assert result.returncode == 1
     assert result.stderr == f"error: {message}\n"
     assert list(tmp_path.iterdir()) == []  # refused before opening (or creating) a database
+
+
+@pytest.mark.parametrize("group", [[], ["contacts"], ["executions"], ["webhooks"], ["secrets"]],
+                         ids=lambda group: " ".join(["sinal", *group]))  # fmt: skip
+def test_cli_help_lists_each_command_on_one_line(group: list[str]) -> None:
+    # rich keeps a docstring's line breaks in the list of commands: `worker`'s row broke
+    # after "runs executions and, every", `prune`'s after "older than their"
+    result = run("sqlite:///unused.db", *group, "--help")
+
+    assert result.returncode == 0, result.stderr
+    panel = result.stdout.split("Commands ")[1].splitlines()[1:]
+    rows = panel[: next(i for i, line in enumerate(panel) if line.startswith("╰"))]
+    assert [row for row in rows if row.startswith("│  ")] == []  # a row's continuation
 
 
 @pytest.mark.parametrize("option", ["--host", "--port", "--workers", "--database-url"])
