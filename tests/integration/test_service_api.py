@@ -75,6 +75,18 @@ async def test_missing_scope_is_403(api: Api) -> None:
     assert own.json()["name"] == "Loja Exemplo"
 
 
+async def test_missing_scope_says_how_to_make_a_key_that_has_it(api: Api) -> None:
+    # "this route needs an API key with the 'admin' scope", and no word of how to get one
+    writer = await api.key_for("ingest", "read")
+
+    admin = await api.client.patch("/v1/account", json={"name": "X"}, headers=api.auth(writer))
+
+    assert admin.json()["detail"] == (
+        "this route needs an API key with the 'admin' scope; this key has ingest, read: make "
+        f"one with `sinal keys create --account {api.account.id} --scopes ingest,read,admin`"
+    )
+
+
 async def test_health_readiness_and_metrics(api: Api) -> None:
     contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
     await api.post("/v1/events", {"metric": "Order Paid", "contact_id": str(contact.id),

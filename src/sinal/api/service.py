@@ -132,7 +132,11 @@ class Service:
         if key is None:
             raise Unauthorized("the API key is unknown or revoked")
         if scope is not None and scope not in key.scopes:
-            raise Forbidden(f"this route needs an API key with the {scope!r} scope")
+            raise Forbidden(
+                f"this route needs an API key with the {scope!r} scope; this key has "
+                f"{', '.join(key.scopes)}: make one with `sinal keys create --account "
+                f"{key.account_id} --scopes {','.join([*key.scopes, scope])}`"
+            )
         return key
 
 
