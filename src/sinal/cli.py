@@ -226,7 +226,8 @@ def keys_list(
         _echo_json({"keys": rows})
     for k in [] if as_json else keys:
         state = "revoked" if k.revoked_at is not None else "active"
-        console.print(f"{k.id}  …{k.hint}  {','.join(k.scopes)}  {state}")
+        label = "" if k.name is None else f"  {k.name}"  # --name's label: which key is which
+        console.print(f"{k.id}  …{k.hint}  {','.join(k.scopes)}  {state}{label}")
 
 
 @keys_app.command("revoke")

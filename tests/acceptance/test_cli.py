@@ -489,6 +489,22 @@ def test_cli_known_account_is_rebuilt_alone(database_url: str) -> None:
     assert "1 account(s), 0 summary rows; fixed 0 drifted row(s)" in result.stdout
 
 
+def test_cli_keys_list_names_each_key_by_its_label(database_url: str) -> None:
+    # `keys create --name` took a label that only `--json` showed again
+    account = json.loads(run(database_url, "accounts", "create", "--name", "Loja", "--json").stdout)
+    create = ["keys", "create", "--account", account["id"], "--json"]
+    named = json.loads(run(database_url, *create, "--name", "checkout [site]").stdout)
+    unnamed = json.loads(run(database_url, *create).stdout)
+
+    listed = run(database_url, "keys", "list", "--account", account["id"])
+
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(listed.stdout.splitlines()) == sorted([
+        f"{named['id']}  …{named['key'][-4:]}  ingest,read  active  checkout [site]",
+        f"{unnamed['id']}  …{unnamed['key'][-4:]}  ingest,read  active",
+    ])  # fmt: skip
+
+
 def test_cli_executions_retry_of_an_unknown_execution_is_an_error_naming_it(
     database_url: str,
 ) -> None:
