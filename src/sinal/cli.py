@@ -330,6 +330,7 @@ def serve(
         database_url=database_url, host=host, port=port, workers=workers
     )
     _check_host(settings.host)
+    _check_port(settings.host, settings.port)
     keyring = settings.keyring()
     with connect(settings.database_url, wait=settings.database_wait, keyring=keyring) as ledger:
         if migrate_first:
@@ -400,6 +401,21 @@ def _check_host(host: str) -> None:
         except OSError as exc:
             reason = exc.strerror or str(exc)
     raise ConfigurationError(f"SINAL_HOST={host!r} is not an address of this machine: {reason}")
+
+
+def _check_port(host: str, port: int) -> None:
+    """`ConfigurationError` naming SINAL_PORT when it is taken: uvicorn said so only once
+    the app had started (migrated, its worker running), and exited with status 3. Bound as
+    uvicorn binds it (SO_REUSEADDR: a closed connection's TIME_WAIT does not count)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigurationError(
+                f"SINAL_PORT={port}: cannot listen on {host}:{port}: {exc.strerror}"
+            ) from None
 
 
 def _run_uvicorn(settings: Settings, *, access_log: bool) -> None:

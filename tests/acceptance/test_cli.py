@@ -287,6 +287,25 @@ def test_cli_serve_host_not_of_this_machine_is_one_line_naming_it(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cli_serve_port_taken_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    """uvicorn said "address already in use" once the app had started (the database
+    migrated, the worker running), and exited with status 3."""
+    env = {**os.environ, "SINAL_DATABASE_URL": f"sqlite:///{tmp_path / 'sinal.db'}"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = [*SINAL, "serve", "--port", str(port)]
+        result = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=60,
+                                check=False)  # fmt: skip
+
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"error: SINAL_PORT={port}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_worker_metrics_host_not_of_this_machine_is_one_line_naming_it(
     tmp_path: Path,
 ) -> None:
