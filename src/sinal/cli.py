@@ -295,7 +295,8 @@ def _settings_epilog() -> str:
     from sinal.config import describe
 
     lines = ["Settings (environment):"]
-    lines += [f"{name} (default {default}): {doc}" for name, default, doc in describe()]
+    lines += [f"{name} ({f'default {default}' if default else 'unset'}): {doc}"
+              for name, default, doc in describe()]  # fmt: skip
     return "\n\n".join(lines)
 
 

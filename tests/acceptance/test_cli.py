@@ -254,6 +254,17 @@ def test_cli_serve_help_names_each_option_default(option: str) -> None:
     assert "default" in line
 
 
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_cli_help_says_a_setting_without_default_is_unset(command: str) -> None:
+    # "SINAL_PUBLIC_URL (default ): …"
+    result = run("sqlite:///unused.db", command, "--help")
+
+    assert result.returncode == 0, result.stderr
+    assert "(default )" not in result.stdout
+    assert " SINAL_PUBLIC_URL (unset): " in result.stdout
+    assert " SINAL_SECRET_KEYS (unset): " in result.stdout
+
+
 def test_cli_serve_port_out_of_range_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run([*SINAL, "serve", "--port", "70000"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
