@@ -96,7 +96,10 @@ class Settings:
         within=(0, MAX_DELAY),
     )
     log_level: str = _setting(
-        "info", "uvicorn log level: " + ", ".join(LOG_LEVELS), choices=LOG_LEVELS
+        "info",
+        "log level of `sinal serve` (uvicorn and sinal) and `sinal worker`: "
+        + ", ".join(LOG_LEVELS),
+        choices=LOG_LEVELS,
     )
     serve_worker: bool = _setting(
         True, "run an automation worker inside `sinal serve` (false: run `sinal worker` apart)"
