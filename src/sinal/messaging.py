@@ -27,6 +27,15 @@
   processes it again when due: what was recorded stays once, and the statuses still
   unknown are then recorded for the recipient, as Message Delivered / Read / Failed.
 
+Each change is recorded for the connection whose ``phone_number_id`` it names (Meta sends
+every number of an app's WhatsApp Business Accounts to the app's one callback URL, which
+may be any one of the account's connections): the connection that received it, else
+another WhatsApp connection of the same account with that number and the same app secret
+(the delivery was verified with the receiving one's; a connection of another Meta app is
+never written as). A number no connection of the account has is left unrecorded
+(``phone_number_mismatch``), as is one only a connection of another app has
+(``app_secret_mismatch``): kept, for a replay once it is connected.
+
 Everything is idempotent: a redelivery or a replay records duplicates, never second
 events. Parts that cannot be mapped do not stop the rest; the delivery is then kept as
 ``unmappable`` with their reasons (and can be replayed: what was recorded stays once).
@@ -34,7 +43,8 @@ events. Parts that cannot be mapped do not stop the rest; the delivery is then k
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hmac
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -57,7 +67,7 @@ from sinal.integrations.whatsapp import (
     status_event,
 )
 from sinal.ledger import Ledger
-from sinal.store.automations import Integration
+from sinal.store.automations import AutomationStore, Integration
 from sinal.store.messaging import (
     Conversation,
     ConversationQuery,
@@ -147,22 +157,34 @@ class _Inbox:
         self.account_id = integration.account_id
         self.phone_number_id = str(integration.settings.get("phone_number_id") or "")
         self.contacts: dict[tuple[str | None, str | None, str | None], UUID] = {}
+        self.owners: dict[str, Integration | str] | None = None  # read on first need
 
     def attempt(
-        self, kind: str, item_id: str, number: str | None, work: Callable[[], None]
+        self, kind: str, item_id: str, number: str | None, work: Callable[[Integration], None]
     ) -> list[str]:
-        """Run `work` for one part sent to phone `number`; the problems it left (none when
-        it was recorded)."""
-        if number and self.phone_number_id and number != self.phone_number_id:
-            # Another number's traffic (a shared app's webhook): never record it here.
-            return [f"{kind} {item_id}: phone_number_mismatch ({number})"]
+        """Run `work` for one part sent to phone `number`, with the connection it is recorded
+        for; the problems it left (none when it was recorded)."""
+        owner = self.owner(number)
+        if isinstance(owner, str):
+            return [f"{kind} {item_id}: {owner}"]
         try:
-            work()
+            work(owner)
         except _Skip as exc:
             return [f"{kind} {item_id}: {exc.reason}"]
         except (InvalidEvent, InvalidContact) as exc:
             return [f"{kind} {item_id}: {exc.reason} ({exc})"]
         return []
+
+    def owner(self, number: str | None) -> Integration | str:
+        """The connection a part sent to business number `number` is recorded for, or why
+        none is (see the module docstring)."""
+        if not number or not self.phone_number_id or number == self.phone_number_id:
+            return self.integration
+        if self.owners is None:
+            store = cast(AutomationStore, self.ledger.store)
+            connections = store.list_integrations(self.account_id, "whatsapp")
+            self.owners = _owners_by_number(self.integration, connections)
+        return self.owners.get(number) or f"phone_number_mismatch ({number})"
 
     def prepare(self, event: EmitEvent) -> PreparedEvent:
         """Validate an event with the ledger's clock."""
@@ -221,23 +243,24 @@ class _Inbox:
             return contact.id
         return self.store.link_whatsapp_user(self.account_id, ref.user_id, contact.id)
 
-    def receive(self, message: Mapped) -> None:
-        """Message Received, and a conversation when none is open; when an erasure deletes
-        the sender meanwhile, again, from the sender found anew (as after the erasure: by
-        phone, a new contact), not kept as a rejection naming the erased contact."""
+    def receive(self, message: Mapped, owner: Integration) -> None:
+        """Message Received (for connection `owner`), and a conversation when none is open;
+        when an erasure deletes the sender meanwhile, again, from the sender found anew (as
+        after the erasure: by phone, a new contact), not kept as a rejection naming the
+        erased contact."""
         try:
-            self.receive_once(message)
+            self.receive_once(message, owner)
         except ContactNotFound:
             ref = message.contact
             self.contacts.pop((ref.phone, ref.external_id, ref.user_id), None)
-            self.receive_once(message)
+            self.receive_once(message, owner)
 
-    def receive_once(self, message: Mapped) -> None:
+    def receive_once(self, message: Mapped, owner: Integration) -> None:
         """Message Received, and a conversation when none is open."""
         contact_id = self.contact_for(message.contact)
         event = self.prepare(
             message.to_emit(account_id=self.account_id, contact_id=contact_id,
-                            integration_id=self.integration.id)
+                            integration_id=owner.id)
         )  # fmt: skip
 
         def opened(conversation: Conversation) -> PreparedEvent:
@@ -250,16 +273,16 @@ class _Inbox:
 
         self.store.record_inbound_message(event, opened)
 
-    def apply_status(self, update: StatusUpdate) -> None:
-        """Advance the message's status row and record its status event; when an erasure
-        deletes the message's contact meanwhile, again, as for a message sent to a contact
-        that no longer exists (its send record went with it)."""
+    def apply_status(self, update: StatusUpdate, owner: Integration) -> None:
+        """Advance the message's status row and record its status event (for connection
+        `owner`); when an erasure deletes the message's contact meanwhile, again, as for a
+        message sent to a contact that no longer exists (its send record went with it)."""
         try:
-            self.apply_status_once(update)
+            self.apply_status_once(update, owner)
         except ContactNotFound:
-            self.apply_status_once(update)
+            self.apply_status_once(update, owner)
 
-    def apply_status_once(self, update: StatusUpdate) -> None:
+    def apply_status_once(self, update: StatusUpdate, owner: Integration) -> None:
         """Advance the message's status row and record its status event."""
         if update.rank is None:
             return  # a status sinal does not track (deleted, warning): nothing to record
@@ -273,7 +296,7 @@ class _Inbox:
         if mapped is not None:
             event = self.prepare(
                 mapped.to_emit(account_id=self.account_id, contact_id=sent.contact_id,
-                               integration_id=self.integration.id)
+                               integration_id=owner.id)
             )  # fmt: skip
         error = update.error if update.status == "failed" else None
         row = MessageStatus(
@@ -309,6 +332,25 @@ class _Inbox:
         if self.may_wait:
             return None
         return SentMessage(self.contact_for(update.recipient), is_template=False)
+
+
+def _owners_by_number(
+    receiver: Integration, connections: Iterable[Integration]
+) -> dict[str, Integration | str]:
+    """Each number of the account's WhatsApp `connections` (oldest first): the oldest
+    connection of it signed with `receiver`'s app secret, else why none may record it."""
+    secret = str(receiver.secrets.get("secret") or "").encode("utf-8")
+    owners: dict[str, Integration | str] = {}
+    for wa in connections:
+        number = str(wa.settings.get("phone_number_id") or "")
+        theirs = str(wa.secrets.get("secret") or "").encode("utf-8")
+        if not number or isinstance(owners.get(number), Integration):
+            continue
+        if secret and hmac.compare_digest(secret, theirs):
+            owners[number] = wa
+        else:  # another Meta app's number: its deliveries are signed with another secret
+            owners[number] = f"app_secret_mismatch ({number}: another app's connection)"
+    return owners
 
 
 # --- conversations -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
 from sinal.config import Settings
 from sinal.integrations.signatures import sign_whatsapp
-from sinal.integrations.whatsapp import whatsapp_delivery
+from sinal.integrations.whatsapp import sent_callback_data, whatsapp_delivery
 from sinal.ledger import Ledger
 from sinal.messaging import messaging_store
 from sinal.store.automations import MAX_CHAIN_DEPTH, Integration, too_deep
@@ -1035,6 +1035,78 @@ async def test_whatsapp_another_numbers_traffic_is_not_recorded(api: Api) -> Non
     assert answer.json()["status"] == "unmappable"
     assert f"phone_number_mismatch ({PHONE_NUMBER_ID})" in answer.json()["reason"]
     assert events(api) == []
+
+
+def _changes(*bodies: dict[str, Any]) -> bytes:
+    """One delivery holding the changes of `bodies`, as Meta batches a WABA's numbers."""
+    first, *rest = bodies
+    for body in rest:
+        first["entry"][0]["changes"] += body["entry"][0]["changes"]
+    return meta_bytes(first)
+
+
+async def test_whatsapp_a_shared_apps_delivery_is_recorded_for_each_numbers_connection(
+    api: Api,
+) -> None:
+    """The Meta app's one callback URL is the first connection's: each change (messages and
+    statuses) is recorded for the connection whose phone_number_id it names."""
+    first = connect_whatsapp(api)
+    second = connect_whatsapp(api, phone_number_id=SECOND_NUMBER)
+    to_first = text_message("wamid.A1", "5511987654321", "Oi A", name="Ana")
+    to_second = _to_number(SECOND_NUMBER, text_message("wamid.B1", "5521912345678", "Oi B"))
+    answer = await deliver(api, first, _changes(to_first, json.loads(to_second)))
+    assert answer.json() == {**answer.json(), "status": "processed", "reason": None}
+    received = {e.entity_id: e for e in events(api, "Message Received")}
+    assert received["wamid.A1"].integration_id == first.id
+    assert received["wamid.B1"].integration_id == second.id
+    assert received["wamid.B1"].properties["phone_number_id"] == SECOND_NUMBER
+    # a status of a message sent from the second number, delivered at the same URL
+    bia = received["wamid.B1"].contact_id
+    callback = sent_callback_data(bia, is_template=False)
+    status = statuses(("wamid.OUT_B", "delivered", 1715360100), recipient="5521912345678",
+                      callback=callback)  # fmt: skip
+    answer = await deliver(api, first, _to_number(SECOND_NUMBER, status))
+    assert answer.json()["status"] == "processed"
+    [delivered] = events(api, "Message Delivered")
+    assert (delivered.integration_id, delivered.contact_id) == (second.id, bia)
+
+
+async def test_whatsapp_a_number_of_another_meta_app_is_not_recorded_at_this_apps_url(
+    api: Api,
+) -> None:
+    """Connections of one Meta app share its secret: a delivery signed with the first's
+    never writes as a connection with another secret, even of the same account."""
+    first = connect_whatsapp(api)
+    connect_whatsapp(api, phone_number_id=SECOND_NUMBER, secret="another-apps-secret")
+    body = _to_number(SECOND_NUMBER, text_message("wamid.B1", "5521912345678", "Oi"))
+    answer = await deliver(api, first, body)
+    assert answer.json()["status"] == "unmappable"
+    assert f"message wamid.B1: app_secret_mismatch ({SECOND_NUMBER}" in answer.json()["reason"]
+    assert events(api) == []
+
+
+async def test_whatsapp_a_number_of_another_account_is_not_recorded(api: Api) -> None:
+    """A number only another account connected is one no connection has: kept, not routed."""
+    ours = connect_whatsapp(api)
+    other = api.ledger.create_account("Outra Loja")
+    connect_whatsapp(api, account_id=other.id, phone_number_id=SECOND_NUMBER)
+    body = _to_number(SECOND_NUMBER, text_message("wamid.B1", "5521912345678", "Oi"))
+    answer = await deliver(api, ours, body)
+    assert answer.json()["status"] == "unmappable"
+    assert f"phone_number_mismatch ({SECOND_NUMBER})" in answer.json()["reason"]
+    assert events(api) == events(api, account_id=other.id) == []
+
+
+async def test_whatsapp_a_number_connected_after_its_delivery_is_recorded_on_replay(
+    api: Api,
+) -> None:
+    first = connect_whatsapp(api)
+    body = _to_number(SECOND_NUMBER, text_message("wamid.B1", "5521912345678", "Oi"))
+    assert (await deliver(api, first, body)).json()["status"] == "unmappable"
+    second = connect_whatsapp(api, phone_number_id=SECOND_NUMBER)
+    assert webhooks.replay(api.ledger) == {"processed": 1}
+    [received] = events(api, "Message Received")
+    assert received.integration_id == second.id
 
 
 async def test_whatsapp_template_review_changes_are_ignored(api: Api) -> None:

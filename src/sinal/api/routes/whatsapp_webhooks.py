@@ -84,7 +84,9 @@ async def verify_subscription(
 )
 async def receive_delivery(request: Request, integration_id: str) -> Response:
     """Signed by Meta (`X-Hub-Signature-256: sha256=<hex>` of the raw body with the app
-    secret). Redeliveries are recognised and recorded once."""
+    secret). Redeliveries are recognised and recorded once. Each change is recorded for the
+    account's connection of the number it names, when it has this one's app secret (the
+    Meta app's one callback URL may be any of its connections')."""
     svc = service(request)
     integration = await _integration(svc, integration_id)
     return await receive_signed(svc, request, integration, _WHATSAPP)
