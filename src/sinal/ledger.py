@@ -70,6 +70,7 @@ from sinal.store.base import (
     Account,
     AggregateQuery,
     ApiKey,
+    BuildEvent,
     Contact,
     ContactField,
     EventQuery,
@@ -442,16 +443,37 @@ class Ledger:
         Contact Created event (one transaction). At least one identity is required.
 
         With `fill_missing`, a contact found keeps what it has and gains the name and
-        identities it lacks (Contact Updated), except one that already names another contact."""
+        identities it lacks (Contact Updated), except one that already names another contact.
+
+        A contact found with nothing to gain costs one read and no write transaction."""
         ids, clean_name = _parse_contact(phone, email, external_id, name)
         if ids.is_empty:
             raise InvalidContact(
                 [FieldError("contact", "identity_required", "give a phone, email or external_id")]
             )
         account = _uuid(account_id)
-        if self.store.get_account(account) is None:
-            raise AccountNotFound(f"account {account} does not exist")
         new = NewContact(account, new_id(), clean_name, ids.phone, ids.email, ids.external_id)
+        # a read first: the contact found is the common case, and needs no writer's lock
+        held = self.store.find_contacts(new)
+        if held:
+            contact = next(iter(held.values()))  # the most specific identity's
+            # an identity another contact has stays theirs: no write is tried (it would fail)
+            others: dict[str, Any] = {k: None for k, c in held.items() if c.id != contact.id}
+            given = replace(new, **others)
+        else:
+            if self.store.get_account(account) is None:  # a contact found proves its account
+                raise AccountNotFound(f"account {account} does not exist")
+            contact, is_new = self.store.upsert_contact_recorded(new, self._created(source))
+            if is_new:
+                return contact, True
+            given = new  # created meanwhile by a concurrent caller
+        if fill_missing:
+            # erased meanwhile (None): as found; the caller's write will find it gone
+            contact = self._fill_missing(contact, given, source) or contact
+        return contact, False
+
+    def _created(self, source: str) -> BuildEvent:
+        """The Contact Created event of a contact `resolve_contact` creates."""
 
         def created(contact: Contact) -> PreparedEvent:
             return self._contact_event(
@@ -459,11 +481,7 @@ class Ledger:
                 source_id=str(contact.id),
             )  # fmt: skip
 
-        contact, is_new = self.store.upsert_contact_recorded(new, created)
-        if fill_missing and not is_new:
-            # erased meanwhile (None): as found; the caller's write will find it gone
-            contact = self._fill_missing(contact, new, source) or contact
-        return contact, is_new
+        return created
 
     def fill_contact(
         self,

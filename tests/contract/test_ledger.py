@@ -29,6 +29,7 @@ from sinal.store.base import EventQuery, Outcome, read_migrations
 from sinal.store.postgres import OPEN_RETRY, PostgresStore
 from tests.conftest import IN_CI
 from tests.helpers import count, cut_connections, fail_recording, sql, wait_until
+from tests.integration.whatsapp import statements
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -708,6 +709,68 @@ def test_filling_a_contact_gives_what_it_lacks_but_no_one_elses_identity(
         ledger.fill_contact(account.id, ana.id, phone="abc")
     assert [(e.field, e.code) for e in caught.value.errors] == [("phone", "invalid_phone")]
     assert len(_contact_updates(ledger, account)) == 1
+
+
+@contextlib.contextmanager
+def _traced(database_url: str) -> Iterator[Ledger]:
+    """A ledger whose statements `statements` sees (PostgreSQL: a pool of one connection)."""
+    if database_url.startswith("sqlite:"):
+        with sinal.connect(database_url) as ledger:
+            yield ledger
+        return
+    with Ledger(PostgresStore(database_url, max_size=1)) as ledger:
+        yield ledger
+
+
+@pytest.mark.parametrize("fill_missing", [False, True], ids=["found", "fill_missing"])
+def test_resolving_a_contact_that_lacks_nothing_is_one_read(
+    database_url: str, fill_missing: bool
+) -> None:
+    """A contact found with nothing to give it (its email is another contact's) is one read:
+    no write transaction, so no writer's lock. PostgreSQL: 1 round trip (it was 5: the
+    account, then BEGIN, the identity, the contact, COMMIT; 7 with the failed fill)."""
+    with _traced(database_url) as ledger:
+        account = ledger.create_account("Loja")
+        ana = ledger.create_contact(account.id, phone="+55 11 98765-4321", name="Ana")
+        bia = ledger.create_contact(account.id, email="bia@example.com")
+
+        with statements(ledger) as sent:
+            found, is_new = ledger.resolve_contact(
+                account.id, phone="(11) 98765-4321", email="bia@example.com", name="Outra",
+                source="shopify", fill_missing=fill_missing,
+            )  # fmt: skip
+
+        assert (found, is_new) == (ana, False)
+        if database_url.startswith("sqlite:"):  # one read: BEGIN (deferred), SELECTs, COMMIT
+            assert [s for s in sent if not s.startswith("SELECT")] == ["BEGIN", "COMMIT"]
+        else:
+            assert sent == ["Bind"]
+        assert ledger.get_contact(account.id, bia.id) == bia
+        assert _contact_updates(ledger, account) == []
+
+
+def test_resolving_a_contact_fills_what_it_lacks_and_creates_one_once(
+    ledger: Ledger, account: sinal.Account
+) -> None:
+    """A contact found that lacks an identity it is given gains it (Contact Updated); an
+    unknown one is created once (Contact Created), and found after."""
+    ana = ledger.create_contact(account.id, email="ana@example.com")
+
+    found, is_new = ledger.resolve_contact(
+        account.id, email="ana@example.com", phone="(11) 98765-4321", name="Ana",
+        source="shopify", fill_missing=True,
+    )  # fmt: skip
+    assert (found.id, found.phone, found.name, is_new) == (ana.id, "+5511987654321", "Ana", False)
+    assert _contact_updates(ledger, account) == [
+        ("shopify", {"name": "Ana", "phone": "+5511987654321", "changed": ["name", "phone"]})
+    ]
+    bia, is_new = ledger.resolve_contact(account.id, phone="+55 21 91234-5678", source="whatsapp")
+    assert is_new
+    assert ledger.resolve_contact(account.id, phone="21 91234-5678") == (bia, False)
+    created = EventQuery(account.id, metric_name=sinal.METRIC_CONTACT_CREATED)
+    assert [e.contact_id for e in ledger.list_events(created)] == [bia.id]
+    with pytest.raises(sinal.AccountNotFound):
+        ledger.resolve_contact(uuid.uuid4(), phone="+55 21 91234-5678")
 
 
 @pytest.mark.postgres

@@ -395,6 +395,26 @@ async def test_whatsapp_a_known_users_message_reads_its_contact_once(api: Api) -
     ]
 
 
+async def test_whatsapp_a_known_phones_message_finds_its_contact_in_one_read(api: Api) -> None:
+    """A message from a contact known by phone alone, which lacks nothing: its contact is one
+    read and no write transaction (it was a read of the account, then a write transaction
+    taking the writer's lock); the message's write and the delivery's are the only ones."""
+    wa = connect_whatsapp(api)
+    receive(api.ledger, wa, meta_bytes(text_message("wamid.FIRST", "5521912345678", "Oi",
+                                                    name="Bia")))  # fmt: skip
+    again = text_message("wamid.AGAIN", "5521912345678", "De novo", name="Bia")
+
+    sent = _message_costs(api, wa, again)
+
+    assert _reads_before_writing(sent) == 1
+    if "BEGIN IMMEDIATE" in sent:  # SQLite: the message's write, the delivery's (were 3)
+        assert sent.count("BEGIN IMMEDIATE") == 2
+    else:  # PostgreSQL: the contact, the message's transaction, the delivery (were 10)
+        assert sent == ["Bind", "BEGIN", "Bind", "Bind", "COMMIT", "Bind"]
+    [contact] = {e.contact_id for e in events(api, "Message Received")}
+    assert [e.contact_id for e in events(api, "Contact Created")] == [contact]
+
+
 async def test_whatsapp_a_user_whose_phone_is_anothers_costs_no_failed_write(api: Api) -> None:
     """The phone Meta shows for a user id's contact is another contact's: no write is tried
     for it (it would fail, again on every message), and the contact keeps its own."""

@@ -364,6 +364,11 @@ class Store(Protocol):
         """One contact of the account, or None (also for another account's id)."""
         ...
 
+    def find_contacts(self, contact: NewContact) -> dict[IdentityKind, Contact]:
+        """The contact each of `contact`'s identities names in its account, most specific
+        first (one read: no write transaction, no writer's lock)."""
+        ...
+
     def record(
         self, events: Sequence[PreparedEvent], settle: Settle | None = None
     ) -> list[Outcome]:

@@ -116,6 +116,7 @@ from sinal.store.base import (
     EventQuery,
     FeedPage,
     FeedPosition,
+    IdentityKind,
     MetricInfo,
     NewContact,
     Outcome,
@@ -137,6 +138,7 @@ from sinal.store.base import (
     summary_deltas,
 )
 from sinal.store.libpq import network_defaults
+from sinal.store.messaging import USER_CONTACT_COLUMNS
 from sinal.store.postgres_automations import PostgresAutomations
 from sinal.store.postgres_commerce import PostgresCommerce
 from sinal.store.postgres_erasure import WRITE_EVENTS, PostgresErasure
@@ -482,6 +484,25 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
         # or a transaction it rolled back to be retried (serialization, deadlock)
         raise StoreUnavailable(str(exc)) from exc
     raise StoreError(str(exc)) from exc
+
+
+def _holders(
+    conn: psycopg.Connection[TupleRow], contact: NewContact
+) -> dict[IdentityKind, Contact]:
+    """The contact each of `contact`'s identities names, most specific first."""
+    pairs = contact.identities()
+    if not pairs:
+        return {}
+    rows = conn.execute(
+        f"SELECT k.kind, {USER_CONTACT_COLUMNS} "
+        "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(kind, value, n) "
+        "JOIN contact_identities i "
+        "  ON i.account_id = %s AND i.kind = k.kind AND i.value = k.value "
+        "JOIN contacts c ON c.account_id = i.account_id AND c.id = i.contact_id "
+        "ORDER BY k.n",
+        ([k for k, _ in pairs], [v for _, v in pairs], contact.account_id),
+    ).fetchall()
+    return {row[0]: Contact(*row[1:]) for row in rows}
 
 
 def _is_contact_gone(exc: psycopg.Error) -> bool:
@@ -950,18 +971,8 @@ class PostgresStore(
         self, conn: psycopg.Connection[TupleRow], contact: NewContact
     ) -> tuple[Contact, bool]:
         pairs = contact.identities()
-        if pairs:
-            row = conn.execute(
-                "SELECT i.contact_id FROM contact_identities i "
-                "JOIN unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(kind, value, n) "
-                "  ON i.kind = k.kind AND i.value = k.value "
-                "WHERE i.account_id = %s ORDER BY k.n LIMIT 1",
-                ([k for k, _ in pairs], [v for _, v in pairs], contact.account_id),
-            ).fetchone()
-            if row is not None:
-                found = self._contact(conn, contact.account_id, row[0])
-                assert found is not None
-                return found, False
+        for found in _holders(conn, contact).values():
+            return found, False  # the most specific identity's
         created = conn.execute(
             f"INSERT INTO contacts (account_id, id, name, phone, email, external_id) "
             f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_CONTACT_COLUMNS}",
@@ -987,6 +998,11 @@ class PostgresStore(
         """One contact of the account, or None."""
         with self._conn() as conn:
             return self._contact(conn, account_id, contact_id)
+
+    def find_contacts(self, contact: NewContact) -> dict[IdentityKind, Contact]:
+        """The contact each identity names, most specific first (one statement)."""
+        with self._conn() as conn:
+            return _holders(conn, contact)
 
     @staticmethod
     def _contact(

@@ -65,6 +65,7 @@ from sinal.store.base import (
     EventQuery,
     FeedPage,
     FeedPosition,
+    IdentityKind,
     MetricInfo,
     NewContact,
     Outcome,
@@ -84,6 +85,7 @@ from sinal.store.base import (
     rejection_message,
     summary_deltas,
 )
+from sinal.store.messaging import USER_CONTACT_COLUMNS
 from sinal.store.sqlite_automations import SQLiteAutomations
 from sinal.store.sqlite_commerce import SQLiteCommerce
 from sinal.store.sqlite_erasure import SQLiteErasure
@@ -121,6 +123,21 @@ def contact_of(row: Sequence[Any]) -> Contact:
         UUID(row[0]), UUID(row[1]), row[2], row[3], row[4], row[5],
         parse_ts(row[6]), parse_ts(row[7]),
     )  # fmt: skip
+
+
+def _holders(conn: sqlite3.Connection, contact: NewContact) -> dict[IdentityKind, Contact]:
+    """The contact each of `contact`'s identities names, most specific first."""
+    held: dict[IdentityKind, Contact] = {}
+    for kind, value in contact.identities():
+        row = conn.execute(
+            f"SELECT {USER_CONTACT_COLUMNS} FROM contact_identities i "
+            "JOIN contacts c ON c.account_id = i.account_id AND c.id = i.contact_id "
+            "WHERE i.account_id = ? AND i.kind = ? AND i.value = ?",
+            (str(contact.account_id), kind, value),
+        ).fetchone()
+        if row is not None:
+            held[kind] = contact_of(row)
+    return held
 
 
 def _opt(value: object | None) -> str | None:
@@ -602,16 +619,8 @@ class SQLiteStore(
         self, conn: sqlite3.Connection, contact: NewContact
     ) -> tuple[Contact, bool]:
         account = str(contact.account_id)
-        for kind, value in contact.identities():
-            row = conn.execute(
-                "SELECT contact_id FROM contact_identities "
-                "WHERE account_id = ? AND kind = ? AND value = ?",
-                (account, kind, value),
-            ).fetchone()
-            if row is not None:
-                found = self._contact(conn, account, row[0])
-                assert found is not None
-                return found, False
+        for found in _holders(conn, contact).values():
+            return found, False  # the most specific identity's
         now = ts(datetime.now(UTC))
         conn.execute(
             f"INSERT INTO contacts ({_CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -639,6 +648,11 @@ class SQLiteStore(
         """One contact of the account, or None."""
         with self._read() as conn:
             return self._contact(conn, str(account_id), str(contact_id))
+
+    def find_contacts(self, contact: NewContact) -> dict[IdentityKind, Contact]:
+        """The contact each identity names, most specific first (a read)."""
+        with self._read() as conn:
+            return _holders(conn, contact)
 
     @staticmethod
     def _contact(conn: sqlite3.Connection, account: str, contact: str) -> Contact | None:
