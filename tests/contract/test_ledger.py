@@ -773,6 +773,36 @@ def test_resolving_a_contact_fills_what_it_lacks_and_creates_one_once(
         ledger.resolve_contact(uuid.uuid4(), phone="+55 21 91234-5678")
 
 
+def test_concurrent_first_resolutions_of_a_phone_make_one_contact(database_url: str) -> None:
+    """Eight threads finding no contact for a new phone at once: the read finds none for
+    each, and the transaction each falls back to makes one contact, with one Contact
+    Created, that all of them answer."""
+    with sinal.connect(database_url) as ledger:
+        account = ledger.create_account("Loja")
+        start = threading.Barrier(8)
+        answers: list[tuple[sinal.Contact, bool]] = []
+
+        def resolve() -> None:
+            start.wait()
+            answers.append(
+                ledger.resolve_contact(account.id, phone="+55 21 91234-5678", name="Bia",
+                                       source="whatsapp", fill_missing=True)
+            )  # fmt: skip
+
+        threads = [threading.Thread(target=resolve) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+        assert len({contact for contact, _ in answers}) == 1
+        assert sorted(is_new for _, is_new in answers) == [False] * 7 + [True]
+        created = EventQuery(account.id, metric_name=sinal.METRIC_CONTACT_CREATED)
+        assert len(ledger.list_events(created)) == 1
+        assert _contact_updates(ledger, account) == []
+    assert count(database_url, "contacts") == 1
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("entry", ["resolve_contact", "fill_contact"])
 def test_a_fill_keeps_what_a_concurrent_writer_gave_the_contact(pg_url: str, entry: str) -> None:
