@@ -971,8 +971,9 @@ class PostgresStore(
         self, conn: psycopg.Connection[TupleRow], contact: NewContact
     ) -> tuple[Contact, bool]:
         pairs = contact.identities()
-        for found in _holders(conn, contact).values():
-            return found, False  # the most specific identity's
+        held = _holders(conn, contact)
+        if held:
+            return next(iter(held.values())), False  # the most specific identity's
         created = conn.execute(
             f"INSERT INTO contacts (account_id, id, name, phone, email, external_id) "
             f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_CONTACT_COLUMNS}",

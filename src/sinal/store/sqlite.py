@@ -619,8 +619,9 @@ class SQLiteStore(
         self, conn: sqlite3.Connection, contact: NewContact
     ) -> tuple[Contact, bool]:
         account = str(contact.account_id)
-        for found in _holders(conn, contact).values():
-            return found, False  # the most specific identity's
+        held = _holders(conn, contact)
+        if held:
+            return next(iter(held.values())), False  # the most specific identity's
         now = ts(datetime.now(UTC))
         conn.execute(
             f"INSERT INTO contacts ({_CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
