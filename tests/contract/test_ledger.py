@@ -251,6 +251,12 @@ def test_missing_contact_is_rejected_and_kept(
     [kept] = ledger.list_rejections(account.id)
     assert kept.id == result.rejection_id
     assert kept.reason == "contact_required"
+    # one text, whichever backend and path wrote it (PostgreSQL's record statement too)
+    no_contact = (
+        "an event needs a contact: give contact_id (or, over HTTP, a contact object with a "
+        "phone, email or external_id)"
+    )
+    assert result.message == kept.message == no_contact
     assert kept.payload["metric_name"] == "Order Paid"
     assert count(database_url, "events") == 0
     assert count(database_url, "outbox") == 0

@@ -119,10 +119,26 @@ async def test_unknown_contact_is_422_and_kept_for_replay(api: Api) -> None:
     assert kept[0]["payload"]["contact_id"] == str(stranger)
 
 
+# The HTTP API takes a contact by id or by its identities: the message names both.
+NO_CONTACT = (
+    "an event needs a contact: give contact_id (or, over HTTP, a contact object with a "
+    "phone, email or external_id)"
+)
+
+
 async def test_event_without_any_contact_is_rejected_as_contact_required(api: Api) -> None:
     response = await api.post("/v1/events", {"metric": "Link Clicked"})
+    batch = await api.post("/v1/events/batch", {"events": [{"metric": "Link Clicked"}]})
+
     assert response.status_code == 422
     assert response.json()["reason"] == "contact_required"
+    assert response.json()["errors"] == [
+        {"field": "contact_id", "code": "contact_required", "message": NO_CONTACT}
+    ]
+    [item] = batch.json()["results"]
+    assert (item["reason"], item["message"]) == ("contact_required", NO_CONTACT)
+    kept = (await api.client.get("/v1/rejections")).json()["data"]
+    assert [r["message"] for r in kept] == [NO_CONTACT, NO_CONTACT]
 
 
 async def test_event_cannot_be_written_against_another_accounts_contact(api: Api) -> None:

@@ -604,10 +604,19 @@ def contact_reason(event: PreparedEvent) -> str:
     return "contact_required" if event.contact_id is None else "contact_not_found"
 
 
+# The one text of `contact_required`, for every caller (the library names a contact by
+# `contact_id` only, the HTTP API by `contact_id` or by a `contact` object): PostgreSQL's
+# record statement writes it too (`sinal.store.postgres`).
+CONTACT_REQUIRED_MESSAGE = (
+    "an event needs a contact: give contact_id (or, over HTTP, a contact object with a "
+    "phone, email or external_id)"
+)
+
+
 def rejection_message(reason: str, event: PreparedEvent) -> str:
     """The human-readable sentence for a rejection reason."""
     if reason == "contact_required":
-        return "contact_id is required to record an event"
+        return CONTACT_REQUIRED_MESSAGE
     return f"contact {event.contact_id} does not exist in account {event.account_id}"
 
 

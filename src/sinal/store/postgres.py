@@ -102,6 +102,7 @@ from sinal.ids import metric_id
 from sinal.keyring import Keyring
 from sinal.store import base
 from sinal.store.base import (
+    CONTACT_REQUIRED_MESSAGE,
     DEFAULT_WAIT,
     Account,
     AggregateCell,
@@ -269,14 +270,17 @@ outboxed AS (
     INSERT INTO outbox (account_id, event_id, metric_name)
     SELECT account_id, id, metric_name FROM stored WHERE automation_execution_id IS NULL
 )"""
+# `contact_required`'s message as a literal of the statement (quotes doubled, and `%`
+# doubled for psycopg's placeholders): the same text `rejection_message` gives.
+_CONTACT_REQUIRED = "'{}'".format(CONTACT_REQUIRED_MESSAGE.replace("'", "''").replace("%", "%%"))
 # A rejection keeps its input as SQLite's does (`PreparedEvent.as_input`): occurred_at as
 # `events.stamp` writes it, in UTC with "Z", microseconds only when there are some.
-_REJECTED = """
+_REJECTED = f"""
 rejected AS (
     INSERT INTO rejections (account_id, id, contact_id, reason, message, source, payload)
     SELECT i.account_id, i.id, i.contact_id,
            CASE WHEN i.contact_id IS NULL THEN 'contact_required' ELSE 'contact_not_found' END,
-           CASE WHEN i.contact_id IS NULL THEN 'contact_id is required to record an event'
+           CASE WHEN i.contact_id IS NULL THEN {_CONTACT_REQUIRED}
                 ELSE format('contact %%s does not exist in account %%s', i.contact_id,
                             i.account_id) END,
            i.source,
