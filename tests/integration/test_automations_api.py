@@ -326,6 +326,31 @@ async def test_integration_webhook_url_is_on_the_request_host_without_a_public_u
     assert "webhook_url" not in ai.json()  # nothing calls an AI integration back
 
 
+async def test_an_unknown_field_is_named_with_the_fields_its_object_takes(api: Api) -> None:
+    automation = await api.post("/v1/automations", {**AUTOMATION, "trigger": "order_paid"})
+    step = {"type": "add_tag", "tag": "vip", "tags": ["vip"]}
+    in_step = await api.post("/v1/automations", {**AUTOMATION, "steps": [step]})
+    integration = await api.post("/v1/integrations", {**AI, "modle": "m"})
+
+    def named(response: Any) -> list[tuple[str, str, str]]:
+        assert response.status_code == 422, response.text
+        return [(e["field"], e["code"], e["message"]) for e in response.json()["errors"]]
+
+    assert named(automation) == [
+        (
+            "trigger",
+            "unknown_field",
+            "unknown field 'trigger'; "
+            "expected one of: name, status, trigger_metric, trigger_type, filters, steps",
+        )
+    ]
+    assert named(in_step) == [
+        ("steps[0].tags", "unknown_field", "unknown field 'tags'; expected one of: tag")
+    ]
+    assert named(integration) == [("modle", "unknown_field", "unknown field 'modle'; ai takes "
+        "kind, base_url, model, name, api_key")]  # fmt: skip
+
+
 async def test_invalid_integration_is_422_naming_the_field(api: Api) -> None:
     response = await api.post("/v1/integrations", {"kind": "ai", "base_url": "not a url"})
     assert response.status_code == 422

@@ -58,6 +58,21 @@ async def test_bad_contact_bodies_are_422_per_field(
     assert {(e["field"], e["code"]) for e in response.json()["errors"]} == expected
 
 
+async def test_an_unknown_contact_field_is_named_with_the_fields_a_contact_takes(
+    api: Api,
+) -> None:
+    made = await api.post("/v1/contacts", {"nickname": "Ana", "email": "ana@example.com"})
+    contact = await api.post("/v1/contacts", {"email": "ana@example.com"})
+    patched = await api.client.patch(f"/v1/contacts/{contact.json()['id']}", json={"nick": "A"})
+
+    assert [(e["field"], e["message"]) for e in made.json()["errors"]] == [
+        ("nickname", "unknown field 'nickname'; the body takes phone, email, external_id, name")
+    ]
+    assert [(e["field"], e["message"]) for e in patched.json()["errors"]] == [
+        ("nick", "unknown field 'nick'; the body takes name, phone, email, external_id")
+    ]
+
+
 # A refusal no check foresaw: the database refuses any contact named "Recusado".
 _REFUSE_NAME = {
     "sqlite": "CREATE TRIGGER refuse_name BEFORE INSERT ON contacts WHEN NEW.name = 'Recusado' "

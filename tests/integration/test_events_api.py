@@ -761,3 +761,39 @@ async def test_properties_only_sinal_sets_are_422_naming_them_and_nothing_is_wri
         (f"events[0].properties.{name}", "reserved")
     ]
     assert (count(api.url, "events"), count(api.url, "contacts")) == (0, 0)
+
+
+EVENT_FIELDS = (
+    "metric, contact_id, contact, properties, value, currency, source, source_id, "
+    "entity_type, entity_id, occurred_at"
+)
+
+
+async def test_an_unknown_body_field_is_named_with_the_fields_its_object_takes(api: Api) -> None:
+    """As an unknown query parameter's answer names the ones the route takes: a client
+    that misspelt `contact_id` as `contactId` learns the spelling from the answer."""
+    one = await api.post("/v1/events", {"metric": "Link Clicked", "contactId": "x"})
+    nested = await api.post("/v1/events", {"metric": "Link Clicked", "contact": {"cpf": "1"}})
+    batch = await api.post("/v1/events/batch", {"events": [{"metric": "X", "contactId": "x"}],
+                                                "event": []})  # fmt: skip
+
+    assert one.status_code == nested.status_code == 422
+    assert one.json()["errors"] == [{
+        "field": "contactId", "code": "extra_forbidden",
+        "message": f"unknown field 'contactId'; the body takes {EVENT_FIELDS}",
+    }]  # fmt: skip
+    assert nested.json()["errors"] == [{
+        "field": "contact.cpf", "code": "extra_forbidden",
+        "message": "unknown field 'cpf'; contact takes phone, email, external_id, name",
+    }]  # fmt: skip
+    assert batch.json()["errors"] == [{
+        "field": "event", "code": "extra_forbidden",
+        "message": "unknown field 'event'; the body takes events",
+    }]  # fmt: skip
+    fixed = {"metric": "X", "contact": {"email": "ana@example.com"}}
+    items = await api.post("/v1/events/batch", {"events": [fixed, {"metric": "X", "contactId": 1}]})
+    assert items.json()["results"][1]["errors"] == [{
+        "field": "events[1].contactId", "code": "extra_forbidden",
+        "message": f"unknown field 'contactId'; events[1] takes {EVENT_FIELDS}",
+    }]  # fmt: skip
+    assert [r["status"] for r in items.json()["results"]] == ["created", "rejected"]

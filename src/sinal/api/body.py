@@ -292,10 +292,12 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 def validate(model: type[ModelT], data: Any, prefix: str = "") -> ModelT:
-    """`model` from parsed JSON, or `InvalidInput` with one entry per bad field."""
+    """`model` from parsed JSON, or `InvalidInput` with one entry per bad field (an
+    unknown field's names the fields its object takes)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        errors = pydantic_errors(exc.errors(include_url=False, include_input=False), prefix=prefix)
+        found = exc.errors(include_url=False, include_input=False)
+        errors = pydantic_errors(found, prefix=prefix, model=model)
         detail = "; ".join(f"{e.field}: {e.message}" for e in errors[:5])
         raise InvalidInput(detail, errors) from None

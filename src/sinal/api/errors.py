@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 from uuid import uuid4
 
 import orjson
@@ -298,9 +298,14 @@ def _detail(exc: BaseException, problem: Problem, errors: Sequence[FieldError]) 
 
 
 def pydantic_errors(
-    errors: Iterable[Any], *, prefix: str = "", query: bool = False
+    errors: Iterable[Any],
+    *,
+    prefix: str = "",
+    query: bool = False,
+    model: type[BaseModel] | None = None,
 ) -> list[FieldError]:
-    """Pydantic's (or FastAPI's) error list as FieldErrors with JSON paths."""
+    """Pydantic's (or FastAPI's) error list as FieldErrors with JSON paths; with the
+    `model` validated, an unknown field's message names the fields its object takes."""
     found: list[FieldError] = []
     for error in errors:
         loc = list(error.get("loc", ()))
@@ -308,8 +313,47 @@ def pydantic_errors(
             loc = loc[1:]
         field = json_path(loc, prefix)
         code = str(error.get("type", "invalid"))
-        found.append(FieldError(field or "body", code, str(error.get("msg", "invalid"))))
+        message = str(error.get("msg", "invalid"))
+        if code == "extra_forbidden" and model is not None and loc:
+            message = _unknown_field(model, loc, prefix)
+        found.append(FieldError(field or "body", code, message))
     return found
+
+
+def _unknown_field(model: type[BaseModel], loc: Sequence[Any], prefix: str) -> str:
+    """ "unknown field 'x'; the body takes a, b": as an unknown query parameter's answer
+    names the ones its route takes (`sinal.api.query_params`)."""
+    owner = _model_at(model, loc[:-1])
+    named = f"unknown field {str(loc[-1])!r}"
+    if owner is None:  # not reached through models alone (an item of a dict): say less
+        return named
+    where = json_path(loc[:-1], prefix) or "the body"
+    takes = ", ".join(f.alias or name for name, f in owner.model_fields.items())
+    return f"{named}; {where} takes {takes}"
+
+
+def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The model of the object at `loc` inside `model` (list indexes step into items)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if current is not None else None
+        if field is None:
+            return None
+        current = _model_in(field.annotation)
+    return current
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: itself, or inside `X | None`, `list[X]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def json_path(loc: Iterable[Any], prefix: str = "") -> str:

@@ -685,7 +685,7 @@ class _Checker:
         expected = f"expected one of: {shown}" if shown else "this step takes no fields"
         for key in raw:
             if key not in keys:
-                self.fail(f"{prefix}{key}", "unknown_field", f"unknown field; {expected}")
+                self.fail(f"{prefix}{key}", "unknown_field", f"unknown field {key!r}; {expected}")
         return raw
 
     def text(

@@ -324,8 +324,10 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
         if grace is not None and not _is_int_within(grace, 0, MAX_GRACE_SECONDS):
             message = f"{name} must be a whole number from 0 to {MAX_GRACE_SECONDS}"
             errors.append(FieldError(name, "out_of_range", message))
-    unknown = set(data) - {"kind", *required, *optional, *secret_fields}
-    errors += [FieldError(k, "unknown_field", f"{k} is not a setting of {kind}") for k in unknown]
+    known = dict.fromkeys(["kind", *required, *optional, *secret_fields])
+    takes = f"{kind} takes {', '.join(known)}"
+    errors += [FieldError(k, "unknown_field", f"unknown field {k!r}; {takes}")
+               for k in data if k not in known]  # fmt: skip
     if errors:
         raise InvalidIntegration(errors)
     return cast(IntegrationKind, kind), settings, secrets
