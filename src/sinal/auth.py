@@ -59,10 +59,17 @@ def key_account(text: str) -> UUID | None:
 
 
 def parse_scopes(scopes: Iterable[str] | str) -> tuple[Scope, ...]:
-    """Scopes from a list or "ingest,read"; `ValueError` names an unknown one."""
-    items = scopes.split(",") if isinstance(scopes, str) else list(scopes)
+    """Scopes from a list or "ingest,read"; `ValueError` names an unknown or empty one."""
+    if isinstance(scopes, str):  # a blank text names no scope: the error says a key needs one
+        items = scopes.split(",") if scopes.strip() else []
+    else:
+        items = list(scopes)
     found: list[Scope] = []
     for item in (s.strip() for s in items):
+        if not item:  # "ingest,,read": a typo, not a scope named ''
+            shown = scopes if isinstance(scopes, str) else ",".join(items)
+            raise ValueError(f"the scope list {shown!r} has an empty item; "
+                             f"scopes are {', '.join(SCOPES)}")  # fmt: skip
         if item not in SCOPES:
             raise ValueError(f"unknown scope {item!r}; scopes are {', '.join(SCOPES)}")
         if item not in found:

@@ -11,6 +11,7 @@ import shutil
 import socket
 import sys
 import tempfile
+from collections.abc import Iterator
 from typing import Annotated, Any, cast
 
 import typer
@@ -28,7 +29,7 @@ from sinal.errors import (
 )
 from sinal.keyring import Keyring
 from sinal.ledger import Ledger, connect
-from sinal.store.base import latest_schema_version
+from sinal.store.base import Account, latest_schema_version
 
 app = typer.Typer(
     name="sinal",
@@ -165,11 +166,24 @@ def accounts_create(
         console.print(f"created account {account.name!r}: {account.id}")
 
 
+# Accounts read per query by `accounts list`, which pages through every one (it stopped,
+# unsaid, at the first 10,000).
+ACCOUNTS_PAGE = 1000
+
+
+def _every_account(ledger: Ledger) -> Iterator[Account]:
+    """Every account, oldest first, a page at a time."""
+    page = ledger.list_accounts(ACCOUNTS_PAGE)
+    while page:
+        yield from page
+        page = [] if len(page) < ACCOUNTS_PAGE else ledger.list_accounts(ACCOUNTS_PAGE, page[-1])
+
+
 @accounts_app.command("list")
 def accounts_list(as_json: JsonOption = False, database_url: DatabaseOption = None) -> None:
-    """List accounts, oldest first."""
+    """List every account, oldest first."""
     with open_ledger(database_url) as ledger:
-        accounts = ledger.list_accounts(limit=10_000)
+        accounts = list(_every_account(ledger))
     rows = [{"id": str(a.id), "name": a.name, "timezone": a.timezone} for a in accounts]
     if as_json:
         _echo_json({"accounts": rows})
@@ -531,6 +545,7 @@ def executions_retry(
         ),
     ] = None,
     account: Annotated[str | None, typer.Option(help="Only this account's executions.")] = None,
+    as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
     """Revive dead executions (or one named execution, also when its outcome is unknown:
@@ -547,7 +562,10 @@ def executions_retry(
         where = "" if account_id is None else f" in account {account_id}"
         _print_error(f"no dead or unknown execution {execution_id}{where}")
         raise typer.Exit(1)
-    console.print(f"revived {revived} execution(s)")
+    if as_json:
+        _echo_json({"revived": revived})
+    else:
+        console.print(f"revived {revived} execution(s)")
 
 
 webhooks_app = typer.Typer(help="Webhook deliveries kept raw.", no_args_is_help=True)

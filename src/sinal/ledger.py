@@ -369,9 +369,10 @@ class Ledger:
 
     # -- the HTTP service: accounts, keys, contacts, tags ------------------------------
 
-    def list_accounts(self, limit: int = 100) -> list[Account]:
-        """Accounts, oldest first (an operator's view across tenants)."""
-        return self.store.list_accounts(limit)
+    def list_accounts(self, limit: int = 100, after: Account | None = None) -> list[Account]:
+        """Accounts, oldest first (an operator's view across tenants); those after `after`,
+        the last of the previous page."""
+        return self.store.list_accounts(limit, after)
 
     def update_account(
         self, account_id: UUID | str, *, name: str | None = None, timezone: str | None = None

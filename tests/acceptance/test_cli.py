@@ -14,6 +14,7 @@ import pytest
 
 import sinal
 from sinal import connect
+from sinal.automations.service import Automations
 from sinal.store.base import latest_schema_version
 from tests.contract.test_retention import OLD, age_rejection, reject
 from tests.helpers import count, free_port, sql
@@ -543,6 +544,69 @@ def test_cli_executions_retry_of_an_unknown_execution_is_an_error_naming_it(
     assert result.returncode == 1
     assert result.stderr == f"error: no dead or unknown execution {ACCOUNT}\n"
     assert result.stdout == ""
+
+
+def test_cli_executions_retry_json_says_how_many_it_revived(database_url: str) -> None:
+    # the only database command of the CLI without --json: "No such option", exit 2
+    with connect(database_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, email="ana@example.com")
+        automations = Automations(ledger)
+        automations.create(account.id, {"name": "VIP", "trigger_metric": "Order Paid",
+                                        "steps": [{"type": "add_tag", "tag": "vip"}]})  # fmt: skip
+        ledger.emit_event(account_id=account.id, contact_id=contact.id,
+                          metric_name="Order Paid", source="shopify")  # fmt: skip
+        automations.store.fan_out(lambda e, c: [a.id for a in c], 10)
+    sql(database_url, "UPDATE executions SET status = 'dead'")
+
+    revived = run(database_url, "executions", "retry", "--json")
+    again = run(database_url, "executions", "retry", "--json", "--account", str(account.id))
+    missing = run(database_url, "executions", "retry", ACCOUNT, "--json")
+
+    assert (revived.returncode, json.loads(revived.stdout)) == (0, {"revived": 1}), revived.stderr
+    assert (again.returncode, json.loads(again.stdout)) == (0, {"revived": 0}), again.stderr
+    assert [r[0] for r in sql(database_url, "SELECT status FROM executions")] == ["pending"]
+    assert (missing.returncode, missing.stdout) == (1, "")
+    assert missing.stderr == f"error: no dead or unknown execution {ACCOUNT}\n"
+
+
+def test_cli_accounts_list_pages_through_every_account(database_url: str) -> None:
+    # it read the first 10,000 and stopped there, saying nothing of the others
+    total = 10_001
+    with connect(database_url) as ledger:
+        ledger.migrate()
+        made = [ledger.create_account(f"Loja {i}") for i in range(3)]
+    if database_url.startswith("sqlite:"):  # the rest at once, all created after those three
+        sql(database_url, "WITH RECURSIVE n(i) AS (SELECT 3 UNION ALL SELECT i + 1 FROM n "
+            f"WHERE i < {total - 1}) INSERT INTO accounts (id, name, timezone, created_at) "
+            "SELECT lower(substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-' || substr(h, 13, 4) "
+            "|| '-' || substr(h, 17, 4) || '-' || substr(h, 21)), 'Loja ' || i, 'UTC', "
+            "'2999-01-01T00:00:00.000000Z' "
+            "FROM (SELECT i, hex(randomblob(16)) AS h FROM n)")  # fmt: skip
+    else:
+        sql(database_url, "INSERT INTO accounts (id, name, timezone, created_at) "
+            "SELECT gen_random_uuid(), 'Loja ' || i, 'UTC', now() + interval '1 day' "
+            f"FROM generate_series(3, {total - 1}) AS i")  # fmt: skip
+
+    listed = run(database_url, "accounts", "list", "--json")
+    lines = run(database_url, "accounts", "list").stdout.splitlines()
+
+    assert listed.returncode == 0, listed.stderr
+    names = [a["name"] for a in json.loads(listed.stdout)["accounts"]]
+    assert len(names) == len(set(names)) == len(lines) == total
+    assert names[:3] == [a.name for a in made]
+    assert sorted(names) == sorted(f"Loja {i}" for i in range(total))
+
+
+def test_cli_keys_create_with_an_empty_scope_says_the_list_has_one(database_url: str) -> None:
+    account = json.loads(run(database_url, "accounts", "create", "--name", "Loja", "--json").stdout)
+
+    result = run(database_url, "keys", "create", "--account", account["id"],
+                 "--scopes", "ingest,,read")  # fmt: skip
+
+    assert result.returncode == 2  # "unknown scope ''" before, as if '' were a scope's name
+    assert "the scope list 'ingest,,read' has an empty item" in result.stderr
+    assert count(database_url, "api_keys") == 0
 
 
 MARKUP_NAMES = ["Loja [/b]", "Loja [promo]", "Loja [red]x[/red] :fire:"]

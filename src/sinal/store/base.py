@@ -438,8 +438,9 @@ class Store(Protocol):
 
     # -- added for the HTTP service ---------------------------------------------------
 
-    def list_accounts(self, limit: int = 100) -> list[Account]:
-        """Accounts, oldest first (an operator's view across tenants)."""
+    def list_accounts(self, limit: int = 100, after: Account | None = None) -> list[Account]:
+        """Accounts, oldest first (an operator's view across tenants); those after `after`,
+        the last of the previous page."""
         ...
 
     def update_account(

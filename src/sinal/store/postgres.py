@@ -1182,13 +1182,15 @@ class PostgresStore(
                     raise
         raise AssertionError("unreachable")
 
-    def list_accounts(self, limit: int = 100) -> list[Account]:
-        """Accounts, oldest first."""
+    def list_accounts(self, limit: int = 100, after: Account | None = None) -> list[Account]:
+        """Accounts, oldest first; those after `after`."""
+        start = "" if after is None else "WHERE (created_at, id) > (%s, %s) "
+        args = () if after is None else (after.created_at, after.id)
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT id, name, timezone, created_at FROM accounts "
+                f"SELECT id, name, timezone, created_at FROM accounts {start}"
                 "ORDER BY created_at, id LIMIT %s",
-                (limit,),
+                (*args, limit),
             ).fetchall()
         return [Account(*r) for r in rows]
 
