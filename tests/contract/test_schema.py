@@ -9,6 +9,7 @@ from uuid import uuid4
 import psycopg
 import pytest
 
+import sinal
 from sinal.errors import ConfigurationError, SchemaOutOfDate
 from sinal.ledger import connect
 from sinal.store.base import latest_schema_version, read_migrations
@@ -304,3 +305,41 @@ def test_an_events_executions_are_read_by_index(database_url: str) -> None:
     plan = plan_of(database_url, statement, params)
     assert any("executions_event" in line for line in plan), plan  # not the unique key's
     assert any("Index Cond" in line and "event_id =" in line for line in plan), plan
+
+
+def test_an_executions_events_are_read_by_a_partial_index(database_url: str) -> None:
+    """`GET /v1/executions/{id}` reads the events an execution emitted (`list_events` by
+    automation_execution_id) through the partial index of migration 0025, newest first
+    without a sort: among a few thousand events, PostgreSQL walked the account's events."""
+    from tests.contract.test_erasure import plan_of
+
+    execution = uuid4()
+    with connect(database_url) as ledger:
+        ledger.migrate()
+        account = ledger.create_account("Loja")
+        ana = ledger.create_contact(account.id, email="ana@example.com")
+        events = [
+            sinal.EmitEvent(account_id=account.id, contact_id=ana.id, metric_name="Order Paid",
+                            source="shopify", source_id=str(i),
+                            automation_execution_id=execution if i % 1000 == 0 else None)
+            for i in range(3000)
+        ]  # fmt: skip
+        for start in range(0, len(events), 1000):
+            ledger.emit_many(events[start : start + 1000])
+    params = {"account": str(account.id), "execution": str(execution)}
+    if database_url.startswith("sqlite:"):
+        statement = ("SELECT id FROM events WHERE account_id = :account AND "
+                     "automation_execution_id = :execution "
+                     "ORDER BY occurred_at DESC, id DESC LIMIT 1001")  # fmt: skip
+        plan = plan_of(database_url, statement, params)
+        assert any("events_execution" in line for line in plan), plan
+        assert not any("TEMP B-TREE" in line for line in plan), plan  # no sort
+        return
+    sql(database_url, "ANALYZE events")  # as autovacuum would: the planner sees the table
+    statement = ("SELECT id FROM events WHERE account_id = %(account)s AND "
+                 "automation_execution_id = %(execution)s "
+                 "ORDER BY occurred_at DESC, id DESC LIMIT 1001")  # fmt: skip
+    with psycopg.connect(database_url) as conn:
+        plan = [r[0] for r in conn.execute(f"EXPLAIN {statement}", params)]
+    assert any("events_execution" in line for line in plan), plan
+    assert not any("Seq Scan" in line or "Sort" in line for line in plan), plan
