@@ -321,8 +321,8 @@ def pydantic_errors(
 
 
 def _unknown_field(model: type[BaseModel], loc: Sequence[Any], prefix: str) -> str:
-    """ "unknown field 'x'; the body takes a, b": as an unknown query parameter's answer
-    names the ones its route takes (`sinal.api.query_params`)."""
+    """The message of an unknown field: "unknown field 'x'; the body takes a, b", as an
+    unknown query parameter's names the ones its route takes (`sinal.api.query_params`)."""
     owner = _model_at(model, loc[:-1])
     named = f"unknown field {str(loc[-1])!r}"
     if owner is None:  # not reached through models alone (an item of a dict): say less

@@ -793,12 +793,13 @@ class SQLiteStore(
 
     def list_accounts(self, limit: int = 100, after: Account | None = None) -> list[Account]:
         """Accounts, oldest first; those after `after`."""
-        start = ("", "") if after is None else (ts(after.created_at), str(after.id))
+        start = "" if after is None else "WHERE (created_at, id) > (?, ?) "
+        args = () if after is None else (ts(after.created_at), str(after.id))
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT id, name, timezone, created_at FROM accounts "
-                "WHERE (created_at, id) > (?, ?) ORDER BY created_at, id LIMIT ?",
-                (*start, limit),
+                f"SELECT id, name, timezone, created_at FROM accounts {start}"
+                "ORDER BY created_at, id LIMIT ?",
+                (*args, limit),
             ).fetchall()
         return [Account(UUID(r[0]), r[1], r[2], parse_ts(r[3])) for r in rows]
 
