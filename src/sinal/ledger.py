@@ -461,9 +461,7 @@ class Ledger:
             # an identity another contact has stays theirs: no write is tried (it would fail)
             others: dict[str, Any] = {k: None for k, c in held.items() if c.id != contact.id}
             given = replace(new, **others)
-        else:
-            if self.store.get_account(account) is None:  # a contact found proves its account
-                raise AccountNotFound(f"account {account} does not exist")
+        else:  # no account: the contact's insert says so (`AccountNotFound`)
             contact, is_new = self.store.upsert_contact_recorded(new, self._created(source))
             if is_new:
                 return contact, True

@@ -357,7 +357,8 @@ class Store(Protocol):
         ...
 
     def upsert_contact(self, contact: NewContact) -> tuple[Contact, bool]:
-        """Find the account's contact by any identity, or create it; (contact, created)."""
+        """Find the account's contact by any identity, or create it; (contact, created).
+        `AccountNotFound` (nothing written) when there is no such account."""
         ...
 
     def get_contact(self, account_id: UUID, contact_id: UUID) -> Contact | None:

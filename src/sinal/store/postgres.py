@@ -87,6 +87,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from sinal.errors import (
+    AccountNotFound,
     ConfigurationError,
     ContactNotFound,
     DuplicateKey,
@@ -449,7 +450,8 @@ _REFUSAL_CLASSES = ("22", "23", "54")
 # ... but for these, which say what sinal itself wrote or asked, whatever the input
 # (`SchemaViolation`): a NOT NULL column left empty (23502), a reference to a row that is
 # not there (23503: sinal checks each one it takes from an input before writing; a
-# contact erased meanwhile is told apart above), a row another restricts (23001), a
+# contact erased meanwhile is told apart above, a new contact's account where it is
+# inserted), a row another restricts (23001), a
 # NULL or a division by zero in its own SQL (22004, 22012), a statement beyond
 # PostgreSQL's limits (54001 too complex, 54011 too many columns, 54023 too many
 # arguments). A value out of range, a text or JSON PostgreSQL cannot hold, a CHECK, an
@@ -978,14 +980,17 @@ class PostgresStore(
         held = _holders(conn, contact)
         if held:
             return next(iter(held.values())), False  # the most specific identity's
-        created = conn.execute(
-            f"INSERT INTO contacts (account_id, id, name, phone, email, external_id) "
-            f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_CONTACT_COLUMNS}",
-            (
-                contact.account_id, contact.id, contact.name, contact.phone,
-                contact.email, contact.external_id,
-            ),
-        ).fetchone()  # fmt: skip
+        try:
+            created = conn.execute(
+                f"INSERT INTO contacts (account_id, id, name, phone, email, external_id) "
+                f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_CONTACT_COLUMNS}",
+                (
+                    contact.account_id, contact.id, contact.name, contact.phone,
+                    contact.email, contact.external_id,
+                ),
+            ).fetchone()  # fmt: skip
+        except psycopg.errors.ForeignKeyViolation as exc:  # a contact's one reference
+            raise AccountNotFound(f"account {contact.account_id} does not exist") from exc
         assert created is not None
         if pairs:
             conn.execute(

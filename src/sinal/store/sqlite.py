@@ -38,6 +38,7 @@ from uuid import UUID
 import orjson
 
 from sinal.errors import (
+    AccountNotFound,
     ConfigurationError,
     DuplicateKey,
     IdentityConflict,
@@ -178,10 +179,11 @@ _UNAVAILABLE = frozenset({
 
 # SQLite's extended result codes of a statement refused for what sinal itself wrote,
 # whatever the input (`SchemaViolation`): a NOT NULL column left empty, a reference to a
-# row that is not there (sinal checks each one it takes from an input first), a value of
-# a type its STRICT column does not take (sinal binds every value's type; 3091 is
-# SQLITE_CONSTRAINT_DATATYPE, which the sqlite3 module does not name). A CHECK, a
-# trigger's RAISE or a text too big judge the data: the input's fault (`UnstorableInput`).
+# row that is not there (sinal checks each one it takes from an input first, a new
+# contact's account where it is inserted), a value of a type its STRICT column does not
+# take (sinal binds every value's type; 3091 is SQLITE_CONSTRAINT_DATATYPE, which the
+# sqlite3 module does not name). A CHECK, a trigger's RAISE or a text too big judge the
+# data: the input's fault (`UnstorableInput`).
 _OWN_FAULTS = frozenset({
     sqlite3.SQLITE_CONSTRAINT_NOTNULL, sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY, 3091,
 })  # fmt: skip
@@ -623,19 +625,17 @@ class SQLiteStore(
         if held:
             return next(iter(held.values())), False  # the most specific identity's
         now = ts(datetime.now(UTC))
-        conn.execute(
-            f"INSERT INTO contacts ({_CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                account,
-                str(contact.id),
-                contact.name,
-                contact.phone,
-                contact.email,
-                contact.external_id,
-                now,
-                now,
-            ),
-        )
+        try:
+            conn.execute(
+                f"INSERT INTO contacts ({_CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (account, str(contact.id), contact.name, contact.phone, contact.email,
+                 contact.external_id, now, now),
+            )  # fmt: skip
+        except sqlite3.IntegrityError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
+                raise
+            # a contact's one reference
+            raise AccountNotFound(f"account {account} does not exist") from exc
         conn.executemany(
             "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
             "VALUES (?, ?, ?, ?)",
