@@ -163,7 +163,9 @@ class MessagingStore(Protocol):
 
     def last_inbound_number(self, account_id: UUID, contact_id: UUID) -> str | None:
         """The business number (``phone_number_id``) the contact last wrote to: that of
-        its latest Message Received naming one; None if none does."""
+        its latest Message Received naming one; None if none does. Found back from its
+        Message Received summary's last occurrence: the contact's newer events of other
+        metrics are not read."""
         ...
 
     def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:

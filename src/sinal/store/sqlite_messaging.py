@@ -32,6 +32,22 @@ from sinal.store.messaging import (
 )
 from sinal.store.sqlite_erasure import require_contact
 
+# As PostgreSQL's (postgres_messaging.py): from the summary's last occurrence back, by
+# events_contact_time, reading none of the contact's newer events (timestamps are
+# fixed-width text, the summary's written from the event's own). Named: without
+# statistics the planner took events_metric_time, walking the account's messages back
+# from there until one of the contact's.
+_LAST_INBOUND_NUMBER = (
+    "SELECT (SELECT json_extract(e.properties, '$.phone_number_id') "
+    "  FROM events e INDEXED BY events_contact_time "
+    "  WHERE e.account_id = s.account_id AND e.contact_id = s.contact_id "
+    "  AND e.occurred_at <= s.last_event_at AND e.metric_name = s.metric_name "
+    "  AND json_extract(e.properties, '$.phone_number_id') IS NOT NULL "
+    "  ORDER BY e.occurred_at DESC, e.id DESC LIMIT 1) "
+    "FROM contact_metrics_summary s "
+    "WHERE s.account_id = ? AND s.contact_id = ? AND s.metric_name = ?"
+)
+
 
 def _ts(when: datetime) -> str:
     from sinal.store.sqlite import ts
@@ -90,16 +106,14 @@ class SQLiteMessaging:
         return WhatsAppUser(_contact(row[:8]), None if row[8] is None else UUID(row[8]))
 
     def last_inbound_number(self, account_id: UUID, contact_id: UUID) -> str | None:
-        """The newest Message Received naming a phone_number_id (index events_contact_time)."""
+        """The newest Message Received naming a phone_number_id, read back from its
+        summary's last occurrence (see `_LAST_INBOUND_NUMBER`)."""
         with self._read() as conn:
             row = conn.execute(
-                "SELECT json_extract(properties, '$.phone_number_id') FROM events "
-                "WHERE account_id = ? AND contact_id = ? AND metric_name = ? "
-                "AND json_extract(properties, '$.phone_number_id') IS NOT NULL "
-                "ORDER BY occurred_at DESC, id DESC LIMIT 1",
+                _LAST_INBOUND_NUMBER,
                 (str(account_id), str(contact_id), METRIC_MESSAGE_RECEIVED),
             ).fetchone()
-        return None if row is None else str(row[0])
+        return None if row is None or row[0] is None else str(row[0])
 
     def link_whatsapp_user(self, account_id: UUID, user_id: str, contact_id: UUID) -> UUID:
         """Remember the user id's contact; the first one stays. `ContactNotFound` when the
