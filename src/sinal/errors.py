@@ -202,7 +202,9 @@ class SignatureMismatch(WebhookError):
 
 
 class RetryLater(SinalError):
-    """Raised by an automation step that should be retried after `delay` seconds."""
+    """Raised by an automation step that should be retried later: after `delay` seconds if
+    given, honoured as a server's `Retry-After` is (no sooner than the retry policy's
+    backoff, at most its cap: `sinal.automations.backoff.honour_retry_after`)."""
 
     def __init__(self, message: str, delay: float = 0.0) -> None:
         self.delay = delay

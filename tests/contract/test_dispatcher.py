@@ -939,6 +939,68 @@ def test_webhook_retry_waits_as_the_receivers_retry_after_asks_within_the_cap(
         assert "(Retry-After: " in (execution.last_error or "")
 
 
+@pytest.mark.parametrize(
+    ("status", "retry_after", "waits"), [(503, "120", 120.0), (429, "86400", 3600.0)]
+)
+def test_ai_endpoint_retry_waits_as_its_retry_after_asks_within_the_cap(
+    world: World, status: int, retry_after: str, waits: float
+) -> None:
+    """An AI endpoint's 5xx is asked again (only the send is a side effect), as a webhook's
+    is: its `Retry-After` is honoured alike, within the policy's cap. The 5xx's was dropped,
+    the draw alone used."""
+    before = utcnow()
+    with ai_server() as (ai_url, ai):
+        ai.behaviour.status = status
+        ai.behaviour.answer_headers = {"Retry-After": retry_after}
+        world.automations.create_integration(
+            world.account.id, {"kind": "ai", "base_url": ai_url, "model": "m", "api_key": "k"}
+        )
+        world.automations.create(world.account.id, {
+            "name": "ia", "trigger_type": "order_paid", "steps": [{"type": "ai_respond"}],
+        })  # fmt: skip
+        world.order_paid()
+        world.drain(world.dispatcher(retry=RetryPolicy(max_attempts=3, base=60, cap=3600)))
+        after = utcnow()
+
+    [execution] = world.executions()
+    assert (execution.status, len(ai.requests)) == ("pending", 1)
+    waited = (execution.run_at - before).total_seconds()
+    assert waits <= waited <= waits + (after - before).total_seconds()
+    assert f"(Retry-After: {retry_after} s)" in (execution.last_error or "")
+    assert world.whatsapp.bodies() == []
+
+
+@pytest.mark.parametrize("delay", [86400.0, 1e12, float("inf")])
+def test_a_retry_later_delay_is_cut_to_the_policys_cap(world: World, delay: float) -> None:
+    """A step's `RetryLater` asking a long wait is honoured as a server's Retry-After is:
+    at most the retry policy's cap. It was taken as given (a day; and past
+    `timedelta`'s range, an OverflowError out of the worker)."""
+    claim = world.claim_thanks("w1", 60)
+    dispatcher = world.dispatcher(retry=RetryPolicy(max_attempts=3, base=60, cap=3600))
+    before = utcnow()
+
+    advance = dispatcher._retry(claim, 0, sinal.RetryLater("the provider asked", delay=delay))
+    elapsed = (utcnow() - before).total_seconds()
+
+    assert advance.status == "pending"
+    assert advance.run_at is not None
+    assert 3600.0 <= (advance.run_at - before).total_seconds() <= 3600.0 + elapsed
+
+
+def test_a_retry_later_delay_shorter_than_the_backoff_waits_the_backoff(world: World) -> None:
+    """Within the policy's bounds the other way too: no sooner than the backoff's draw
+    (here 30 to 60 s), so the attempts still span the policy's window."""
+    claim = world.claim_thanks("w1", 60)
+    dispatcher = world.dispatcher(retry=RetryPolicy(max_attempts=3, base=60, cap=3600))
+    before = utcnow()
+
+    advance = dispatcher._retry(claim, 0, sinal.RetryLater("soon", delay=1.0))
+    elapsed = (utcnow() - before).total_seconds()
+
+    assert advance.run_at is not None
+    assert 30.0 <= (advance.run_at - before).total_seconds() <= 60.0 + elapsed
+
+
 def test_webhook_that_times_out_is_sent_again_with_the_same_idempotency_key(
     world: World,
 ) -> None:

@@ -608,19 +608,18 @@ class Dispatcher:
         elif then is not None:
             self.metrics.settle(then.status)
 
-    def _retry(self, claim: Claim, index: int, exc: Exception) -> Advance:
+    def _retry(self, claim: Claim, index: int, exc: StepFailed | RetryLater) -> Advance:
         attempts = claim.execution.attempts + 1
         policy = self.settings.retry
         retryable = isinstance(exc, RetryLater) or (isinstance(exc, StepFailed) and exc.retry)
         if not retryable or is_exhausted(attempts, policy.max_attempts):
             return Advance("dead", index, attempts=attempts, last_error=str(exc))
-        delay = (
-            exc.delay
-            if isinstance(exc, RetryLater) and exc.delay
-            else next_delay(attempts, base=policy.base, factor=policy.factor, cap=policy.cap)
-        )
-        if isinstance(exc, StepFailed) and exc.retry_after is not None:
-            delay = honour_retry_after(delay, exc.retry_after, policy.cap)
+        delay = next_delay(attempts, base=policy.base, factor=policy.factor, cap=policy.cap)
+        # what the step was told to wait (a server's Retry-After, a `RetryLater`'s delay):
+        # honoured within the policy's bounds alike, never past its cap
+        asked = exc.delay if isinstance(exc, RetryLater) else exc.retry_after
+        if asked:
+            delay = honour_retry_after(delay, asked, policy.cap)
         run_at = self.ledger.clock() + timedelta(seconds=delay)
         return Advance("pending", index, run_at=run_at, attempts=attempts, last_error=str(exc))
 

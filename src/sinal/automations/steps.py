@@ -9,8 +9,8 @@ Failures are sorted by what happened, then by whether sending again is safe:
   429, and the WhatsApp API's rate limits: `sinal.integrations.whatsapp_api`; for a
   webhook, 409 too: its receiver is still processing a request with the same
   Idempotency-Key, `_webhook_refused`). A `Retry-After` on such an answer (and on a 5xx a
-  webhook retries) rides along as `retry_after`, which the dispatcher honours within its
-  retry policy's bounds (`backoff.honour_retry_after`).
+  webhook or the AI endpoint retries) rides along as `retry_after`, which the dispatcher
+  honours within its retry policy's bounds (`backoff.honour_retry_after`).
 - `StepFailed(retry=False)`: refused, and will be again as configured (no WhatsApp
   connection, a 4xx such as an undeliverable message or an expired token).
 - `OutcomeUnknown`: the request left and no answer says what became of it: no answer in
@@ -278,7 +278,7 @@ def _ai_respond(step: Any, ctx: StepContext) -> StepOutcome:
     try:
         answer = _post_json(ctx, f"{base}/chat/completions", body, ai.secrets.get("api_key"))
     except OutcomeUnknown as exc:  # a question, not a send: nothing went to the contact
-        raise StepFailed(str(exc), retry=True) from exc
+        raise StepFailed(str(exc), retry=True, retry_after=exc.retry_after) from exc
     try:
         # a NUL shows nothing to the contact, and no event may hold one
         reply = str(answer["choices"][0]["message"]["content"]).replace("\x00", "").strip()
