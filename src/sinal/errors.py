@@ -175,12 +175,15 @@ class SchemaViolation(StoreError):
     """The database refused a statement for what sinal itself wrote or asked, whatever the
     input: a NOT NULL column left empty, a reference to a row that is not there (sinal
     checks each one it takes from an input first), a value of a type its column does not
-    take, a statement beyond the database's limits (PostgreSQL's SQLSTATEs 23502, 23503
-    but a contact's key, 23001, 22004, 22012, 54001, 54011, 54023; SQLite's NOT NULL,
-    FOREIGN KEY and datatype constraints). A bug in sinal, or a schema changed under it:
-    the API answers 500 with an error id and logs the traceback, rather than tell the
-    client to change an input that is fine (`UnstorableInput`). Its message is the first
-    line of the database's."""
+    take, a statement beyond the database's limits, a table, column or function that is
+    not there, SQL the database cannot parse, a privilege the role lacks (PostgreSQL's
+    SQLSTATEs 23502, 23503 but a contact's key, 23001, 22004, 22012, 54001, 54011, 54023,
+    and classes 42 and 0A; SQLite's NOT NULL, FOREIGN KEY and datatype constraints, and
+    its generic SQLITE_ERROR). A bug in sinal, or a schema changed under it: the API
+    answers 500 with an error id and logs the traceback, rather than tell the client to
+    change an input that is fine (`UnstorableInput`) or to send it again, which fails
+    alike (on a database whose migrations are not all applied: `SchemaOutOfDate`, 503,
+    instead). Its message is the first line of the database's."""
 
 
 class StoreUnavailable(StoreError):

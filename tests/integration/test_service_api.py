@@ -10,16 +10,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import cast
 
+import httpx
 import pytest
 from fastapi.routing import APIRoute
 
+from sinal.api import errors
 from sinal.api.app import create_app
 from sinal.api.query_params import QueryChecked
 from sinal.automations.service import Automations
 from sinal.config import Settings
 from sinal.errors import InvalidAccount, StoreError, StoreUnavailable
-from sinal.ledger import Ledger
-from tests.helpers import sql
+from sinal.ledger import Ledger, connect
+from tests.helpers import count, sql
 from tests.integration.conftest import Api, running_api
 
 pytestmark = pytest.mark.anyio
@@ -285,6 +287,135 @@ async def test_readiness_is_ready_on_a_newer_schema(api: Api) -> None:
     assert response.status_code == 200
     assert response.json() == {"status": "ready", "schema_version": latest + 1}
     assert "sinal migrate" not in response.text
+
+
+# -- a statement the schema refuses: sinal's bug (500), or migrations to apply (503) -----
+
+AI_CONNECTION = {"kind": "ai", "base_url": "https://ai.example", "model": "m"}
+# A schema changed under the code: each statement below is run by hand on both backends.
+_CHANGED = {
+    "column renamed": ("ALTER TABLE integrations RENAME COLUMN name TO label",
+                       "POST", "/v1/integrations", AI_CONNECTION),
+    "table dropped": ("DROP TABLE contact_metrics_summary{cascade}",
+                      "POST", "/v1/events", None),
+}  # fmt: skip
+
+
+async def _send(api: Api, method: str, path: str, body: object) -> httpx.Response:
+    if body is None:  # an event of a contact
+        contact = api.ledger.create_contact(api.account.id, phone="+55 11 98765-4321")
+        body = {"metric": "Order Paid", "contact_id": str(contact.id), "value": "297.90",
+                "source": "shopify", "source_id": "1001", "entity_type": "order"}  # fmt: skip
+    return await api.client.request(method, path, json=body)
+
+
+@pytest.fixture
+async def pg_api(pg_url: str) -> AsyncIterator[Api]:
+    with connect(pg_url) as ledger:
+        async for running in running_api(pg_url, ledger):
+            yield running
+
+
+@pytest.mark.parametrize("change", sorted(_CHANGED))
+async def test_a_schema_changed_under_the_code_is_500_with_an_error_id_never_retry(
+    api: Api, caplog: pytest.LogCaptureFixture, change: str
+) -> None:
+    """A table or column that is not there on a migrated database is a bug (or a schema
+    changed by hand): sending the request again fails alike. 500 with the `error_id` of
+    the log line holding the traceback, no Retry-After; it was 503 "retry" for ever."""
+    statement, method, path, body = _CHANGED[change]
+    cascade = "" if api.url.startswith("sqlite") else " CASCADE"
+    sql(api.url, statement.format(cascade=cascade))
+
+    with caplog.at_level(logging.WARNING, logger="sinal.api"):
+        response = await _send(api, method, path, body)
+
+    assert response.status_code == 500, response.text
+    assert "Retry-After" not in response.headers
+    problem = response.json()
+    assert problem["type"] == "/problems/internal-error"
+    assert problem["detail"] == "Something went wrong on our side"  # no table, no SQL
+    [logged] = [r for r in caplog.records if r.name == "sinal.api"]
+    assert problem["error_id"] in logged.getMessage()
+    assert logged.exc_info is not None
+    assert count(api.url, "events") == 0
+
+
+async def test_a_schema_behind_the_code_asks_for_sinal_migrate(
+    api: Api, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same statement on a database whose last migration is not applied (a server
+    started with --no-migrate before `sinal migrate`): 503 naming `sinal migrate`, as
+    /readyz says, and one line logged without a traceback; not a bug's 500."""
+    [(latest,)] = sql(api.url, "SELECT max(version) FROM schema_migrations")
+    sql(api.url, "DELETE FROM schema_migrations WHERE version = ?", latest)
+    sql(api.url, "ALTER TABLE integrations RENAME COLUMN name TO label")
+    monkeypatch.setattr(errors, "_unavailable", errors._UnavailableLog())  # not throttled
+
+    with caplog.at_level(logging.WARNING, logger="sinal.api"):
+        response = await api.post("/v1/integrations", AI_CONNECTION)
+
+    assert response.status_code == 503, response.text
+    assert response.headers["Retry-After"] == "2"
+    problem = response.json()
+    assert problem["type"] == "/problems/schema-out-of-date"
+    assert "sinal migrate" in problem["title"]
+    assert "error_id" not in problem
+    [logged] = [r for r in caplog.records if r.name == "sinal.api"]
+    assert "run `sinal migrate`" in logged.getMessage()
+    assert logged.exc_info is None
+
+
+async def test_a_database_never_migrated_asks_for_sinal_migrate(empty_url: str) -> None:
+    """`sinal serve --no-migrate` on a new database: every request is 503 naming
+    `sinal migrate` (the API key's lookup finds no table), not "the database is
+    unavailable", nor a bug's 500."""
+    app = create_app(Settings(database_url=empty_url, serve_worker=False))
+    key = "snl_" + "0" * 32 + "_" + "A" * 43
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sinal.test") as client:
+            response = await client.get("/v1/events", headers={"Authorization": f"Bearer {key}"})
+
+    assert response.status_code == 503, response.text
+    assert response.json()["type"] == "/problems/schema-out-of-date"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("sqlstate", "status"),
+    [
+        # passing: the database cannot take it now; 503 with Retry-After, as before
+        ("40001", 503),  # serialization failure
+        ("40P01", 503),  # deadlock
+        ("55P03", 503),  # lock not available (SINAL_DATABASE_WAIT)
+        ("57P01", 503),  # admin shutdown
+        ("53300", 503),  # too many connections
+        ("53100", 503),  # disk full
+        # sinal's own SQL, whatever the input: 500, never "retry"
+        ("42P01", 500),  # undefined table
+        ("42703", 500),  # undefined column
+        ("42883", 500),  # undefined function
+        ("42601", 500),  # syntax error
+        ("42501", 500),  # insufficient privilege
+        ("0A000", 500),  # feature not supported
+    ],
+)
+async def test_postgres_errors_are_answered_by_whether_a_retry_can_help(
+    pg_api: Api, sqlstate: str, status: int
+) -> None:
+    """What PostgreSQL answers a statement, by its SQLSTATE (raised here by a trigger)."""
+    sql(pg_api.url, "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+        f"$$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = '{sqlstate}'; END $$")  # fmt: skip
+    sql(pg_api.url, "CREATE TRIGGER refuse BEFORE INSERT ON integrations "
+        "FOR EACH ROW EXECUTE FUNCTION refuse()")  # fmt: skip
+
+    response = await pg_api.post("/v1/integrations", AI_CONNECTION)
+
+    assert response.status_code == status, response.text
+    assert ("Retry-After" in response.headers) is (status == 503)
+    assert ("error_id" in response.json()) is (status == 500)
+    assert (await pg_api.client.get("/v1/integrations")).json()["data"] == []
 
 
 async def test_account_patch_checks_the_timezone(api: Api) -> None:

@@ -219,12 +219,14 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         problem = _BY_STATUS.get(exc.status_code) or Problem(exc.status_code, "http", str(exc))
         headers = dict(exc.headers) if exc.headers else None
         return problem_response(problem, str(exc.detail), instance=path, headers=headers)
+    if isinstance(exc, SchemaViolation):
+        exc = await _out_of_date(request) or exc
     problem = problem_for(exc)
     errors = _errors_of(exc)
     headers = None if problem.challenge is None else {"WWW-Authenticate": problem.challenge}
     if problem.status == 503:
         headers = {"Retry-After": RETRY_AFTER}
-    if isinstance(exc, StoreUnavailable):
+    if isinstance(exc, StoreUnavailable | SchemaOutOfDate):
         _unavailable.log(request.method, path, exc)
     elif isinstance(exc, UnstorableInput):  # a check validation lacks: worth a look
         log.warning("%s %s: the database refused the request's data: %s", request.method,
@@ -232,13 +234,31 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, SecretUnreadable):  # a configuration, not a bug: no traceback
         log.error("%s %s: answered 503: %s", request.method, path, exc)
     extra = dict(exc.extra) if isinstance(exc, ApiError) else {}
-    if problem.status >= 500 and not isinstance(exc, StoreUnavailable | SecretUnreadable):
+    if problem.status >= 500 and not isinstance(
+        exc, StoreUnavailable | SchemaOutOfDate | SecretUnreadable
+    ):
         # a bug (or a statement the database failed): the answer names its log line, which
         # holds the traceback, by an id that tells the client nothing else
         extra["error_id"] = error_id = uuid4().hex
         log.error("%s %s failed (error_id %s)", request.method, path, error_id, exc_info=exc)
     detail = _detail(exc, problem, errors)
     return problem_response(problem, detail, errors, instance=path, headers=headers, **extra)
+
+
+async def _out_of_date(request: Request) -> SchemaOutOfDate | None:
+    """`SchemaOutOfDate` when the database lacks migrations this code needs (a server
+    started with `--no-migrate`, say): a statement that failed on the schema then asks for
+    `sinal migrate`, as /readyz does, instead of being answered as a bug."""
+    svc = getattr(request.app.state, "service", None)
+    if svc is None:
+        return None
+    try:
+        await svc.probe(svc.ledger.check_schema)
+    except SchemaOutOfDate as exc:
+        return exc
+    except StoreError:  # the database cannot tell now: the statement's error stands
+        return None
+    return None
 
 
 # The status recorded (in metrics; never received) for a request whose client closed the

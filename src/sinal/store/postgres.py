@@ -457,6 +457,12 @@ _REFUSAL_CLASSES = ("22", "23", "54")
 # arguments). A value out of range, a text or JSON PostgreSQL cannot hold, a CHECK, an
 # index row too large (54000) or an error a trigger raises judge the data: the input's.
 _OWN_FAULTS = frozenset({"23502", "23503", "23001", "22004", "22012", "54001", "54011", "54023"})
+# ... and these classes, whatever the statement (`SchemaViolation` too): syntax error or
+# access rule violation (42: a table, column or function that is not there, as when code
+# runs on a schema it was not migrated for or one changed under it; SQL PostgreSQL cannot
+# parse; a privilege the role lacks) and feature not supported (0A). Sending the request
+# again fails alike, and the input is not at fault.
+_OWN_FAULT_CLASSES = ("42", "0A")
 
 
 @contextmanager
@@ -481,7 +487,7 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
         # psycopg's own check, before anything is sent: a text parameter holds a NUL
         raise UnstorableText from exc
-    if exc.sqlstate in _OWN_FAULTS:  # a bug of sinal's (or a schema changed under it)
+    if _is_own_fault(exc):  # a bug of sinal's (or a schema changed under it)
         raise SchemaViolation(_reason(exc)) from exc
     if _is_refused(exc):  # its first line: the next ones may quote the whole row
         raise UnstorableInput(_reason(exc)) from exc
@@ -517,13 +523,19 @@ def _is_contact_gone(exc: psycopg.Error) -> bool:
     ).endswith(_CONTACT_KEY)
 
 
+def _is_own_fault(exc: psycopg.Error) -> bool:
+    """Whether PostgreSQL refused what sinal itself wrote or asked: `SchemaViolation`."""
+    sqlstate = exc.sqlstate or ""
+    return sqlstate in _OWN_FAULTS or sqlstate[:2] in _OWN_FAULT_CLASSES
+
+
 def _is_refused(exc: psycopg.Error) -> bool:
     """Whether PostgreSQL (or psycopg, for a NUL) refused a statement for its data:
     `UnstorableInput`. Not a unique key (a race, redone), a contact erased meanwhile, nor
-    what sinal itself wrote wrong (`_OWN_FAULTS`)."""
+    what sinal itself wrote or asked wrong (`_is_own_fault`)."""
     if isinstance(exc, psycopg.errors.UniqueViolation) or _is_contact_gone(exc):
         return False
-    if exc.sqlstate in _OWN_FAULTS:
+    if _is_own_fault(exc):
         return False
     if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
         return True

@@ -193,6 +193,16 @@ def _is_own_fault(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", None) in _OWN_FAULTS
 
 
+def _is_statement_fault(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused the statement itself: SQLITE_ERROR, its generic code (each
+    passing trouble has a code of its own, `_UNAVAILABLE`), for a table, column or function
+    that is not there (a schema not migrated, or changed under sinal), SQL it cannot parse,
+    or a function of sinal's that failed. Sinal's fault, and it fails alike every time
+    (`SchemaViolation`)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_ERROR
+
+
 @contextmanager
 def translated_errors() -> Iterator[None]:
     """Turn sqlite3's exceptions into sinal's, chained."""
@@ -210,6 +220,8 @@ def translated_errors() -> Iterator[None]:
         code = getattr(exc, "sqlite_errorcode", None)  # the extended code; its low byte
         if code is not None and code & 0xFF in _UNAVAILABLE:
             raise StoreUnavailable(str(exc)) from exc
+        if _is_statement_fault(exc):
+            raise SchemaViolation(str(exc)) from exc
         raise StoreError(str(exc)) from exc
 
 
