@@ -9,8 +9,10 @@ its own round trips, commit and NOTIFY. Every caller is answered only after the
 transaction holding its event has committed, so an acknowledged event is durable.
 
 A transaction that fails fails every caller in it when the database is away or busy
-(`StoreUnavailable`: each may retry). An event whose data the database refuses comes
-back rejected ("refused") from the store, which stores the others of the transaction.
+(`StoreUnavailable`: each may retry) or refuses sinal's own SQL (`SchemaViolation`: a
+table dropped, say, fails any part alike, so it is not split). An event whose data the
+database refuses comes back rejected ("refused") from the store, which stores the others
+of the transaction.
 One that fails otherwise (another `StoreError`, rolled back whole) is tried again in
 halves, down to the events it fails on: only their callers get the error, and the others
 are stored as if those were not there.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from sinal.errors import StoreError, StoreUnavailable
+from sinal.errors import SchemaViolation, StoreError, StoreUnavailable
 from sinal.events import EmitEvent, EmitResult, PreparedEvent, prepare
 from sinal.ledger import MAX_BATCH, Ledger
 
@@ -104,7 +106,8 @@ class GroupCommitter:
         try:
             results = await asyncio.to_thread(self.ledger.record_prepared, batch.events)
         except StoreError as exc:
-            if isinstance(exc, StoreUnavailable) or len(batch.events) == 1:
+            # not about any one event: halves would fail alike, 2N-1 transactions for N
+            if isinstance(exc, StoreUnavailable | SchemaViolation) or len(batch.events) == 1:
                 _fail(batch, exc)
             else:
                 await self._isolate(batch)
