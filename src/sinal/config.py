@@ -57,7 +57,8 @@ class Settings:
     """Everything configurable, with its default."""
 
     database_url: str = _setting(
-        DEFAULT_DATABASE_URL, "sqlite:///relative.db, sqlite:////absolute.db or postgresql://…"
+        DEFAULT_DATABASE_URL,
+        "sqlite:///relative.db, sqlite:////absolute.db (no query string) or postgresql://…",
     )
     database_wait: float = _setting(
         DEFAULT_WAIT,

@@ -133,6 +133,12 @@ def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
             "malformed SQLite URL 'sqlite:shop.db': use sqlite:///relative.db or "
             "sqlite:////absolute.db (three slashes, then the path)",
         ),
+        # made a file named "shop.db?mode=ro"
+        (
+            "sqlite:///shop.db?mode=ro",
+            "SQLite URL 'sqlite:///shop.db?mode=ro' has a query string, which sinal does not "
+            "take (it opens the file itself): use sqlite:///relative.db or sqlite:////absolute.db",
+        ),
         # "unable to open database file"
         (
             "sqlite:///nowhere/shop.db",
@@ -140,7 +146,7 @@ def test_cli_bad_database_url_is_one_readable_line(url: str) -> None:
             "{tmp}/nowhere",
         ),
     ],
-    ids=["password", "ipv6", "sqlite_slashes", "sqlite_directory"],
+    ids=["password", "ipv6", "sqlite_slashes", "sqlite_query", "sqlite_directory"],
 )
 def test_cli_database_url_mistakes_are_one_line_saying_what_to_fix(
     url: str, message: str, tmp_path: Path
@@ -687,7 +693,8 @@ def test_cli_on_a_sqlite_file_that_does_not_exist_creates_none(
 
 
 def test_cli_migrate_creates_the_sqlite_file_the_others_open_it(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'loja #1 %20?.db'}"  # characters a file: URI escapes
+    # characters a file: URI escapes ("?" starts a query string, refused above)
+    url = f"sqlite:///{tmp_path / 'loja #1 %20.db'}"
 
     migrated = run(url, "migrate")
     created = run(url, "accounts", "create", "--name", "Loja")
@@ -697,4 +704,4 @@ def test_cli_migrate_creates_the_sqlite_file_the_others_open_it(tmp_path: Path) 
     assert created.returncode == 0, created.stderr
     assert listed.returncode == 0, listed.stderr
     assert "  Loja  (America/Sao_Paulo)" in listed.stdout
-    assert (tmp_path / "loja #1 %20?.db").is_file()
+    assert (tmp_path / "loja #1 %20.db").is_file()

@@ -12,6 +12,7 @@ from sinal.automations.backoff import RetryPolicy
 from sinal.config import Settings, describe
 from sinal.errors import ConfigurationError
 from sinal.retention import Retention
+from sinal.store import open_store
 from sinal.worker import dispatch_settings
 
 
@@ -301,3 +302,14 @@ def test_settings_retry_policy_is_the_one_a_worker_retries_with() -> None:
 
     assert dispatch_settings(settings).retry == RetryPolicy(max_attempts=5, base=2.0, cap=60.0)
     assert dispatch_settings(Settings()).retry == RetryPolicy()  # the library's defaults
+
+
+@pytest.mark.parametrize("url", ["sqlite:///shop.db?mode=ro", "sqlite:////tmp/x/shop.db?"])
+def test_sqlite_url_with_a_query_string_is_refused_naming_the_form_to_use(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the query string was taken as part of the file's name: "shop.db?mode=ro" was created
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"has a query string.*sqlite:///relative\.db"):
+        open_store(url)
+    assert list(tmp_path.iterdir()) == []
