@@ -6,8 +6,11 @@ batch's one transaction, alone, in a batch and in a streamed batch."""
 from __future__ import annotations
 
 import logging
+import sqlite3
+from contextlib import closing
 from decimal import Decimal
 
+import psycopg
 import pytest
 
 import sinal
@@ -173,3 +176,50 @@ def test_a_row_sinal_writes_wrong_is_its_fault_not_the_events(
 
     assert not isinstance(alone.value, sinal.UnstorableInput)
     assert rows(database_url) == dict.fromkeys(_TABLES, 0)
+
+
+def test_a_statement_the_driver_refuses_before_sending_it_is_sinals_fault(
+    database_url: str,
+) -> None:
+    """Parameters not matching the placeholders (psycopg's `ProgrammingError` with no
+    SQLSTATE, `sqlite3.ProgrammingError`): sinal's SQL, a `SchemaViolation` (the API's 500),
+    not a `StoreError` answered 503 "retry", which fails alike every time."""
+    if database_url.startswith("sqlite"):
+        from sinal.store.sqlite import translated_errors as sqlite_errors
+
+        with (
+            pytest.raises(sinal.SchemaViolation, match="bindings"),
+            sqlite_errors(),
+            closing(sqlite3.connect(":memory:")) as conn,
+        ):
+            conn.execute("SELECT ?", (1, 2))
+    else:
+        from sinal.store.postgres import translated_errors as postgres_errors
+
+        with (
+            psycopg.connect(database_url) as conn,
+            pytest.raises(sinal.SchemaViolation, match="placeholder"),
+            postgres_errors(),
+        ):
+            conn.execute("SELECT %s", (1, 2))
+
+
+@pytest.mark.postgres
+def test_a_trigger_raising_on_an_event_refuses_it_alone(pg_url: str) -> None:
+    """A trigger someone added (sinal's raise nothing) judging a row, plpgsql's class P0:
+    the data's refusal, as a SQLite trigger's RAISE is; it was a 503 "retry" before."""
+    sql(pg_url, "CREATE FUNCTION no_13() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF NEW.value = 13 THEN RAISE EXCEPTION 'no 13'; END IF; "
+                "RETURN NEW; END $$")  # fmt: skip
+    sql(pg_url, "CREATE TRIGGER no_13 BEFORE INSERT ON events FOR EACH ROW "
+                "EXECUTE FUNCTION no_13()")  # fmt: skip
+    with sinal.connect(pg_url) as ledger:
+        account = ledger.create_account("Loja")
+        contact = ledger.create_contact(account.id, phone="+5511987654321")
+
+        results = ledger.emit_many([paid(account, contact, n) for n in (12, 13, 14)])
+
+    assert [(r.status, r.reason) for r in results] == [
+        ("created", None), ("rejected", "refused"), ("created", None)
+    ]  # fmt: skip
+    assert count(pg_url, "events") == 2

@@ -399,6 +399,17 @@ async def test_a_database_never_migrated_asks_for_sinal_migrate(empty_url: str) 
         ("42601", 500),  # syntax error
         ("42501", 500),  # insufficient privilege
         ("0A000", 500),  # feature not supported
+        ("21000", 500),  # cardinality violation
+        ("26000", 500),  # invalid SQL statement name (a prepared statement not there)
+        ("2D000", 500),  # invalid transaction termination
+        ("34000", 500),  # invalid cursor name
+        ("3B001", 500),  # invalid savepoint (psycopg: an OperationalError)
+        ("3F000", 500),  # invalid schema name
+        ("XX001", 500),  # data corrupted: the database's own fault, for its operator
+        ("XX002", 500),  # index corrupted
+        # a trigger someone added judging the row (sinal's raise nothing): the input's
+        ("P0001", 422),  # RAISE EXCEPTION
+        ("P0004", 422),  # ASSERT
     ],
 )
 async def test_postgres_errors_are_answered_by_whether_a_retry_can_help(

@@ -446,7 +446,10 @@ _CONTACT_KEY = "_account_id_contact_id_fkey"
 # (a value out of a column's range, a text or JSON PostgreSQL cannot hold), integrity
 # constraint violation, program limit exceeded (an index row too large). psycopg raises
 # class 54 as an OperationalError, which said "unavailable" (retry) for it before.
-_REFUSAL_CLASSES = ("22", "23", "54")
+# And plpgsql's class P0 (RAISE, ASSERT, SELECT INTO STRICT): sinal's migrations raise
+# none, so it is a trigger or function someone added judging the row it was given, as a
+# RAISE in a SQLite trigger does (`UnstorableInput` there too): the event is refused alone.
+_REFUSAL_CLASSES = ("22", "23", "54", "P0")
 # ... but for these, which say what sinal itself wrote or asked, whatever the input
 # (`SchemaViolation`): a NOT NULL column left empty (23502), a reference to a row that is
 # not there (23503: sinal checks each one it takes from an input before writing; a
@@ -461,8 +464,20 @@ _OWN_FAULTS = frozenset({"23502", "23503", "23001", "22004", "22012", "54001", "
 # access rule violation (42: a table, column or function that is not there, as when code
 # runs on a schema it was not migrated for or one changed under it; SQL PostgreSQL cannot
 # parse; a privilege the role lacks) and feature not supported (0A). Sending the request
-# again fails alike, and the input is not at fault.
-_OWN_FAULT_CLASSES = ("42", "0A")
+# again fails alike, and the input is not at fault. So do these, which a retry cannot fix
+# either (psycopg raises 3B as an OperationalError, which said "retry" for it):
+_OWN_FAULT_CLASSES = (
+    "42",
+    "0A",
+    "21",  # cardinality violation: a subquery or an upsert of sinal's met more rows than it expects
+    "26",  # invalid SQL statement name: a prepared statement not there (a pooler in between)
+    "2D",  # invalid transaction termination: sinal's own transaction handling
+    "34",  # invalid cursor name: sinal's own cursor handling
+    "3B",  # savepoint exception: sinal's own savepoints
+    "3F",  # invalid schema name: a schema not there, as a table not there is (42P01)
+    "XX",  # internal error, data or index corrupted: the database's own fault, for its
+    # operator (a 500 with an error_id, its traceback logged), which a retry reads again
+)
 
 
 @contextmanager
@@ -525,8 +540,9 @@ def _is_contact_gone(exc: psycopg.Error) -> bool:
 
 def _is_own_fault(exc: psycopg.Error) -> bool:
     """Whether PostgreSQL refused what sinal itself wrote or asked: `SchemaViolation`."""
-    sqlstate = exc.sqlstate or ""
-    return sqlstate in _OWN_FAULTS or sqlstate[:2] in _OWN_FAULT_CLASSES
+    if exc.sqlstate is None and isinstance(exc, psycopg.ProgrammingError):
+        return True  # psycopg's own check, before anything is sent: placeholders, say
+    return exc.sqlstate in _OWN_FAULTS or (exc.sqlstate or "")[:2] in _OWN_FAULT_CLASSES
 
 
 def _is_refused(exc: psycopg.Error) -> bool:

@@ -216,6 +216,8 @@ def translated_errors() -> Iterator[None]:
         raise UnstorableInput(str(exc)) from exc
     except sqlite3.DataError as exc:  # a text or blob too big, say
         raise UnstorableInput(str(exc)) from exc
+    except sqlite3.ProgrammingError as exc:  # sinal's misuse (bindings, a closed connection)
+        raise SchemaViolation(str(exc)) from exc
     except sqlite3.Error as exc:
         code = getattr(exc, "sqlite_errorcode", None)  # the extended code; its low byte
         if code is not None and code & 0xFF in _UNAVAILABLE:
