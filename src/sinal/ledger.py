@@ -173,10 +173,8 @@ class Ledger:
         """Like `create_contact`, also telling whether the contact is new."""
         ids, clean_name = _parse_contact(phone, email, external_id, name)
         account = _uuid(account_id)
-        if self.store.get_account(account) is None:
-            raise AccountNotFound(f"account {account} does not exist")
         new = NewContact(account, new_id(), clean_name, ids.phone, ids.email, ids.external_id)
-        return self.store.upsert_contact(new)
+        return self.store.upsert_contact(new)  # no account: its insert says so (`AccountNotFound`)
 
     def get_contact(self, account_id: UUID | str, contact_id: UUID | str) -> Contact | None:
         """One contact of the account, or None (another account's id included)."""

@@ -802,6 +802,39 @@ def test_resolving_a_contact_in_an_account_that_does_not_exist_writes_nothing(
     assert count(database_url, "events") == 1  # ana's Contact Created
 
 
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "found"])
+def test_upserting_a_contact_is_one_write_transaction_without_reading_the_account(
+    database_url: str, existing: bool
+) -> None:
+    """`upsert_contact` (and `create_contact`) do not read the account apart: the contact's
+    insert tells a missing one (`AccountNotFound`, same message), a contact found proves it.
+    PostgreSQL: BEGIN, the identities, the contact, its identities, COMMIT (6 with the
+    account's read); BEGIN, the identities, COMMIT when found."""
+    with _traced(database_url) as ledger:
+        account = ledger.create_account("Loja")
+        if existing:
+            ana = ledger.create_contact(account.id, phone="+55 11 98765-4321")
+
+        with statements(ledger) as sent:
+            contact, is_new = ledger.upsert_contact(account.id, phone="(11) 98765-4321")
+
+        assert is_new is not existing
+        if existing:
+            assert contact == ana
+        assert not any("FROM accounts" in s for s in sent)
+        if database_url.startswith("sqlite:"):  # the write transaction alone
+            assert sent[0] == "BEGIN IMMEDIATE"
+        elif existing:
+            assert sent == ["BEGIN", "Bind", "COMMIT"]
+        else:
+            assert sent == ["BEGIN", "Bind", "Bind", "Bind", "COMMIT"]
+        missing = uuid.uuid4()
+        with pytest.raises(sinal.AccountNotFound) as raised:
+            ledger.create_contact(missing, phone="+55 11 98765-4321")
+        assert str(raised.value) == f"account {missing} does not exist"
+    assert count(database_url, "contacts") == 1
+
+
 def test_resolving_a_contact_fills_what_it_lacks_and_creates_one_once(
     ledger: Ledger, account: sinal.Account
 ) -> None:
