@@ -837,6 +837,30 @@ async def test_an_order_placed_in_time_but_delivered_after_the_abandonment_corre
     assert executions(api) == ([("stopped", STOPPED_BY_ORDER)] if dispatched else [])
 
 
+@pytest.mark.parametrize("dispatched", [True, False], ids=["executions-made", "not-yet"])
+async def test_the_trace_of_an_abandonment_an_order_predates_says_it_was_withdrawn(
+    api: Api, shopify: Shop, dispatched: bool
+) -> None:
+    """Withdrawn before fan-out, the cart automation is not "triggered" (it never runs): the
+    trace says why. Fanned out before, its execution shows it stopped."""
+    abandoned = await abandoned_with_automation(api, shopify, dispatched=dispatched)
+
+    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")  # placed in time
+    run_automations(api)
+
+    answer = await api.client.get(f"/v1/events/{abandoned.id}/trace")
+    assert answer.status_code == 200, answer.text
+    [traced] = answer.json()["automations"]
+    assert traced["automation_name"] == "Carrinho abandonado"
+    if dispatched:
+        assert (traced["triggered"], traced["outcome"]) == (True, "triggered")
+        assert traced["execution"]["status"] == "stopped"
+    else:
+        assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
+        assert traced["message"].endswith(STOPPED_BY_ORDER)
+        assert "execution" not in traced
+
+
 async def test_a_cart_execution_a_worker_holds_starts_no_step_once_the_order_came_first(
     api: Api, shopify: Shop
 ) -> None:
@@ -855,7 +879,7 @@ async def test_a_cart_execution_a_worker_holds_starts_no_step_once_the_order_cam
 async def test_an_order_placed_after_the_abandonment_recovers_it_at_the_orders_time(
     api: Api, shopify: Shop
 ) -> None:
-    await abandoned_with_automation(api, shopify, dispatched=True)
+    abandoned = await abandoned_with_automation(api, shopify, dispatched=True)
     order = fixture("shopify", "orders_create")
     order["created_at"] = "2024-05-10T15:40:00-03:00"  # 18:40 UTC: after the abandonment
 
@@ -865,6 +889,8 @@ async def test_an_order_placed_after_the_abandonment_recovers_it_at_the_orders_t
     assert recovered.occurred_at == datetime(2024, 5, 10, 18, 40, tzinfo=UTC)
     assert recovered.properties["ordered_before_abandonment"] is False
     assert executions(api) == [("waiting", None)]  # abandoned indeed: the automation goes on
+    [traced] = (await api.client.get(f"/v1/events/{abandoned.id}/trace")).json()["automations"]
+    assert (traced["triggered"], traced["outcome"]) == (True, "triggered")
 
 
 async def test_a_checkout_completed_before_it_is_due_is_never_abandoned(

@@ -310,7 +310,7 @@ class TraceEntry(BaseModel):
     automation_id: str
     automation_name: str
     triggered: bool
-    outcome: Literal[MatchOutcome, "invalid_definition", "chain_too_deep"]
+    outcome: Literal[MatchOutcome, "invalid_definition", "chain_too_deep", "withdrawn"]
     message: str
     filter_index: int = _absent("With filter_false: the index of the filter that is false")
     filter_field: str = _absent("With filter_false: that filter's field")

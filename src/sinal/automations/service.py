@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any, cast, get_args
 from uuid import UUID
 
@@ -26,9 +27,11 @@ from sinal.automations.model import (
     redact_secrets,
 )
 from sinal.automations.steps import DEFAULT_WHATSAPP_API
+from sinal.catalog import METRIC_CHECKOUT_ABANDONED, METRIC_CHECKOUT_RECOVERED
 from sinal.errors import FieldError, InvalidIntegration
 from sinal.events import stamp
 from sinal.ids import new_id
+from sinal.integrations.checkouts import abandonment_id, recovery_id
 from sinal.ledger import Ledger
 from sinal.store.automations import (
     AutomationRow,
@@ -38,9 +41,13 @@ from sinal.store.automations import (
     IntegrationKind,
     stopped_too_deep,
 )
-from sinal.store.base import StoredEvent
+from sinal.store.base import EventQuery, StoredEvent
+from sinal.store.commerce import STOPPED_BY_ORDER
 from sinal.urls import base_url_problem
 from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
+
+# A trace's reason for an automation an abandonment withdrawn before fan-out never ran.
+_WITHDRAWN = f"the event was withdrawn from automations before they ran: {STOPPED_BY_ORDER}"
 
 # Per kind: (required settings, optional settings with defaults, secret fields).
 _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
@@ -144,6 +151,9 @@ class Automations:
             else:
                 entry |= {"triggered": decision.triggered, **decision.as_dict()}
             execution = executions.get(row.id)
+            if execution is None and entry["triggered"] and self._is_withdrawn(event):
+                # its outbox row went before fan-out: no execution is ever made
+                entry |= {"triggered": False, "outcome": "withdrawn", "message": _WITHDRAWN}
             if execution is not None:
                 if stopped_too_deep(execution):  # matched, but its execution never ran
                     why = execution.last_error
@@ -151,6 +161,29 @@ class Automations:
                 entry["execution"] = execution_summary(execution)
             answer.append(entry)
         return answer
+
+    def _is_withdrawn(self, event: StoredEvent) -> bool:
+        """Whether `event` is a Checkout Abandoned an order predates, withdrawn from
+        automations (`CommerceStore.save_order`): its Checkout Recovered, recorded in the
+        same transaction and dated at the abandonment, says `ordered_before_abandonment`."""
+        token = event.properties.get("checkout_token")
+        if (
+            event.metric_name != METRIC_CHECKOUT_ABANDONED
+            or not isinstance(token, str)
+            or event.unique_event_id != abandonment_id(event.source, token)
+        ):
+            return False
+        at = event.occurred_at
+        query = EventQuery(
+            event.account_id, contact_id=event.contact_id, metric_name=METRIC_CHECKOUT_RECOVERED,
+            since=at, until=at + timedelta(microseconds=1),
+        )  # fmt: skip
+        recovered = recovery_id(event.source, token)
+        return any(
+            e.unique_event_id == recovered
+            and e.properties.get("ordered_before_abandonment") is True
+            for e in self.ledger.list_events(query)
+        )
 
     def _numbers(self, account_id: UUID) -> list[str]:
         """The phone_number_id of each of the account's live WhatsApp connections."""

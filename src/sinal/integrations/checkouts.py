@@ -26,10 +26,12 @@ __all__ = [
     "abandonment_id",
     "checkout_event",
     "recovered_checkout",
+    "recovery_id",
 ]
 
 DEFAULT_ABANDON_DELAY: Final = timedelta(minutes=60)
 _ABANDONED: Final = "checkout_abandoned"  # Checkout Abandoned's entity type
+_RECOVERED: Final = "checkout_recovered"  # Checkout Recovered's entity type
 
 
 def abandonment_due(
@@ -54,6 +56,11 @@ def abandoned_checkout(checkout: CheckoutRef, *, occurred_at: datetime) -> Mappe
 def abandonment_id(provider: str, token: str) -> str:
     """The unique_event_id of the Checkout Abandoned of `provider`'s checkout `token`."""
     return build_unique_event_id(provider, _ABANDONED, token)
+
+
+def recovery_id(provider: str, token: str) -> str:
+    """The unique_event_id of the Checkout Recovered of `provider`'s checkout `token`."""
+    return build_unique_event_id(provider, _RECOVERED, token)
 
 
 def checkout_event(
@@ -116,7 +123,7 @@ def recovered_checkout(order_event: Mapped, checkout_token: str) -> Mapped:
         contact=order_event.contact,
         source=order.provider,
         source_id=checkout_token,
-        entity_type="checkout_recovered",
+        entity_type=_RECOVERED,
         entity_id=order.external_id,
         occurred_at=order_event.occurred_at,
         properties=r.compact(properties),
