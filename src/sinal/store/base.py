@@ -52,6 +52,15 @@ class Contact:
     updated_at: datetime
 
 
+# A contact's columns, in the order `Contact` takes them (both backends).
+CONTACT_COLUMNS = "account_id, id, name, phone, email, external_id, created_at, updated_at"
+
+
+def qualified(columns: str, alias: str) -> str:
+    """`columns` (a list such as `CONTACT_COLUMNS`), each named through table `alias`."""
+    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
+
+
 @dataclass(frozen=True, slots=True)
 class NewContact:
     """A contact to find by its identities, or create."""

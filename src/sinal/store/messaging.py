@@ -35,10 +35,6 @@ CONVERSATION_COLUMNS = "account_id, id, contact_id, status, assigned_to, opened_
 LINK_COLUMNS = (
     "account_id, id, token, url, contact_id, campaign, automation_execution_id, created_at"
 )
-# A WhatsApp user's contact (`c`), in the order `Contact` takes them.
-USER_CONTACT_COLUMNS = (
-    "c.account_id, c.id, c.name, c.phone, c.email, c.external_id, c.created_at, c.updated_at"
-)
 
 # The metrics of a message sinal sent (entity_type "message", entity_id = wamid).
 SENT_METRICS = (
@@ -244,7 +240,6 @@ __all__ = [
     "SENT_METRICS",
     "STATUS_COLUMNS",
     "TEMPLATE_METRICS",
-    "USER_CONTACT_COLUMNS",
     "BuildConversationEvent",
     "BuildOpenedEvent",
     "Conversation",

@@ -103,6 +103,7 @@ from sinal.ids import metric_id
 from sinal.keyring import Keyring
 from sinal.store import base
 from sinal.store.base import (
+    CONTACT_COLUMNS,
     CONTACT_REQUIRED_MESSAGE,
     DEFAULT_WAIT,
     Account,
@@ -133,6 +134,7 @@ from sinal.store.base import (
     compare_summaries,
     contact_reason,
     feed_page,
+    qualified,
     read_migrations,
     rebuild_accounts,
     refused,
@@ -140,7 +142,6 @@ from sinal.store.base import (
     summary_deltas,
 )
 from sinal.store.libpq import network_defaults
-from sinal.store.messaging import USER_CONTACT_COLUMNS
 from sinal.store.postgres_automations import PostgresAutomations
 from sinal.store.postgres_commerce import PostgresCommerce
 from sinal.store.postgres_erasure import WRITE_EVENTS, PostgresErasure
@@ -166,7 +167,6 @@ _EVENT_COLUMNS = (
     "integration_id, unique_event_id, entity_type, entity_id, automation_execution_id, "
     "occurred_at, received_at, schema_version"
 )
-_CONTACT_COLUMNS = "account_id, id, name, phone, email, external_id, created_at, updated_at"
 _REJECTION_COLUMNS = "account_id, id, reason, message, payload, created_at, replayed_event_id"
 _KEY_COLUMNS = "account_id, id, key_hash, hint, name, scopes, created_at, revoked_at"
 _MEASURES = {
@@ -521,7 +521,7 @@ def _holders(
     if not pairs:
         return {}
     rows = conn.execute(
-        f"SELECT k.kind, {USER_CONTACT_COLUMNS} "
+        f"SELECT k.kind, {qualified(CONTACT_COLUMNS, 'c')} "
         "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(kind, value, n) "
         "JOIN contact_identities i "
         "  ON i.account_id = %s AND i.kind = k.kind AND i.value = k.value "
@@ -1011,7 +1011,7 @@ class PostgresStore(
         try:
             created = conn.execute(
                 f"INSERT INTO contacts (account_id, id, name, phone, email, external_id) "
-                f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_CONTACT_COLUMNS}",
+                f"VALUES (%s, %s, %s, %s, %s, %s) RETURNING {CONTACT_COLUMNS}",
                 (
                     contact.account_id, contact.id, contact.name, contact.phone,
                     contact.email, contact.external_id,
@@ -1047,7 +1047,7 @@ class PostgresStore(
         conn: psycopg.Connection[TupleRow], account_id: UUID, contact_id: UUID, lock: str = ""
     ) -> Contact | None:
         row = conn.execute(
-            f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s{lock}",
+            f"SELECT {CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s{lock}",
             (account_id, contact_id),
         ).fetchone()
         return None if row is None else Contact(*row)
@@ -1306,7 +1306,7 @@ class PostgresStore(
 
         def work(conn: psycopg.Connection[TupleRow]) -> Contact | None:
             row = conn.execute(
-                f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s "
+                f"SELECT {CONTACT_COLUMNS} FROM contacts WHERE account_id = %s AND id = %s "
                 "FOR NO KEY UPDATE",  # the key stays: emits for the contact need not wait
                 (account_id, contact_id),
             ).fetchone()
@@ -1326,7 +1326,7 @@ class PostgresStore(
             updated = conn.execute(
                 "UPDATE contacts SET name = %s, phone = %s, email = %s, external_id = %s, "
                 f"updated_at = now() WHERE account_id = %s AND id = %s "
-                f"RETURNING {_CONTACT_COLUMNS}",
+                f"RETURNING {CONTACT_COLUMNS}",
                 (
                     merged["name"], merged["phone"], merged["email"], merged["external_id"],
                     account_id, contact_id,

@@ -63,7 +63,7 @@ from sinal.store.automations import (
     storable_text,
     too_deep,
 )
-from sinal.store.base import Contact, StoredEvent
+from sinal.store.base import CONTACT_COLUMNS, Contact, StoredEvent, qualified
 from sinal.store.libpq import network_defaults
 from sinal.store.postgres_erasure import WRITE_EVENTS
 
@@ -77,10 +77,6 @@ def _live_page(account_id: UUID, after: UUID | None) -> tuple[str, list[UUID]]:
     if after is not None:
         where, args = f"{where} AND id > %s", [*args, after]
     return where, args
-
-
-def _qualified(columns: str, alias: str) -> str:
-    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
 
 
 # Fencing: only the worker holding a live claim may write the execution.
@@ -142,11 +138,11 @@ WITH req AS (
     WHERE execution_steps.status = 'failed'
     RETURNING account_id, execution_id, {STEP_COLUMNS}
 )
-SELECT h.ord, true, NULL, {_qualified(STEP_COLUMNS, "s")} FROM checked h
+SELECT h.ord, true, NULL, {qualified(STEP_COLUMNS, "s")} FROM checked h
 JOIN started s ON s.account_id = h.account_id AND s.execution_id = h.id
     AND s.step_index = h.step_index
 UNION ALL
-SELECT h.ord, false, NULL, {_qualified(STEP_COLUMNS, "x")} FROM checked h
+SELECT h.ord, false, NULL, {qualified(STEP_COLUMNS, "x")} FROM checked h
 JOIN execution_steps x ON x.account_id = h.account_id AND x.execution_id = h.id
     AND x.step_index = h.step_index
 WHERE h.halt IS NULL AND NOT EXISTS (SELECT 1 FROM started s WHERE s.account_id = h.account_id
@@ -856,7 +852,7 @@ def _events_of(conn: Conn, keys: list[tuple[UUID, UUID]]) -> list[StoredEvent]:
     return [
         StoredEvent(*r)
         for r in conn.execute(
-            f"SELECT {_qualified(_EVENT_COLUMNS, 'e')} "
+            f"SELECT {qualified(_EVENT_COLUMNS, 'e')} "
             "FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) CROSS JOIN LATERAL "
             "(SELECT * FROM events WHERE account_id = k.a AND id = k.i LIMIT 1) e "
             "ORDER BY e.received_at, e.id",
@@ -887,7 +883,7 @@ def _listening(
     automation listens to is absent)."""
     pairs = sorted(metrics)
     rows = conn.execute(
-        f"SELECT {_qualified(AUTOMATION_COLUMNS, 'a')} FROM automations a "
+        f"SELECT {qualified(AUTOMATION_COLUMNS, 'a')} FROM automations a "
         "JOIN unnest(%s::uuid[], %s::text[]) AS k(acc, metric) "
         "ON a.account_id = k.acc AND a.trigger_metric = k.metric "
         "WHERE a.deleted_at IS NULL ORDER BY a.created_at, a.id",
@@ -905,7 +901,7 @@ def _steps_of(
 ) -> dict[UUID, tuple[StepRecord, ...]]:
     """The step records of many executions, by execution id."""
     rows = conn.execute(
-        f"SELECT s.execution_id, {_qualified(STEP_COLUMNS, 's')} "
+        f"SELECT s.execution_id, {qualified(STEP_COLUMNS, 's')} "
         "FROM unnest(%s::uuid[], %s::uuid[]) AS k(a, i) CROSS JOIN LATERAL "
         "(SELECT * FROM execution_steps WHERE account_id = k.a AND execution_id = k.i "
         " OFFSET 0) s ORDER BY s.execution_id, s.step_index",  # OFFSET 0: not flattened
@@ -921,13 +917,13 @@ def _steps_of(
 def _claim_layout() -> tuple[str, tuple[int, int, int, int]]:
     """The claim statement and where each row splits into execution, automation, event,
     contact and tags (the event and contact columns live in postgres.py, which imports us)."""
-    from sinal.store.postgres import _CONTACT_COLUMNS, _EVENT_COLUMNS
+    from sinal.store.postgres import _EVENT_COLUMNS
 
     # Each claimed execution looks its rows up by their whole primary key (LATERAL ...
     # LIMIT 1 keeps the planner from flattening them into joins): on statistics that lag
     # behind a growing table, the joins were planned as a scan of the account's events
     # per claimed execution, a claim costing more with every event stored.
-    parts = (EXECUTION_COLUMNS, CLAIMED_AUTOMATION_COLUMNS, _EVENT_COLUMNS, _CONTACT_COLUMNS)
+    parts = (EXECUTION_COLUMNS, CLAIMED_AUTOMATION_COLUMNS, _EVENT_COLUMNS, CONTACT_COLUMNS)
     a, b, c, d = itertools.accumulate(len(p.split(",")) for p in parts)
     statement = f"""
 WITH claimed AS (
@@ -938,10 +934,10 @@ WITH claimed AS (
             AND (claimed_until IS NULL OR claimed_until < now())
           ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) d
     WHERE e.account_id = d.account_id AND e.id = d.id
-    RETURNING {_qualified(EXECUTION_COLUMNS, "e")}
+    RETURNING {qualified(EXECUTION_COLUMNS, "e")}
 )
-SELECT {_qualified(EXECUTION_COLUMNS, "x")}, {_qualified(CLAIMED_AUTOMATION_COLUMNS, "a")},
-       {_qualified(_EVENT_COLUMNS, "ev")}, {_qualified(_CONTACT_COLUMNS, "c")},
+SELECT {qualified(EXECUTION_COLUMNS, "x")}, {qualified(CLAIMED_AUTOMATION_COLUMNS, "a")},
+       {qualified(_EVENT_COLUMNS, "ev")}, {qualified(CONTACT_COLUMNS, "c")},
        array(SELECT t.tag FROM contact_tags t
              WHERE t.account_id = x.account_id AND t.contact_id = x.contact_id ORDER BY t.tag)
 FROM claimed x

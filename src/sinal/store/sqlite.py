@@ -52,6 +52,7 @@ from sinal.ids import metric_id, new_id
 from sinal.keyring import Keyring
 from sinal.store import base
 from sinal.store.base import (
+    CONTACT_COLUMNS,
     DEFAULT_WAIT,
     Account,
     AggregateCell,
@@ -80,13 +81,13 @@ from sinal.store.base import (
     changed_fields,
     compare_summaries,
     feed_page,
+    qualified,
     read_migrations,
     rebuild_accounts,
     refused,
     rejection_message,
     summary_deltas,
 )
-from sinal.store.messaging import USER_CONTACT_COLUMNS
 from sinal.store.sqlite_automations import SQLiteAutomations
 from sinal.store.sqlite_commerce import SQLiteCommerce
 from sinal.store.sqlite_erasure import SQLiteErasure
@@ -99,7 +100,6 @@ _EVENT_COLUMNS = (
     "integration_id, unique_event_id, entity_type, entity_id, automation_execution_id, "
     "occurred_at, received_at, schema_version"
 )
-_CONTACT_COLUMNS = "account_id, id, name, phone, email, external_id, created_at, updated_at"
 _REJECTION_COLUMNS = "account_id, id, reason, message, payload, created_at, replayed_event_id"
 _KEY_COLUMNS = "account_id, id, key_hash, hint, name, scopes, created_at, revoked_at"
 
@@ -119,7 +119,7 @@ def parse_ts(text: str) -> datetime:
 
 
 def contact_of(row: Sequence[Any]) -> Contact:
-    """A contact from its row (`_CONTACT_COLUMNS`, in that order)."""
+    """A contact from its row (`CONTACT_COLUMNS`, in that order)."""
     return Contact(
         UUID(row[0]), UUID(row[1]), row[2], row[3], row[4], row[5],
         parse_ts(row[6]), parse_ts(row[7]),
@@ -131,7 +131,7 @@ def _holders(conn: sqlite3.Connection, contact: NewContact) -> dict[IdentityKind
     held: dict[IdentityKind, Contact] = {}
     for kind, value in contact.identities():
         row = conn.execute(
-            f"SELECT {USER_CONTACT_COLUMNS} FROM contact_identities i "
+            f"SELECT {qualified(CONTACT_COLUMNS, 'c')} FROM contact_identities i "
             "JOIN contacts c ON c.account_id = i.account_id AND c.id = i.contact_id "
             "WHERE i.account_id = ? AND i.kind = ? AND i.value = ?",
             (str(contact.account_id), kind, value),
@@ -641,7 +641,7 @@ class SQLiteStore(
         now = ts(datetime.now(UTC))
         try:
             conn.execute(
-                f"INSERT INTO contacts ({_CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO contacts ({CONTACT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (account, str(contact.id), contact.name, contact.phone, contact.email,
                  contact.external_id, now, now),
             )  # fmt: skip
@@ -672,7 +672,7 @@ class SQLiteStore(
     @staticmethod
     def _contact(conn: sqlite3.Connection, account: str, contact: str) -> Contact | None:
         row = conn.execute(
-            f"SELECT {_CONTACT_COLUMNS} FROM contacts WHERE account_id = ? AND id = ?",
+            f"SELECT {CONTACT_COLUMNS} FROM contacts WHERE account_id = ? AND id = ?",
             (account, contact),
         ).fetchone()
         return None if row is None else contact_of(row)

@@ -13,14 +13,13 @@ from sinal.catalog import METRIC_MESSAGE_RECEIVED
 from sinal.errors import ContactNotFound
 from sinal.events import PreparedEvent
 from sinal.ids import new_id
-from sinal.store.base import Contact, Outcome
+from sinal.store.base import CONTACT_COLUMNS, Contact, Outcome, qualified
 from sinal.store.messaging import (
     CONVERSATION_COLUMNS,
     LINK_COLUMNS,
     SENT_METRICS,
     STATUS_COLUMNS,
     TEMPLATE_METRICS,
-    USER_CONTACT_COLUMNS,
     BuildConversationEvent,
     BuildOpenedEvent,
     Conversation,
@@ -94,7 +93,8 @@ class SQLiteMessaging:
         """The contact the user id was seen with, and the one that has `phone`."""
         with self._read() as conn:
             row = conn.execute(
-                f"SELECT {USER_CONTACT_COLUMNS}, (SELECT i.contact_id FROM contact_identities i "
+                f"SELECT {qualified(CONTACT_COLUMNS, 'c')}, "
+                "(SELECT i.contact_id FROM contact_identities i "
                 "WHERE i.account_id = u.account_id AND i.kind = 'phone' AND i.value = ?) "
                 "FROM whatsapp_users u "
                 "JOIN contacts c ON c.account_id = u.account_id AND c.id = u.contact_id "
