@@ -15,6 +15,7 @@ from decimal import Decimal
 from email.utils import format_datetime
 from typing import Any
 
+import psycopg
 import pytest
 
 import sinal
@@ -607,6 +608,66 @@ def test_a_worker_whose_connections_are_cut_counts_the_errors_and_carries_on(
     assert _counted(dispatcher, "sinal_worker_listener_outages_total") == 1
     assert listening == 1  # listening again
     assert _counted(dispatcher, "sinal_worker_listening") == 0  # stopped
+
+
+def _hold_step_records(url: str, seconds: float) -> None:
+    """Keep the worker from writing step records for `seconds`, from another connection,
+    as a long writer (a migration, a bulk job) does: SQLite's writer lock, PostgreSQL's
+    lock on `execution_steps`. Returns once it is held."""
+    held = threading.Event()
+
+    def hold() -> None:
+        if url.startswith("sqlite:"):
+            import fcntl
+
+            with open(f"{url.removeprefix('sqlite:///')}-lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                held.set()
+                time.sleep(seconds)
+                fcntl.flock(lock, fcntl.LOCK_UN)
+            return
+        with psycopg.connect(url) as conn:
+            conn.execute("LOCK TABLE execution_steps IN ACCESS EXCLUSIVE MODE")
+            held.set()
+            time.sleep(seconds)
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert held.wait(10)
+
+
+def test_a_send_whose_record_meets_a_busy_database_is_recorded_once_it_is_free(
+    world: World,
+) -> None:
+    """The database stops taking writes while a message is being sent (locked past the
+    worker's wait): its record, which failed, used to be left to the lease, and the send
+    resumed as interrupted, `unknown`, its Message Sent and wamid lost though it went out.
+    The worker tries again until the database takes it."""
+    world.automations.create(world.account.id, THANKS)
+    worker_ledger = sinal.connect(world.url, wait=0.3)  # the lock outlasts its wait
+    settings = DispatchSettings(poll_interval=0.05, http_timeout=2.0, lease=4.0,
+                                housekeeping_interval=0, allow_private_webhooks=True)  # fmt: skip
+    dispatcher = Dispatcher(worker_ledger, settings)
+    world.whatsapp.behaviour.before_answer = lambda body, n: _hold_step_records(world.url, 1.5)
+    world.order_paid()
+    stop = threading.Event()
+    worker = threading.Thread(target=dispatcher.run, args=(stop,))
+    worker.start()
+    try:
+        wait_until(lambda: world.executions() and world.executions()[0].status not in
+                   ("pending", "waiting"), timeout=30)  # fmt: skip
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+        dispatcher.close()
+        worker_ledger.close()
+
+    [execution] = world.executions()
+    assert execution.status == "completed"
+    assert len(world.whatsapp.requests) == 1
+    sent = world.ledger.list_events(EventQuery(world.account.id, metric_name="Message Sent"))
+    assert [e.entity_id for e in sent] == ["wamid.LOCAL00000000"]
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+    assert _counted(dispatcher, "sinal_worker_errors_total", kind="database") >= 1
 
 
 def test_wait_step_resumes_later(world: World) -> None:

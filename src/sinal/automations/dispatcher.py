@@ -105,6 +105,9 @@ UNEXPECTED_PAUSE = 1.0
 # write and to read, each up to the timeout. A step running longer is stuck; its claim is
 # left to expire, as a dead worker's would.
 HTTP_WAITS_PER_STEP = 5
+# Seconds between two tries at recording a step's outcome while the database is away: from
+# the first, doubling up to the last.
+RECORD_RETRY_DELAYS = (0.1, 2.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -603,10 +606,30 @@ class Dispatcher:
     def _finish(
         self, claim: Claim, index: int, status: StepStatus, then: Advance | None = None, **kw: Any
     ) -> None:
-        if not self._finishes.call(StepFinish(claim, index, status, then=then, **kw)):
+        if not self._record(StepFinish(claim, index, status, then=then, **kw)):
             self._lost(claim)
         elif then is not None:
             self.metrics.settle(then.status)
+
+    def _record(self, finish: StepFinish) -> bool:
+        """Record a step's outcome, trying again while the database is unavailable, for up
+        to a lease: the step happened (a message went out), and left to its lease it would
+        be resumed as interrupted, a send `unknown`, its event and result lost. Safe to
+        repeat: the record is fenced by the claim, and its event has a unique id."""
+        delay, until = RECORD_RETRY_DELAYS[0], None
+        while True:
+            try:
+                return self._finishes.call(finish)
+            except StoreUnavailable as exc:
+                now = time.monotonic()
+                until = now + self.settings.lease if until is None else until
+                if now + delay > until:  # tried for a lease: left to it, as before
+                    raise
+                log.warning("execution %s: recording step %d failed, trying again: %s",
+                            finish.claim.execution.id, finish.step_index, exc)  # fmt: skip
+                self.metrics.error("database")
+                time.sleep(delay)
+                delay = min(2 * delay, RECORD_RETRY_DELAYS[1])
 
     def _retry(self, claim: Claim, index: int, exc: StepFailed | RetryLater) -> Advance:
         attempts = claim.execution.attempts + 1
