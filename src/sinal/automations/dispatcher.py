@@ -3,7 +3,9 @@
 Dispatch is at least once (the outbox row is deleted in the transaction that creates the
 executions); an automation runs at most once per event (the executions' unique key); a
 step's side effect happens at most once (its record is committed as `started` before the
-side effect, `completed` after; a `started` external send found on resume is `unknown`).
+side effect, `completed` after; a `started` external send found on resume is `unknown`,
+so the worker that ran a step tries again, for up to a lease, to record its outcome while
+the database is unavailable).
 A claim is a lease: the worker renews the leases of the executions in hand every third of
 one, so a slow step keeps its execution, while a dead worker's claims expire after one
 lease and another worker resumes them.
@@ -606,12 +608,12 @@ class Dispatcher:
     def _finish(
         self, claim: Claim, index: int, status: StepStatus, then: Advance | None = None, **kw: Any
     ) -> None:
-        if not self._record(StepFinish(claim, index, status, then=then, **kw)):
+        if not self._record_outcome(StepFinish(claim, index, status, then=then, **kw)):
             self._lost(claim)
         elif then is not None:
             self.metrics.settle(then.status)
 
-    def _record(self, finish: StepFinish) -> bool:
+    def _record_outcome(self, finish: StepFinish) -> bool:
         """Record a step's outcome, trying again while the database is unavailable, for up
         to a lease: the step happened (a message went out), and left to its lease it would
         be resumed as interrupted, a send `unknown`, its event and result lost. Safe to
