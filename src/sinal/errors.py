@@ -148,7 +148,8 @@ class DuplicateKey(StoreError):
 class UnstorableInput(StoreError, ValueError):
     """The database refused the data of a statement: a value out of a column's range, a
     text or JSON it cannot hold, a constraint (PostgreSQL's SQLSTATE classes 22, 23 but
-    for a unique key, and 54; SQLite's constraint and data errors; but for those of
+    for a unique key, 44, a view's WITH CHECK OPTION, 54, and P0, an error a trigger
+    raises; SQLite's constraint and data errors and a trigger's RAISE; but for those of
     `SchemaViolation`, sinal's own faults). The input is at fault
     and trying again cannot help, unlike most `StoreError`s. Validation refuses every such
     input it knows of first; this is the net under a check that was missed. Its message is
@@ -178,9 +179,11 @@ class SchemaViolation(StoreError):
     take, a statement beyond the database's limits, a table, column or function that is
     not there, SQL the database cannot parse, a privilege the role lacks (PostgreSQL's
     SQLSTATEs 23502, 23503 but a contact's key, 23001, 22004, 22012, 54001, 54011, 54023,
-    and classes 42, 0A, 21, 26, 2D, 34, 3B and 3F; SQLite's NOT NULL, FOREIGN KEY and
-    datatype constraints, and its generic SQLITE_ERROR; either driver's refusal before
-    sending, as for parameters not matching the placeholders). Also PostgreSQL's class
+    and classes 42, 0A, 21, 24, 25 but for 25006, 25P03 and 25P04 (`StoreUnavailable`),
+    26, 27, 2D, 2F, 34, 38 (an exception escaped a routine in another language), 3B and
+    3F; SQLite's NOT NULL, FOREIGN KEY and datatype constraints, and its generic
+    SQLITE_ERROR; either driver's refusal before sending, as for parameters not matching
+    the placeholders). Also PostgreSQL's class
     XX (internal error, data or index corrupted), the database's own fault, which a retry
     reads again. A bug in sinal, or a schema changed under it: the API
     answers 500 with an error id and logs the traceback, rather than tell the client to
@@ -191,8 +194,9 @@ class SchemaViolation(StoreError):
 
 class StoreUnavailable(StoreError):
     """The database cannot be reached, or cannot take this now (a lost connection, a
-    server restarting, a lock not granted in time, a transaction to retry): trying again
-    later may succeed, unlike a `StoreError` of a statement the database refused."""
+    server restarting, a lock not granted in time, a transaction to retry, a standby that
+    takes no writes, a session ended for a timeout): trying again later may succeed,
+    unlike a `StoreError` of a statement the database refused."""
 
 
 class SchemaOutOfDate(StoreError):

@@ -148,15 +148,15 @@ async def test_an_event_the_database_refuses_is_rejected_alone(
 
 @pytest.mark.postgres
 async def test_an_event_the_database_fails_otherwise_fails_its_caller_alone(pg_url: str) -> None:
-    """A statement failing for one event with an error sinal does not classify (25000,
-    invalid transaction state, raised by a trigger; a plain RAISE is the data's refusal):
+    """A statement failing for one event with an error sinal does not classify (09000,
+    triggered action exception, raised by a trigger; a plain RAISE is the data's refusal):
     the transaction is tried again in halves, down to that event, whose caller gets it."""
     with sinal.connect(pg_url) as ledger:
         account = ledger.create_account("Loja")
         contact = ledger.create_contact(account.id, phone="+5511987654321")
         sql(pg_url, "CREATE FUNCTION fail_13() RETURNS trigger LANGUAGE plpgsql AS $$ "
                     "BEGIN IF NEW.source_id = '13' THEN "
-                    "RAISE EXCEPTION 'no 13' USING ERRCODE = '25000'; END IF; "
+                    "RAISE EXCEPTION 'no 13' USING ERRCODE = '09000'; END IF; "
                     "RETURN NEW; END $$")  # fmt: skip
         sql(pg_url, "CREATE TRIGGER fail_13 BEFORE INSERT ON events FOR EACH ROW "
                     "EXECUTE FUNCTION fail_13()")  # fmt: skip

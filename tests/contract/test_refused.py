@@ -205,11 +205,15 @@ def test_a_statement_the_driver_refuses_before_sending_it_is_sinals_fault(
 
 
 @pytest.mark.postgres
-def test_a_trigger_raising_on_an_event_refuses_it_alone(pg_url: str) -> None:
+@pytest.mark.parametrize("sqlstate", ["P0001", "44000"])
+def test_a_trigger_raising_on_an_event_refuses_it_alone(pg_url: str, sqlstate: str) -> None:
     """A trigger someone added (sinal's raise nothing) judging a row, plpgsql's class P0:
-    the data's refusal, as a SQLite trigger's RAISE is; it was a 503 "retry" before."""
+    the data's refusal, as a SQLite trigger's RAISE is; it was a 503 "retry" before. So is
+    a view's WITH CHECK OPTION (class 44, raised here by the trigger): a row outside the
+    view's condition, as a CHECK's refusal is (it was a 503 too)."""
     sql(pg_url, "CREATE FUNCTION no_13() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                "IF NEW.value = 13 THEN RAISE EXCEPTION 'no 13'; END IF; "
+                "IF NEW.value = 13 THEN "
+                f"RAISE EXCEPTION 'no 13' USING ERRCODE = '{sqlstate}'; END IF; "
                 "RETURN NEW; END $$")  # fmt: skip
     sql(pg_url, "CREATE TRIGGER no_13 BEFORE INSERT ON events FOR EACH ROW "
                 "EXECUTE FUNCTION no_13()")  # fmt: skip

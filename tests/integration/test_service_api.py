@@ -392,6 +392,9 @@ async def test_a_database_never_migrated_asks_for_sinal_migrate(empty_url: str) 
         ("57P01", 503),  # admin shutdown
         ("53300", 503),  # too many connections
         ("53100", 503),  # disk full
+        ("25006", 503),  # read-only transaction: a standby (a failover), or read-only set
+        ("25P03", 503),  # idle_in_transaction_session_timeout: the session was ended
+        ("25P04", 503),  # transaction_timeout (PostgreSQL 17): the session was ended
         # sinal's own SQL, whatever the input: 500, never "retry"
         ("42P01", 500),  # undefined table
         ("42703", 500),  # undefined column
@@ -405,11 +408,22 @@ async def test_a_database_never_migrated_asks_for_sinal_migrate(empty_url: str) 
         ("34000", 500),  # invalid cursor name
         ("3B001", 500),  # invalid savepoint (psycopg: an OperationalError)
         ("3F000", 500),  # invalid schema name
+        ("24000", 500),  # invalid cursor state
+        ("25000", 500),  # invalid transaction state
+        ("25001", 500),  # active SQL transaction (a statement that cannot run in one)
+        ("25P01", 500),  # no active SQL transaction (SAVEPOINT outside one)
+        ("25P02", 500),  # in failed SQL transaction (a statement after an error)
+        ("27000", 500),  # triggered data change violation (psycopg: an OperationalError)
+        ("2F005", 500),  # a function ended without RETURN (psycopg: an OperationalError)
+        ("38000", 500),  # external routine exception: PL/Python's, a C extension's
+        ("38001", 500),  # containing SQL not permitted
         ("XX001", 500),  # data corrupted: the database's own fault, for its operator
         ("XX002", 500),  # index corrupted
         # a trigger someone added judging the row (sinal's raise nothing): the input's
         ("P0001", 422),  # RAISE EXCEPTION
         ("P0004", 422),  # ASSERT
+        # a view's WITH CHECK OPTION: a row outside its condition, as a CHECK (23514) is
+        ("44000", 422),
     ],
 )
 async def test_postgres_errors_are_answered_by_whether_a_retry_can_help(

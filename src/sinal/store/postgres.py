@@ -449,7 +449,10 @@ _CONTACT_KEY = "_account_id_contact_id_fkey"
 # And plpgsql's class P0 (RAISE, ASSERT, SELECT INTO STRICT): sinal's migrations raise
 # none, so it is a trigger or function someone added judging the row it was given, as a
 # RAISE in a SQLite trigger does (`UnstorableInput` there too): the event is refused alone.
-_REFUSAL_CLASSES = ("22", "23", "54", "P0")
+# And class 44, a view's WITH CHECK OPTION: a row outside the view's condition, a CHECK
+# under another name (sinal writes through no view; a row-level security policy's refusal
+# is 42501 instead, sinal's role lacking a right).
+_REFUSAL_CLASSES = ("22", "23", "44", "54", "P0")
 # ... but for these, which say what sinal itself wrote or asked, whatever the input
 # (`SchemaViolation`): a NOT NULL column left empty (23502), a reference to a row that is
 # not there (23503: sinal checks each one it takes from an input before writing; a
@@ -475,9 +478,31 @@ _OWN_FAULT_CLASSES = (
     "34",  # invalid cursor name: sinal's own cursor handling
     "3B",  # savepoint exception: sinal's own savepoints
     "3F",  # invalid schema name: a schema not there, as a table not there is (42P01)
+    "24",  # invalid cursor state: sinal's own cursors (FETCH, WHERE CURRENT OF)
+    # invalid transaction state (25P02 a statement after an error in the transaction,
+    # 25001 a statement that cannot run in one, 25P01 SAVEPOINT outside one): sinal's own
+    # transaction handling; but for `_PASSING`'s, which a retry may pass
+    "25",
+    "27",  # triggered data change violation: a BEFORE trigger changed a row the
+    # statement then changes again; the triggers' and the statement's shape, whatever the row
+    "2F",  # SQL routine exception (2F005: a function ended without RETURN): its bug
+    # external routine exception: an exception escaped a PL/Python, PL/Perl or PL/Tcl
+    # routine or a C extension (sinal installs none): a crash as likely as a judgment (one
+    # that means to refuse the row can give its SQLSTATE, P0001 or 23514, as plpgsql's
+    # RAISE does), and a 500 with the traceback logged shows it to the operator, where a
+    # 422 would tell the client to change an input that may be fine
+    "38",
     "XX",  # internal error, data or index corrupted: the database's own fault, for its
     # operator (a 500 with an error_id, its traceback logged), which a retry reads again
 )
+# Class 25's that a retry may pass (`StoreUnavailable`, 503), whatever sinal sent: a
+# read-only transaction (25006: a hot standby, as an address still naming the old
+# primary is once it is back as a standby after a failover, until the address names the
+# new one; or default_transaction_read_only, set by an operator or by a provider whose
+# disk quota is reached), and a session or transaction the server ended for lasting too
+# long (25P03 idle_in_transaction_session_timeout, 25P04 transaction_timeout; the
+# connection closed with it), as a statement_timeout's 57014 is a retry's.
+_PASSING = frozenset({"25006", "25P03", "25P04"})
 
 
 @contextmanager
@@ -506,9 +531,9 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
         raise SchemaViolation(_reason(exc)) from exc
     if _is_refused(exc):  # its first line: the next ones may quote the whole row
         raise UnstorableInput(_reason(exc)) from exc
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        # the connection (lost, refused, the pool's timeout), the server (shutting down),
-        # or a transaction it rolled back to be retried (serialization, deadlock)
+    if _is_passing(exc):
+        # the connection (lost, refused, the pool's timeout), the server (shutting down, a
+        # standby), or a transaction it rolled back to be retried (serialization, deadlock)
         raise StoreUnavailable(str(exc)) from exc
     raise StoreError(str(exc)) from exc
 
@@ -542,7 +567,17 @@ def _is_own_fault(exc: psycopg.Error) -> bool:
     """Whether PostgreSQL refused what sinal itself wrote or asked: `SchemaViolation`."""
     if exc.sqlstate is None and isinstance(exc, psycopg.ProgrammingError):
         return True  # psycopg's own check, before anything is sent: placeholders, say
+    if exc.sqlstate in _PASSING:
+        return False
     return exc.sqlstate in _OWN_FAULTS or (exc.sqlstate or "")[:2] in _OWN_FAULT_CLASSES
+
+
+def _is_passing(exc: psycopg.Error) -> bool:
+    """Whether the database cannot take the statement now but may later: `StoreUnavailable`
+    (psycopg raises most such as an `OperationalError`; `_PASSING`'s are its InternalError)."""
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or (
+        exc.sqlstate in _PASSING
+    )
 
 
 def _is_refused(exc: psycopg.Error) -> bool:
