@@ -1,9 +1,7 @@
-"""Turning ledger values into JSON answers (dicts for orjson), and cursors."""
+"""Turning ledger values into JSON answers (dicts for orjson)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -14,15 +12,13 @@ import orjson
 from starlette.responses import Response
 
 from sinal.aggregates import Aggregate
+from sinal.api.cursors import Listing, encode_feed_cursor
 from sinal.catalog import get_metric_category, get_metric_label, match_locale, negotiate_locale
-from sinal.errors import FieldError, InvalidQuery
-from sinal.events import decimal_text, in_utc, stamp
+from sinal.events import decimal_text, stamp
 from sinal.store.base import (
-    FEED_START,
     Account,
     Contact,
     FeedPage,
-    FeedPosition,
     MetricInfo,
     Rejection,
     StoredEvent,
@@ -155,39 +151,6 @@ def account_view(account: Account) -> dict[str, Any]:
     }
 
 
-def encode_cursor(*parts: str) -> str:
-    """An opaque cursor."""
-    return base64.urlsafe_b64encode("|".join(parts).encode()).decode().rstrip("=")
-
-
-def decode_event_cursor(cursor: str) -> tuple[datetime, UUID]:
-    """(occurred_at, id) from an events cursor; `InvalidQuery` if it is not one of ours."""
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        when, _, ident = text.partition("|")
-        moment = datetime.fromisoformat(when)
-        # Ours hold a time in UTC; one outside years 1-9999 there is not ours (and would
-        # overflow the store's conversion to UTC).
-        if moment.utcoffset() is None or in_utc(moment) is None:
-            raise ValueError(when)
-        return moment, UUID(ident)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidQuery(
-            [FieldError("cursor", "invalid_cursor", "not a cursor from us")]
-        ) from None
-
-
-# Where a change feed starts: the `after` of a poller's first read.
-FEED_FROM_START = "start"
-_FEED_CURSOR = "feed"
-_MAX_ARRIVAL = 2**63 - 1  # SQLite's largest integer; PostgreSQL's transaction ids stay below
-
-
-def encode_feed_cursor(position: FeedPosition) -> str:
-    """The `next_cursor` of a change feed page."""
-    return encode_cursor(_FEED_CURSOR, str(position.arrival), str(position.event_id))
-
-
 def feed_view(page: FeedPage, locale: str) -> dict[str, Any]:
     """A change feed page: its events and the cursor to read on from (never null)."""
     return {
@@ -195,37 +158,6 @@ def feed_view(page: FeedPage, locale: str) -> dict[str, Any]:
         "next_cursor": encode_feed_cursor(page.next),
         "has_more": page.has_more,
     }
-
-
-def decode_feed_cursor(cursor: str) -> FeedPosition:
-    """The feed position of an `after`; `InvalidQuery` naming `after` if it is neither a
-    feed cursor of ours nor `start`."""
-    if cursor == FEED_FROM_START:
-        return FEED_START
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        kind, arrival, ident = text.split("|")
-        if (
-            kind != _FEED_CURSOR
-            or not (arrival.isascii() and arrival.isdigit())
-            or int(arrival) > _MAX_ARRIVAL
-        ):
-            raise ValueError(text)
-        return FeedPosition(int(arrival), UUID(ident))
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        message = f"not a next_cursor from us, nor {FEED_FROM_START!r}"
-        raise InvalidQuery([FieldError("after", "invalid_cursor", message)]) from None
-
-
-def decode_id_cursor(cursor: str) -> UUID:
-    """The id in a cursor of `id_page`'s."""
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        return UUID(text)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise InvalidQuery(
-            [FieldError("cursor", "invalid_cursor", "not a cursor from us")]
-        ) from None
 
 
 class _Identified(Protocol):
@@ -236,15 +168,17 @@ class _Identified(Protocol):
 _T = TypeVar("_T", bound=_Identified)
 
 
-def id_page(rows: Sequence[_T], limit: int, view: Callable[[_T], Any]) -> dict[str, Any]:
-    """A page of a list read by id (newest first, or oldest first), `limit + 1` rows asked
-    for: its first `limit` rows as `view` shows them, and the cursor to the rest, its last
-    row's id (null when none is left; `decode_id_cursor` reads it back)."""
+def id_page(
+    rows: Sequence[_T], limit: int, view: Callable[[_T], Any], listing: Listing
+) -> dict[str, Any]:
+    """A page of `listing`'s list read by id (newest first, or oldest first), `limit + 1`
+    rows asked for: its first `limit` rows as `view` shows them, and the cursor to the
+    rest, its last row's id (null when none is left; `decode_id_cursor` reads it back)."""
     page = rows[:limit]
     more = len(rows) > limit
     return {
         "data": [view(r) for r in page],
-        "next_cursor": encode_cursor(str(page[-1].id)) if more else None,
+        "next_cursor": listing.encode(str(page[-1].id)) if more else None,
     }
 
 

@@ -20,10 +20,11 @@ from sinal.api.automation_models import (
     TraceOut,
 )
 from sinal.api.body import read_json
+from sinal.api.cursors import Listing, decode_id_cursor
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.openapi import body_of
 from sinal.api.service import service
-from sinal.api.views import decode_id_cursor, id_page, json_response, parse_path_id
+from sinal.api.views import id_page, json_response, parse_path_id
 from sinal.automations.service import (
     Automations,
     automation_view,
@@ -145,13 +146,14 @@ async def list_integrations(
     `next_cursor`). Oldest first by id: one made while paging comes on the last page."""
     svc = service(request)
     key = await svc.authorize(request, "admin")
-    after = None if cursor is None else decode_id_cursor(cursor)
+    listing = Listing.of("integrations", key.account_id)
+    after = decode_id_cursor(cursor, listing)
     store = _automations(request).store
     found = await svc.run(
         lambda: store.list_integrations(key.account_id, after=after, limit=limit + 1)
     )
     base = svc.public_base_url(request)
-    return json_response(id_page(found, limit, lambda i: integration_view(i, base)))
+    return json_response(id_page(found, limit, lambda i: integration_view(i, base), listing))
 
 
 @router.get(
@@ -224,12 +226,13 @@ async def list_automations(
     `next_cursor`). Oldest first by id: one made while paging comes on the last page."""
     svc = service(request)
     key = await svc.authorize(request, "admin")
-    after = None if cursor is None else decode_id_cursor(cursor)
+    listing = Listing.of("automations", key.account_id)
+    after = decode_id_cursor(cursor, listing)
     store = _automations(request).store
     rows = await svc.run(
         lambda: store.list_automations(key.account_id, after=after, limit=limit + 1)
     )
-    return json_response(id_page(rows, limit, automation_view))
+    return json_response(id_page(rows, limit, automation_view, listing))
 
 
 @router.get(
@@ -302,14 +305,15 @@ async def list_executions(
     svc = service(request)
     key = await svc.authorize(request, "read")
     row = await _find(request, key.account_id, automation_id)
-    before = None if cursor is None else decode_id_cursor(cursor)
+    listing = Listing.of("executions", key.account_id, automation=row.id)
+    before = decode_id_cursor(cursor, listing)
     store = _automations(request).store
     rows = await svc.run(
         lambda: store.list_executions(
             key.account_id, automation_id=row.id, limit=limit + 1, before=before
         )
     )
-    return json_response(id_page(rows, limit, execution_summary))
+    return json_response(id_page(rows, limit, execution_summary, listing))
 
 
 @router.get(

@@ -17,11 +17,11 @@ from starlette.responses import Response
 
 from sinal import messaging
 from sinal.api.body import read_json, validate
+from sinal.api.cursors import Listing, decode_id_cursor
 from sinal.api.errors import InvalidInput, NotFound, problem_responses
 from sinal.api.routes.links import inline_body
 from sinal.api.service import service
 from sinal.api.views import (
-    decode_id_cursor,
     id_page,
     json_response,
     parse_path_id,
@@ -85,10 +85,11 @@ async def list_conversations(
         contact = parse_path_id(contact_id)
         if contact is None:
             raise InvalidQuery([FieldError("contact_id", "invalid_uuid", "not a UUID")])
-    before = None if cursor is None else decode_id_cursor(cursor)
+    listing = Listing.of("conversations", key.account_id, contact_id=contact, status=status)
+    before = decode_id_cursor(cursor, listing)
     query = ConversationQuery(key.account_id, contact, status, before, limit + 1)
     rows = await svc.run(messaging.list_conversations, svc.ledger, query)
-    return json_response(id_page(rows, limit, conversation_view))
+    return json_response(id_page(rows, limit, conversation_view, listing))
 
 
 @router.get(

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response
 
 from sinal.api.body import read_json, validate
+from sinal.api.cursors import Listing, decode_event_cursor, decode_feed_cursor
 from sinal.api.errors import InvalidInput, NotFound, Rejected, problem_responses
 from sinal.api.models import (
     BatchIn,
@@ -28,9 +29,6 @@ from sinal.api.models import (
 from sinal.api.openapi import body_of
 from sinal.api.service import Service, service
 from sinal.api.views import (
-    decode_event_cursor,
-    decode_feed_cursor,
-    encode_cursor,
     event_view,
     feed_view,
     json_response,
@@ -208,12 +206,16 @@ async def get_event(
 async def event_page(
     svc: Service, query: EventQuery, limit: int, cursor: str | None, locale: str
 ) -> Response:
-    """A page of events and the cursor of the next one."""
-    before = None if cursor is None else decode_event_cursor(cursor)
+    """A page of events and the cursor of the next one (a contact's timeline is the
+    list of its events: their cursors are one list's)."""
+    filters = {"contact_id": query.contact_id, "metric": query.metric_name,
+               "since": query.since, "until": query.until}  # fmt: skip
+    listing = Listing.of("events", query.account_id, **filters)
+    before = decode_event_cursor(cursor, listing)
     rows = await svc.run(svc.ledger.list_events, replace(query, before=before, limit=limit + 1))
     page, more = rows[:limit], len(rows) > limit
     next_cursor = (
-        encode_cursor(page[-1].occurred_at.isoformat(), str(page[-1].id)) if more else None
+        listing.encode(page[-1].occurred_at.isoformat(), str(page[-1].id)) if more else None
     )
     return json_response(
         {"data": [event_view(e, locale) for e in page], "next_cursor": next_cursor}

@@ -9,13 +9,13 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from sinal.api.body import read_json, validate
+from sinal.api.cursors import Listing, decode_id_cursor
 from sinal.api.errors import NotFound, Rejected, problem_responses
 from sinal.api.models import RejectionPage, ReplayIn, ReplayOut
 from sinal.api.openapi import body_of
 from sinal.api.routes.events import renamed
 from sinal.api.service import service
 from sinal.api.views import (
-    decode_id_cursor,
     id_page,
     json_response,
     parse_path_id,
@@ -46,9 +46,10 @@ async def list_rejections(
     """Each with its reason, message and the kept input (`payload`)."""
     svc = service(request)
     key = await svc.authorize(request, "read")
-    before = None if cursor is None else decode_id_cursor(cursor)
+    listing = Listing.of("rejections", key.account_id)
+    before = decode_id_cursor(cursor, listing)
     rows = await svc.run(svc.ledger.list_rejections_page, key.account_id, limit + 1, before)
-    return json_response(id_page(rows, limit, rejection_view))
+    return json_response(id_page(rows, limit, rejection_view, listing))
 
 
 @router.post(
