@@ -179,11 +179,11 @@ class SchemaViolation(StoreError):
     take, a statement beyond the database's limits, a table, column or function that is
     not there, SQL the database cannot parse, a privilege the role lacks (PostgreSQL's
     SQLSTATEs 23502, 23503 but a contact's key, 23001, 22004, 22012, 54001, 54011, 54023,
-    and classes 42, 0A, 21, 24, 25 but for 25006, 25P03 and 25P04 (`StoreUnavailable`),
-    26, 27, 2D, 2F, 34, 38 (an exception escaped a routine in another language), 3B and
-    3F; SQLite's NOT NULL, FOREIGN KEY and datatype constraints, and its generic
-    SQLITE_ERROR; either driver's refusal before sending, as for parameters not matching
-    the placeholders). Also PostgreSQL's class
+    and classes 42, 0A, 20, 21, 24, 25 but for 25006, 25P03 and 25P04
+    (`StoreUnavailable`), 26, 27, 2D, 2F, 34, 38 (an exception escaped a routine in another
+    language), 39, 3B and 3F; SQLite's NOT NULL, FOREIGN KEY and datatype constraints, and
+    its generic SQLITE_ERROR; either driver's refusal before sending, as for parameters
+    not matching the placeholders). Also PostgreSQL's class
     XX (internal error, data or index corrupted), the database's own fault, which a retry
     reads again. A bug in sinal, or a schema changed under it: the API
     answers 500 with an error id and logs the traceback, rather than tell the client to

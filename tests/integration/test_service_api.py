@@ -417,6 +417,8 @@ async def test_a_database_never_migrated_asks_for_sinal_migrate(empty_url: str) 
         ("2F005", 500),  # a function ended without RETURN (psycopg: an OperationalError)
         ("38000", 500),  # external routine exception: PL/Python's, a C extension's
         ("38001", 500),  # containing SQL not permitted
+        ("39P01", 500),  # trigger protocol violated (psycopg: an OperationalError)
+        ("20000", 500),  # case not found: a plpgsql CASE without the ELSE a value needed
         ("XX001", 500),  # data corrupted: the database's own fault, for its operator
         ("XX002", 500),  # index corrupted
         # a trigger someone added judging the row (sinal's raise nothing): the input's

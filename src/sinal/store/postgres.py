@@ -492,6 +492,12 @@ _OWN_FAULT_CLASSES = (
     # RAISE does), and a 500 with the traceback logged shows it to the operator, where a
     # 422 would tell the client to change an input that may be fine
     "38",
+    # external routine invocation exception (39P01 a trigger function that returned what
+    # a trigger cannot, 39004 a NULL where one cannot be) and plpgsql's CASE without the
+    # ELSE a value needed (20000): a routine's bug (psycopg raises 27, 2F, 38 and 39 as an
+    # OperationalError, which said "retry" for them)
+    "39",
+    "20",
     "XX",  # internal error, data or index corrupted: the database's own fault, for its
     # operator (a 500 with an error_id, its traceback logged), which a retry reads again
 )
