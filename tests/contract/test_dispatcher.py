@@ -15,6 +15,7 @@ from decimal import Decimal
 from email.utils import format_datetime
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 
@@ -38,6 +39,7 @@ from sinal.store.automations import (
 from sinal.store.base import EventQuery
 from sinal.store.postgres import PostgresStore
 from tests.helpers import count, cut_connections, free_port, sql, wait_until
+from tests.integration.whatsapp import rows_received, statements, traced_ledger
 from tests.servers import (
     Recorder,
     ai_server,
@@ -229,6 +231,111 @@ def test_automation_created_after_the_event_does_not_fire(world: World) -> None:
     stored = world.ledger.get_event(world.account.id, event.event_id)
     assert stored is not None
     assert world.automations.trace(stored)[0]["outcome"] == "created_after_event"
+
+
+def _traced_by(world: World, event: sinal.EmitResult, ledger: Ledger | None = None) -> Any:
+    """The trace of `event` (made through `ledger`, when given)."""
+    assert event.event_id is not None
+    stored = world.ledger.get_event(world.account.id, event.event_id)
+    assert stored is not None
+    return Automations(ledger or world.ledger).trace(stored)
+
+
+def test_trace_says_of_every_automation_what_it_said_reading_every_definition(
+    world: World,
+) -> None:
+    """Reading only the definitions of the automations listening to the event's metric, the
+    trace gives every outcome as before, in the same order (by id), with each execution:
+    one listening to another metric now, which ran before its trigger was changed, too."""
+    names = ["corre", "caro", "pausada", "outra 1", "outra 2", "mudou", "antiga", "apagada"]
+    changes: list[dict[str, Any]] = [
+        {}, {"filters": [{"field": "properties.total", "op": "gte", "value": 1000}]},
+        {"status": "paused"}, {"trigger_type": None, "trigger_metric": "Order Placed"},
+        {"trigger_type": None, "trigger_metric": "Cart Abandoned"}, {}, {}, {},
+    ]  # fmt: skip
+    a = world.automations
+    rows = [
+        a.create(world.account.id, {**THANKS, "name": name, **change})
+        for name, change in zip(names, changes, strict=True)
+    ]
+    by_name = {row.name: row for row in rows}
+    assert a.store.update_automation(  # stored before a check it fails (no steps)
+        world.account.id, by_name["antiga"].id, lambda r: replace(r, spec={**r.spec, "steps": []})
+    )
+    event = world.order_paid()
+    a.store.fan_out(choose, 10)  # "corre" and "mudou" run
+    a.update(world.account.id, by_name["mudou"].id, {"trigger_type": None,
+                                                   "trigger_metric": "Order Placed"})  # fmt: skip
+    assert a.store.delete_automation(world.account.id, by_name["apagada"].id)
+    a.create(world.account.id, {**THANKS, "name": "nova"})
+
+    traced = _traced_by(world, event)
+
+    ran = {x.automation_id: str(x.id) for x in world.executions()}
+    assert [(t["automation_name"], t["triggered"], t["outcome"], t.get("execution", {}).get("id"))
+            for t in traced] == [
+        ("corre", True, "triggered", ran[by_name["corre"].id]),
+        ("caro", False, "filter_false", None),
+        ("pausada", False, "paused", None),
+        ("outra 1", False, "other_metric", None),
+        ("outra 2", False, "other_metric", None),
+        ("mudou", False, "other_metric", ran[by_name["mudou"].id]),
+        ("antiga", False, "invalid_definition", None),
+        ("nova", False, "created_after_event", None),
+    ]  # fmt: skip
+    assert [t["automation_id"] for t in traced[:-1]] == [
+        str(r.id) for r in rows if r.name != "apagada"
+    ]
+    said = {t["automation_name"]: t["message"] for t in traced}
+    assert said["outra 2"] == "listens to 'Cart Abandoned', not 'Order Paid'"
+    assert said["mudou"] == "listens to 'Order Placed', not 'Order Paid'"
+    assert said["caro"] == "filter 0 (properties.total gte 1000) is false"
+    assert (traced[1]["filter_index"], traced[1]["filter_field"]) == (0, "properties.total")
+    assert said["antiga"].startswith("the automation's definition fails today's checks: ")
+
+
+def test_trace_of_an_automation_listening_to_another_metric_reads_not_its_definition(
+    world: World,
+) -> None:
+    """Its stored trigger says enough, as it does to the dispatcher: even a definition that
+    fails today's checks is not read (the traces of its own metric's events say so)."""
+    other = world.automations.create(world.account.id, {**THANKS, "trigger_type": "order_created"})
+    assert world.automations.store.update_automation(
+        world.account.id, other.id, lambda r: replace(r, spec={**r.spec, "steps": []})
+    )
+
+    [traced] = _traced_by(world, world.order_paid())
+
+    assert (traced["triggered"], traced["outcome"], traced["message"]) == (
+        False, "other_metric", "listens to 'Order Placed', not 'Order Paid'"
+    )  # fmt: skip
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_trace_reads_less_than_one_definition_of_the_automations_of_other_metrics(
+    world: World,
+) -> None:
+    """PostgreSQL: 30 automations of another metric, each of 50 long steps; the trace's two
+    statements (the event's executions, the account's automations) bring less than one of
+    those definitions (it read all 30: 30 times as much)."""
+    step = {"type": "send_message", "text": "Olá {{ contact.name }}! " + "x" * 1000}
+    long = {**THANKS, "trigger_type": "order_created", "steps": [step] * 50}
+    for n in range(30):
+        world.automations.create(world.account.id, {**long, "name": f"longa {n}"})
+    world.automations.create(world.account.id, THANKS)
+    event = world.order_paid()
+
+    with traced_ledger(world.url) as ledger:
+        with statements(ledger) as sent:
+            traced = _traced_by(world, event, ledger)
+        with rows_received(ledger) as rows:
+            assert _traced_by(world, event, ledger) == traced
+
+    assert [t["outcome"] for t in traced] == ["other_metric"] * 30 + ["triggered"]
+    assert sent == ["Bind", "Bind"]
+    assert len(rows) == 31
+    assert sum(rows) < len(orjson.dumps(long["steps"]))
 
 
 def test_events_emitted_by_steps_never_trigger_automations(world: World) -> None:

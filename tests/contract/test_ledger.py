@@ -29,7 +29,7 @@ from sinal.store.base import EventQuery, Outcome, read_migrations
 from sinal.store.postgres import OPEN_RETRY, PostgresStore
 from tests.conftest import IN_CI
 from tests.helpers import count, cut_connections, fail_recording, sql, wait_until
-from tests.integration.whatsapp import statements
+from tests.integration.whatsapp import statements, traced_ledger
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -717,17 +717,6 @@ def test_filling_a_contact_gives_what_it_lacks_but_no_one_elses_identity(
     assert len(_contact_updates(ledger, account)) == 1
 
 
-@contextlib.contextmanager
-def _traced(database_url: str) -> Iterator[Ledger]:
-    """A ledger whose statements `statements` sees (PostgreSQL: a pool of one connection)."""
-    if database_url.startswith("sqlite:"):
-        with sinal.connect(database_url) as ledger:
-            yield ledger
-        return
-    with Ledger(PostgresStore(database_url, max_size=1)) as ledger:
-        yield ledger
-
-
 @pytest.mark.parametrize("fill_missing", [False, True], ids=["found", "fill_missing"])
 def test_resolving_a_contact_that_lacks_nothing_is_one_read(
     database_url: str, fill_missing: bool
@@ -735,7 +724,7 @@ def test_resolving_a_contact_that_lacks_nothing_is_one_read(
     """A contact found with nothing to give it (its email is another contact's) is one read:
     no write transaction, so no writer's lock. PostgreSQL: 1 round trip (it was 5: the
     account, then BEGIN, the identity, the contact, COMMIT; 7 with the failed fill)."""
-    with _traced(database_url) as ledger:
+    with traced_ledger(database_url) as ledger:
         account = ledger.create_account("Loja")
         ana = ledger.create_contact(account.id, phone="+55 11 98765-4321", name="Ana")
         bia = ledger.create_contact(account.id, email="bia@example.com")
@@ -762,7 +751,7 @@ def test_resolving_a_new_contact_is_one_read_and_one_write_transaction(
     one read that found nothing; its account is not read apart (the contact's insert says
     when there is none). PostgreSQL: 7 round trips (8 with the account's read); SQLite: 18
     statements (21)."""
-    with _traced(database_url) as ledger:
+    with traced_ledger(database_url) as ledger:
         account = ledger.create_account("Loja")
 
         with statements(ledger) as sent:
@@ -810,7 +799,7 @@ def test_upserting_a_contact_is_one_write_transaction_without_reading_the_accoun
     insert tells a missing one (`AccountNotFound`, same message), a contact found proves it.
     PostgreSQL: BEGIN, the identities, the contact, its identities, COMMIT (6 with the
     account's read); BEGIN, the identities, COMMIT when found."""
-    with _traced(database_url) as ledger:
+    with traced_ledger(database_url) as ledger:
         account = ledger.create_account("Loja")
         if existing:
             ana = ledger.create_contact(account.id, phone="+55 11 98765-4321")

@@ -18,7 +18,7 @@ from psycopg import pq
 from sinal import webhooks
 from sinal.automations.service import Automations
 from sinal.integrations.signatures import sign_whatsapp
-from sinal.ledger import Ledger
+from sinal.ledger import Ledger, connect
 from sinal.store.automations import Integration
 from sinal.store.base import EventQuery, StoredEvent
 from sinal.store.postgres import PostgresStore
@@ -133,7 +133,19 @@ def one_connection(api: Api) -> Iterator[Ledger]:
     if isinstance(api.ledger.store, SQLiteStore):
         yield api.ledger
         return
-    with Ledger(PostgresStore(api.url, max_size=1)) as ledger:
+    with traced_ledger(api.url) as ledger:
+        yield ledger
+
+
+@contextmanager
+def traced_ledger(url: str) -> Iterator[Ledger]:
+    """A ledger on `url` whose statements `statements` sees (PostgreSQL: a pool of one
+    connection)."""
+    if url.startswith("sqlite:"):
+        with connect(url) as ledger:
+            yield ledger
+        return
+    with Ledger(PostgresStore(url, max_size=1)) as ledger:
         yield ledger
 
 
@@ -153,20 +165,41 @@ def statements(ledger: Ledger) -> Iterator[list[str]]:
             conn.set_trace_callback(None)
         return
     assert isinstance(store, PostgresStore)
+    with _libpq_trace(store) as messages:
+        yield sent
+    for direction, _, kind, *rest in messages:
+        if direction == "F" and kind == "Query":
+            sent.append(rest[0].strip(' "'))
+        elif direction == "F" and kind == "Bind":
+            sent.append(kind)
+
+
+@contextmanager
+def rows_received(ledger: Ledger) -> Iterator[list[int]]:
+    """PostgreSQL: the size in bytes of each row a `one_connection` ledger receives
+    meanwhile (libpq's DataRow messages)."""
+    sizes: list[int] = []
+    assert isinstance(ledger.store, PostgresStore)
+    with _libpq_trace(ledger.store) as messages:
+        yield sizes
+    sizes += [int(length) for direction, length, kind, *_ in messages
+              if direction == "B" and kind == "DataRow"]  # fmt: skip
+
+
+@contextmanager
+def _libpq_trace(store: PostgresStore) -> Iterator[list[list[str]]]:
+    """The messages the store's one connection exchanges meanwhile, as libpq traces them:
+    direction ("F": sent, "B": received), length, kind, then the message's fields."""
+    messages: list[list[str]] = []
     with store._conn() as checked_out:  # the store's one connection, whoever uses it
         pgconn = checked_out.pgconn
     with tempfile.TemporaryFile("w+") as trace:
         pgconn.trace(trace.fileno())
         pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
         try:
-            yield sent
+            yield messages
         finally:
             pgconn.untrace()
             os.fsync(trace.fileno())
             trace.seek(0)
-            for line in trace:
-                direction, _, kind, *rest = line.rstrip("\n").split("\t")
-                if direction == "F" and kind == "Query":
-                    sent.append(rest[0].strip(' "'))
-                elif direction == "F" and kind == "Bind":
-                    sent.append(kind)
+            messages += [line.rstrip("\n").split("\t") for line in trace]

@@ -1,7 +1,8 @@
 """Which automations an event triggers, and why the others did not. No I/O.
 
 `explain_match` is what the dispatcher asks for every automation listening to an event's
-metric, and what `GET /v1/events/{id}/trace` shows for every automation of the account.
+metric, and what `GET /v1/events/{id}/trace` shows for every such automation; for the
+account's others the trace reads no definition, and says `other_metric_decision`.
 Its reasons, checked in this order (the first that applies is reported):
 
 | outcome | meaning |
@@ -64,6 +65,7 @@ __all__ = [
     "evaluate_condition",
     "evaluate_filters",
     "explain_match",
+    "other_metric_decision",
     "resolve_trigger_metric",
     "template_context",
 ]
@@ -234,7 +236,7 @@ def explain_match(
     for `event`, and why."""
     metric = resolve_trigger_metric(automation)
     if event.metric_name != metric:
-        return MatchDecision("other_metric", f"listens to {metric!r}, not {event.metric_name!r}")
+        return other_metric_decision(metric, event.metric_name)
     if event.automation_execution_id is not None:
         return MatchDecision(
             "from_automation",
@@ -263,6 +265,11 @@ def explain_match(
         assert result.condition is not None
         return MatchDecision("filter_false", result.message, result.index, result.condition.field)
     return MatchDecision("triggered", "all conditions hold")
+
+
+def other_metric_decision(metric: str, event_metric: str) -> MatchDecision:
+    """The decision for an automation listening to `metric` on an event of `event_metric`."""
+    return MatchDecision("other_metric", f"listens to {metric!r}, not {event_metric!r}")
 
 
 def evaluate_filters(

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, cast, get_args
 from uuid import UUID
 
-from sinal.automations.matching import explain_match
+from sinal.automations.matching import explain_match, other_metric_decision
 from sinal.automations.model import (
     MAX_NAME,
     AutomationSpec,
@@ -36,6 +36,7 @@ from sinal.ledger import Ledger
 from sinal.store.automations import (
     AutomationRow,
     AutomationStore,
+    AutomationTitle,
     Execution,
     Integration,
     IntegrationKind,
@@ -141,15 +142,9 @@ class Automations:
             for x in self.store.list_executions(event.account_id, event_id=event.id, limit=None)
         }
         answer = []
-        for row in self.store.list_automations(event.account_id):
+        for row in self.store.trace_automations(event.account_id, event.metric_name):
             entry: dict[str, Any] = {"automation_id": str(row.id), "automation_name": row.name}
-            try:
-                decision = explain_match(parse_automation(row.spec), event, row.created_at, row.id)
-            except InvalidAutomation as exc:  # stored before a check it fails: never runs
-                message = f"the automation's definition fails today's checks: {exc}"
-                entry |= {"triggered": False, "outcome": "invalid_definition", "message": message}
-            else:
-                entry |= {"triggered": decision.triggered, **decision.as_dict()}
+            entry |= _decision(row, event)
             execution = executions.get(row.id)
             if execution is None and entry["triggered"] and self._is_withdrawn(event):
                 # its outbox row went before fan-out: no execution is ever made
@@ -189,6 +184,20 @@ class Automations:
         """The phone_number_id of each of the account's live WhatsApp connections."""
         found = self.store.list_integrations(account_id, "whatsapp")
         return [str(i.settings.get("phone_number_id")) for i in found]
+
+
+def _decision(row: AutomationRow | AutomationTitle, event: StoredEvent) -> dict[str, Any]:
+    """Whether `row` matches `event`, or why not, as the trace says it (before its
+    execution is looked at)."""
+    if isinstance(row, AutomationTitle):  # as the dispatcher, by its stored trigger alone
+        decision = other_metric_decision(row.trigger_metric, event.metric_name)
+    else:
+        try:
+            decision = explain_match(parse_automation(row.spec), event, row.created_at, row.id)
+        except InvalidAutomation as exc:  # stored before a check it fails: never runs
+            message = f"the automation's definition fails today's checks: {exc}"
+            return {"triggered": False, "outcome": "invalid_definition", "message": message}
+    return {"triggered": decision.triggered, **decision.as_dict()}
 
 
 def _chosen_numbers(steps: Iterable[object]) -> list[tuple[int, str]]:

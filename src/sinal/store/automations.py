@@ -41,6 +41,14 @@ STEP_COLUMNS = (
     "step_index, step_type, status, attempts, result, error, event_id, started_at, finished_at"
 )
 AUTOMATION_COLUMNS = "account_id, id, name, status, trigger_metric, spec, created_at, updated_at"
+# The event trace's read (`AutomationStore.trace_automations`), in the backend's placeholder
+# `p`: an account's live automations (the second parameter), oldest first, each one's
+# definition only when it listens to the metric (the first parameter; NULL for the others).
+TRACE_AUTOMATIONS_SQL = (
+    "SELECT "
+    + AUTOMATION_COLUMNS.replace(" spec,", " CASE WHEN trigger_metric = {p} THEN spec END,")
+    + " FROM automations WHERE account_id = {p} AND deleted_at IS NULL ORDER BY id"
+)
 # What a claim reads of its automation: the current row, deleted or not.
 CLAIMED_AUTOMATION_COLUMNS = f"{AUTOMATION_COLUMNS}, deleted_at"
 INTEGRATION_COLUMNS = "account_id, id, kind, name, settings, secrets, created_at"
@@ -263,6 +271,16 @@ def automation_halt(status: str, deleted_at: object) -> Halt | None:
 
 
 @dataclass(frozen=True, slots=True)
+class AutomationTitle:
+    """An automation as the event trace reads one listening to another metric than the
+    event's: what it shows of it, not its definition."""
+
+    id: UUID
+    name: str
+    trigger_metric: str
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """What happened to one step of one execution."""
 
@@ -439,6 +457,14 @@ class AutomationStore(Protocol):
     ) -> list[AutomationRow]:
         """The account's live automations, oldest first by id (UUIDv7: creation order):
         past the automation `after`, when given; at most `limit` (all of them when None)."""
+        ...
+
+    def trace_automations(
+        self, account_id: UUID, metric_name: str
+    ) -> list[AutomationRow | AutomationTitle]:
+        """The account's live automations, oldest first by id, as the event trace needs them:
+        in full those listening to `metric_name`, the others as `AutomationTitle` (their
+        definitions, most of what an automation holds, are not read)."""
         ...
 
     def update_automation(

@@ -35,8 +35,10 @@ from sinal.store.automations import (
     MAX_CHAIN_DEPTH,
     STEP_COLUMNS,
     STOPPED_BY_DELETE,
+    TRACE_AUTOMATIONS_SQL,
     Advance,
     AutomationRow,
+    AutomationTitle,
     Backlog,
     BuildCloseEvent,
     ChangeAutomation,
@@ -444,6 +446,18 @@ class PostgresAutomations:
                 (*args, limit),  # LIMIT NULL: no limit
             ).fetchall()
         return [AutomationRow(*r) for r in rows]
+
+    def trace_automations(
+        self, account_id: UUID, metric_name: str
+    ) -> list[AutomationRow | AutomationTitle]:
+        """The account's live automations, oldest first (by id): the definitions of those
+        listening to `metric_name` only."""
+        sql = TRACE_AUTOMATIONS_SQL.format(p="%s")
+        with self._conn() as conn:
+            rows = conn.execute(sql, (metric_name, account_id)).fetchall()
+        return [
+            AutomationTitle(r[1], r[2], r[4]) if r[5] is None else AutomationRow(*r) for r in rows
+        ]
 
     def update_automation(
         self, account_id: UUID, automation_id: UUID, change: ChangeAutomation

@@ -24,8 +24,10 @@ from sinal.store.automations import (
     MAX_CHAIN_DEPTH,
     STEP_COLUMNS,
     STOPPED_BY_DELETE,
+    TRACE_AUTOMATIONS_SQL,
     Advance,
     AutomationRow,
+    AutomationTitle,
     Backlog,
     BuildCloseEvent,
     ChangeAutomation,
@@ -207,6 +209,19 @@ class SQLiteAutomations:
                 (*args, -1 if limit is None else limit),  # -1: no limit
             ).fetchall()
         return [_automation(r) for r in rows]
+
+    def trace_automations(
+        self, account_id: UUID, metric_name: str
+    ) -> list[AutomationRow | AutomationTitle]:
+        """The account's live automations, oldest first (by id): the definitions of those
+        listening to `metric_name` only."""
+        sql = TRACE_AUTOMATIONS_SQL.format(p="?")
+        with self._read() as conn:
+            rows = conn.execute(sql, (metric_name, str(account_id))).fetchall()
+        return [
+            AutomationTitle(UUID(r[1]), r[2], r[4]) if r[5] is None else _automation(r)
+            for r in rows
+        ]
 
     def update_automation(
         self, account_id: UUID, automation_id: UUID, change: ChangeAutomation
