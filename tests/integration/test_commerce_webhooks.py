@@ -34,10 +34,11 @@ from sinal.ledger import Ledger
 from sinal.store.automations import Advance
 from sinal.store.base import EventQuery, StoredEvent
 from sinal.store.commerce import STOPPED_BY_ORDER
+from sinal.store.sqlite import SQLiteStore
 from sinal.worker import start_worker_thread
 from tests.helpers import DrivenClock, count, settle, sql
 from tests.integration.conftest import Api
-from tests.integration.whatsapp import deferred, due_at
+from tests.integration.whatsapp import deferred, due_at, one_connection, statements
 from tests.servers import whatsapp_server
 
 pytestmark = pytest.mark.anyio
@@ -859,6 +860,28 @@ async def test_the_trace_of_an_abandonment_an_order_predates_says_it_was_withdra
         assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
         assert traced["message"].endswith(STOPPED_BY_ORDER)
         assert "execution" not in traced
+
+
+async def test_the_trace_of_a_withdrawn_abandonment_reads_its_recovery_once(
+    api: Api, shopify: Shop
+) -> None:
+    """Three cart automations, all withdrawn: whether the abandonment was is one read of its
+    recovery, not one per automation (PostgreSQL: 3 round trips, were 5)."""
+    for n in range(2):
+        made = await api.post("/v1/automations", {**CART_AUTOMATION, "name": f"Carrinho {n}"})
+        assert made.status_code == 201, made.text
+    abandoned = await abandoned_with_automation(api, shopify, dispatched=False)
+    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")  # placed in time
+    run_automations(api)
+
+    with one_connection(api) as ledger, statements(ledger) as sent:
+        traced = Automations(ledger).trace(abandoned)
+
+    assert [t["outcome"] for t in traced] == ["withdrawn"] * 3
+    if isinstance(api.ledger.store, SQLiteStore):
+        assert sum("FROM events" in s for s in sent) == 1
+    else:  # the executions, the automations, the recovery
+        assert sent == ["Bind"] * 3
 
 
 async def test_a_cart_execution_a_worker_holds_starts_no_step_once_the_order_came_first(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import replace
 from datetime import timedelta
+from functools import cache
 from typing import Any, cast, get_args
 from uuid import UUID
 
@@ -141,12 +142,13 @@ class Automations:
             x.automation_id: x
             for x in self.store.list_executions(event.account_id, event_id=event.id, limit=None)
         }
+        withdrawn = cache(lambda: self._is_withdrawn(event))  # one read, for all of them
         answer = []
         for row in self.store.trace_automations(event.account_id, event.metric_name):
             entry: dict[str, Any] = {"automation_id": str(row.id), "automation_name": row.name}
             entry |= _decision(row, event)
             execution = executions.get(row.id)
-            if execution is None and entry["triggered"] and self._is_withdrawn(event):
+            if execution is None and entry["triggered"] and withdrawn():
                 # its outbox row went before fan-out: no execution is ever made
                 entry |= {"triggered": False, "outcome": "withdrawn", "message": _WITHDRAWN}
             if execution is not None:
