@@ -483,7 +483,7 @@ class Ledger:
     def fill_contact(
         self,
         account_id: UUID | str,
-        contact_id: UUID | str,
+        contact_id: UUID | str | Contact,
         *,
         phone: str | None = None,
         email: str | None = None,
@@ -494,10 +494,18 @@ class Ledger:
         """Give a contact the name and identities it lacks (Contact Updated, source
         `source`), as `resolve_contact(..., fill_missing=True)` gives a contact it finds:
         a value it has stays, one that names another contact is left. None if there is no
-        such contact; `InvalidContact` naming every bad field."""
+        such contact; `InvalidContact` naming every bad field.
+
+        The contact is named by its id, or given as just read (then not read again: what a
+        concurrent writer gave it since stays, as it does after a read)."""
         ids, clean_name = _parse_contact(phone, email, external_id, name)
-        contact = self.store.get_contact(_uuid(account_id), _uuid(contact_id))
-        if contact is None:
+        account = _uuid(account_id)
+        contact = (
+            contact_id
+            if isinstance(contact_id, Contact)
+            else self.store.get_contact(account, _uuid(contact_id))
+        )
+        if contact is None or contact.account_id != account:
             return None
         given = NewContact(
             contact.account_id, contact.id, clean_name, ids.phone, ids.email, ids.external_id

@@ -226,8 +226,8 @@ class _Inbox:
         name = ref.name if contact.name is None else None
         if phone is None and name is None:
             return contact.id  # nothing to give it: no write, and no second read
-        filled = self.ledger.fill_contact(
-            self.account_id, contact.id, phone=phone, name=name, source=SOURCE
+        filled = self.ledger.fill_contact(  # as read with the user: not read again
+            self.account_id, contact, phone=phone, name=name, source=SOURCE
         )
         return None if filled is None else filled.id
 

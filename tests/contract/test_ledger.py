@@ -717,6 +717,29 @@ def test_filling_a_contact_gives_what_it_lacks_but_no_one_elses_identity(
     assert len(_contact_updates(ledger, account)) == 1
 
 
+def test_filling_a_contact_given_as_read_writes_without_reading_it_again(
+    database_url: str,
+) -> None:
+    """The contact a caller has just read (a WhatsApp user's, read with it) is filled with
+    no read of it first: the write transaction alone (PostgreSQL: it began with a read of
+    the contact). Another account's contact is none, as its id is."""
+    with traced_ledger(database_url) as ledger:
+        account = ledger.create_account("Loja")
+        ana = ledger.create_contact(account.id, email="ana@example.com")
+
+        with statements(ledger) as sent:
+            filled = ledger.fill_contact(account.id, ana, name="Ana", source="whatsapp")
+
+        assert filled is not None
+        assert filled.name == "Ana"
+        first_write = "BEGIN IMMEDIATE" if database_url.startswith("sqlite:") else "BEGIN"
+        assert sent[0] == first_write
+        assert ledger.fill_contact(ledger.create_account("Outra").id, ana, name="X") is None
+        assert _contact_updates(ledger, account) == [
+            ("whatsapp", {"name": "Ana", "changed": ["name"]})
+        ]
+
+
 @pytest.mark.parametrize("fill_missing", [False, True], ids=["found", "fill_missing"])
 def test_resolving_a_contact_that_lacks_nothing_is_one_read(
     database_url: str, fill_missing: bool

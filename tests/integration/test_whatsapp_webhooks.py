@@ -395,6 +395,23 @@ async def test_whatsapp_a_known_users_message_reads_its_contact_once(api: Api) -
     ]
 
 
+async def test_whatsapp_a_known_users_contact_gaining_its_phone_is_read_once(api: Api) -> None:
+    """A message from a user first seen with the number hidden, now showing it: the
+    contact read with the user id is the one the phone is given to, not read again before
+    the write (it was: the user id with its contact, then the contact)."""
+    wa = connect_whatsapp(api)
+    receive(api.ledger, wa, fixture_body("user_id_only"))
+    shown = text_message("wamid.SHOWN", "5521912345678", "Agora com número", name="Bia")
+
+    sent = _message_costs(api, wa, _from_user(shown, BIA))
+
+    assert _reads_before_writing(sent) == 1
+    [updated] = events(api, "Contact Updated")
+    assert updated.properties["phone"] == "+5521912345678"
+    [first, second] = events(api, "Message Received")
+    assert first.contact_id == second.contact_id == updated.contact_id
+
+
 async def test_whatsapp_a_known_phones_message_finds_its_contact_in_one_read(api: Api) -> None:
     """A message from a contact known by phone alone, which lacks nothing: its contact is one
     read and no write transaction (it was a read of the account, then a write transaction
