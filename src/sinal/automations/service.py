@@ -10,7 +10,7 @@ PATCH fail; the step then fails when it would use it).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from datetime import timedelta
 from functools import cache
@@ -20,7 +20,6 @@ from uuid import UUID
 from sinal.automations.matching import explain_match, other_metric_decision
 from sinal.automations.model import (
     MAX_NAME,
-    AutomationSpec,
     InvalidAutomation,
     apply_patch,
     find_sealed_value,
@@ -109,10 +108,11 @@ class Automations:
         _refuse_sealed_secrets(data)
         now = self.ledger.clock()
         spec = parse_automation(data, now=now)
-        if _chosen_numbers(spec.steps):
-            _refuse_unknown_numbers(spec, self._numbers(account_id))
+        definition = spec.to_dict()
+        if _named_numbers(definition["steps"]):
+            _refuse_unknown_numbers(definition, self._numbers(account_id))
         row = AutomationRow(account_id, new_id(), spec.name, spec.status, spec.metric_name,
-                            spec.to_dict(), now, now)  # fmt: skip
+                            definition, now, now)  # fmt: skip
         self.store.create_automation(row)
         return row
 
@@ -121,16 +121,18 @@ class Automations:
         _refuse_sealed_secrets(patch)
         steps = patch.get("steps") if isinstance(patch, Mapping) else None
         # read before the row's lock is taken (SQLite: no read inside its write)
-        live = self._numbers(account_id) if _names_numbers(steps) else None
+        live = self._numbers(account_id) if _named_numbers(steps) else None
 
         def change(row: AutomationRow) -> AutomationRow:  # under the row's write lock
             now = self.ledger.clock()
             # as stored: a patch may repair what fails
             spec = apply_patch(row.spec, patch, now=now)
+            definition = spec.to_dict()
             if live is not None:
-                _refuse_unknown_numbers(spec, live, kept=_stored_numbers(row.spec))
+                kept = _named_numbers(row.spec.get("steps")).values()
+                _refuse_unknown_numbers(definition, live, kept=set(kept))
             return replace(row, name=spec.name, status=spec.status,
-                           trigger_metric=spec.metric_name, spec=spec.to_dict(),
+                           trigger_metric=spec.metric_name, spec=definition,
                            updated_at=now)  # fmt: skip
 
         return self.store.update_automation(account_id, automation_id, change)
@@ -202,39 +204,31 @@ def _decision(row: AutomationRow | AutomationTitle, event: StoredEvent) -> dict[
     return {"triggered": decision.triggered, **decision.as_dict()}
 
 
-def _chosen_numbers(steps: Iterable[object]) -> list[tuple[int, str]]:
-    """The sending steps that name a `phone_number_id`: (index, number)."""
-    chosen = ((i, getattr(step, "phone_number_id", None)) for i, step in enumerate(steps))
-    return [(i, number) for i, number in chosen if isinstance(number, str)]
-
-
-def _names_numbers(steps: object) -> bool:
-    """Whether steps as a PATCH sends them name any `phone_number_id`."""
-    return isinstance(steps, list) and any(
-        isinstance(step, Mapping) and step.get("phone_number_id") is not None for step in steps
-    )
-
-
-def _stored_numbers(spec: Mapping[str, Any]) -> set[str]:
-    """The numbers a stored definition's steps name."""
-    steps = spec.get("steps")
+def _named_numbers(steps: object) -> dict[int, str]:
+    """The `phone_number_id` each step names, by the step's index, in steps as JSON: a
+    definition's (`AutomationSpec.to_dict`, as stored) or a PATCH's."""
     if not isinstance(steps, list):
-        return set()
-    named = (step.get("phone_number_id") for step in steps if isinstance(step, Mapping))
-    return {number for number in named if isinstance(number, str)}
+        return {}
+    named = (
+        (i, step.get("phone_number_id"))
+        for i, step in enumerate(steps)
+        if isinstance(step, Mapping)
+    )
+    return {i: number for i, number in named if isinstance(number, str)}
 
 
 def _refuse_unknown_numbers(
-    spec: AutomationSpec, live: Collection[str], kept: Collection[str] = ()
+    definition: Mapping[str, Any], live: Collection[str], kept: Collection[str] = ()
 ) -> None:
-    """`InvalidAutomation` naming each step whose `phone_number_id` is none of the account's
-    WhatsApp numbers (`live`), nor one the stored definition had (`kept`)."""
+    """`InvalidAutomation` naming each step of `definition` (as JSON) whose
+    `phone_number_id` is none of the account's WhatsApp numbers (`live`), nor one the stored
+    definition had (`kept`)."""
     shown = ", ".join(sorted(live)) or "none: POST /v1/integrations"
     errors = [
         FieldError(f"steps[{i}].phone_number_id", "unknown_connection",
                    f"{number} is the phone_number_id of none of the account's WhatsApp "
                    f"connections (theirs: {shown})")
-        for i, number in _chosen_numbers(spec.steps)
+        for i, number in _named_numbers(definition["steps"]).items()
         if number not in live and number not in kept
     ]  # fmt: skip
     if errors:
