@@ -13,7 +13,11 @@ from sinal import catalog as c
 from sinal.automations.templates import format_money
 from sinal.events import EmitEvent, EmitResult
 from sinal.ledger import Ledger
-from sinal.store.base import EventQuery
+from sinal.store.base import EventQuery, StoredEvent
+
+# What a cell shows for an event, or a summary's total, with no value (a message): an
+# empty cell read as a value missing from the output, and "R$ 0,00" as a free order.
+NO_VALUE = "—"
 
 
 def run_demo(ledger: Ledger, console: Console) -> None:
@@ -29,9 +33,13 @@ def run_demo(ledger: Ledger, console: Console) -> None:
 
     results = [(event, ledger.emit(event)) for event in _day(account.id, ana.id, bruno.id)]
     _print_results(console, results)
-    _print_events(console, ledger, account.id)
+    events = ledger.list_events(EventQuery(account.id))
+    _print_events(console, events)
     _print_rejections(console, ledger, account.id)
-    _print_summary(console, ledger, account.id, {ana.id: "Ana", bruno.id: "Bruno"})
+    # A summary's total is 0 both for a metric whose values add up to 0 and for one that
+    # never carries a value (a message): only the events tell them apart.
+    valued = {(e.contact_id, e.metric_name) for e in events if e.value is not None}
+    _print_summary(console, ledger, account.id, {ana.id: "Ana", bruno.id: "Bruno"}, valued)
 
 
 def _day(account: uuid.UUID, ana: uuid.UUID, bruno: uuid.UUID) -> list[EmitEvent]:
@@ -94,16 +102,16 @@ def _print_results(console: Console, results: list[tuple[EmitEvent, EmitResult]]
     console.print(table)
 
 
-def _print_events(console: Console, ledger: Ledger, account: uuid.UUID) -> None:
+def _print_events(console: Console, events: list[StoredEvent]) -> None:
     table = Table(title="events stored (newest first)")
     for column in ("occurred_at", "metric", "label (pt-BR)", "value", "unique_event_id"):
         table.add_column(column)
-    for e in ledger.list_events(EventQuery(account)):
+    for e in events:
         table.add_row(
             e.occurred_at.astimezone().strftime("%H:%M"),
             e.metric_name,
             c.get_metric_label(e.metric_name, "pt-BR"),
-            "" if e.value is None else format_money(e.value, e.currency),
+            NO_VALUE if e.value is None else format_money(e.value, e.currency),
             e.unique_event_id or "",
         )
     console.print(table)
@@ -119,7 +127,11 @@ def _print_rejections(console: Console, ledger: Ledger, account: uuid.UUID) -> N
 
 
 def _print_summary(
-    console: Console, ledger: Ledger, account: uuid.UUID, names: dict[uuid.UUID, str]
+    console: Console,
+    ledger: Ledger,
+    account: uuid.UUID,
+    names: dict[uuid.UUID, str],
+    valued: set[tuple[uuid.UUID, str]],
 ) -> None:
     table = Table(title="contact_metrics_summary (rótulos em pt-BR)")
     for column in ("contato", "métrica", "eventos", "valor total", "primeiro", "último"):
@@ -129,7 +141,8 @@ def _print_summary(
             names.get(s.contact_id, str(s.contact_id)),
             c.get_metric_label(s.metric_name, "pt-BR"),
             str(s.event_count),
-            format_money(s.total_value),  # the demo's values are all in BRL
+            # the demo's values are all in BRL
+            format_money(s.total_value) if (s.contact_id, s.metric_name) in valued else NO_VALUE,
             s.first_event_at.astimezone().strftime("%H:%M"),
             s.last_event_at.astimezone().strftime("%H:%M"),
         )

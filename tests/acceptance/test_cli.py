@@ -65,6 +65,20 @@ def test_cli_demo_shows_events_duplicates_rejections_and_summary(database_url: s
     assert count(database_url, "rejections") == 1
 
 
+def test_cli_demo_shows_no_money_for_a_metric_that_carries_no_value(database_url: str) -> None:
+    # A message has no value: its summary's total is 0, which printed "R$ 0,00" as if
+    # the messages had been free orders.
+    result = run(database_url, "demo")
+
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    messages = [line for line in lines if "Mensagem" in line]  # events and summaries
+    assert len(messages) == 8, result.stdout
+    assert all("—" in line and "R$" not in line for line in messages), result.stdout
+    [paid_summary] = [line for line in lines if "Pedido Pago" in line and "Ana" in line]
+    assert "R$ 297,90" in paid_summary
+
+
 def test_cli_rebuild_summaries_reports_and_fixes_drift(database_url: str) -> None:
     assert run(database_url, "demo").returncode == 0
     sql(database_url, "UPDATE contact_metrics_summary SET event_count = event_count + 5")
