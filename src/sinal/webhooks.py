@@ -62,6 +62,8 @@ class Received:
     is_new: bool
     status: DeliveryStatus
     reason: str | None
+    # The delivery id came before with another topic or body: this one was not processed.
+    is_clash: bool = False
 
 
 def store_of(ledger: Ledger) -> WebhookStore:
@@ -90,12 +92,31 @@ def receive(
             status="received", reason=None, attempts=0, processed_at=None,
         )
     )  # fmt: skip
+    clash = None if is_new else _clash(delivery, _storable(topic, _MAX_TOPIC), body)
+    if clash is not None:
+        return Received(delivery, False, delivery.status, clash, is_clash=True)
     if delivery.status == "processed":
         return Received(delivery, is_new, "processed", None)
     if delivery.status == "deferred":
         return Received(delivery, is_new, "deferred", delivery.reason)
     status, reason = process(ledger, integration, delivery)
     return Received(delivery, is_new, status, reason)
+
+
+def _clash(kept: StoredDelivery, topic: str | None, body: bytes) -> str | None:
+    """Why a delivery under a kept delivery's id is not its retry, or None when it is. A
+    provider's retry repeats its delivery byte for byte; another topic or body under the
+    same id is a request made by hand reusing one (the README's Shopify example has an
+    id): answered as the kept delivery, it recorded nothing and said only "duplicate"."""
+    changed = [f"topic ({kept.topic or 'none'})"] if kept.topic != topic else []
+    changed += ["body"] if kept.body != body else []
+    if not changed:
+        return None
+    return (
+        f"delivery id {kept.delivery_id} came before, as delivery {kept.id}, with another "
+        f"{' and '.join(changed)}: this one was neither kept nor processed; give each "
+        "delivery an id of its own"
+    )
 
 
 def process(

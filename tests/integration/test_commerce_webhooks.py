@@ -608,6 +608,39 @@ async def test_a_storm_of_20_concurrent_redeliveries_records_one_event(
 
 
 @pytest.mark.parametrize(
+    ("first_topic", "then", "changed"),
+    [
+        ("checkouts/create", "orders_create", "topic (checkouts/create) and body"),
+        ("", "checkouts_create", "topic (none)"),
+    ],
+)
+async def test_another_delivery_under_a_kept_webhook_id_is_not_processed_and_says_why(
+    api: Api, shopify: Shop, first_topic: str, then: str, changed: str
+) -> None:
+    """The README's hand-made Shopify request has a fixed X-Shopify-Webhook-Id: an order
+    sent next with it answered "duplicate" and recorded nothing, saying nothing of why;
+    the checkout sent again with the topic it had lacked answered for the kept one,
+    "unmappable: … no X-Shopify-Topic header"."""
+    first = await shopify.send(fixture("shopify", "checkouts_create"), first_topic,
+                               webhook_id="wh-readme")  # fmt: skip
+    topic = "orders/create" if then == "orders_create" else "checkouts/create"
+    second = await shopify.send(fixture("shopify", then), topic, webhook_id="wh-readme")
+
+    assert second.status_code == 200
+    answer = second.json()
+    assert answer["status"] == "duplicate"
+    assert answer["delivery_id"] == first.json()["delivery_id"]
+    assert answer["reason"] == (
+        f"delivery id wh-readme came before, as delivery {answer['delivery_id']}, with "
+        f"another {changed}: this one was neither kept nor processed; give each delivery "
+        "an id of its own"
+    )
+    assert events(api, "Order Placed") == []
+    assert count(api.url, "webhook_deliveries") == 1
+    assert deliveries(api) == [(first.json()["status"], first.json()["reason"])]
+
+
+@pytest.mark.parametrize(
     "tamper",
     ["missing", "wrong_secret", "not_base64", "tampered_body", "other_integration_secret"],
 )

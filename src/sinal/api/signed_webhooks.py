@@ -44,7 +44,8 @@ async def receive_signed(
 ) -> Response:
     """413 past `max_body`, 401 on a missing or wrong signature, 400 on a delivery id no
     provider sends (nothing stored), else the delivery kept and processed: "processed",
-    "duplicate" (a redelivery of a processed one), or the status and reason
+    "duplicate" (a redelivery of a processed one; or, with a reason, another topic or
+    body under a kept delivery's id, neither kept nor processed), or the status and reason
     `sinal.webhooks.receive` ended it with."""
     body = await read_raw(request, provider.max_body)
     secret = str(integration.secrets.get("secret") or "")
@@ -56,9 +57,10 @@ async def receive_signed(
         webhooks.receive, svc.ledger, integration, topic=delivery.topic,
         delivery_id=delivery.delivery_id, headers=headers, body=body,
     )  # fmt: skip
+    # a redelivery of a processed one, or another delivery under a kept one's id (not kept)
     was_done = not received.is_new and received.delivery.status == "processed"
     answer = {
-        "status": "duplicate" if was_done else received.status,
+        "status": "duplicate" if was_done or received.is_clash else received.status,
         "delivery_id": str(received.delivery.id),
         "reason": received.reason,
     }
