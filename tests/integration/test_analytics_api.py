@@ -164,6 +164,29 @@ async def test_bad_aggregate_parameters_are_422(
     assert {(e["field"], e["code"]) for e in response.json()["errors"]} == expected
 
 
+@pytest.mark.parametrize("path", [AGG, "/v1/events"])
+async def test_a_time_whose_plus_arrived_as_a_space_says_to_send_it_as_2b(
+    api: Api, ana: str, path: str
+) -> None:
+    """`since=…T00:00:00+03:00` typed in a URL arrives as "…T00:00:00 03:00" (a '+' in a
+    query is a space): the answer said only "unexpected extra characters at the end of the
+    input", of a time that looks right in the request."""
+    await emit(api, ana, "2026-11-02T01:00:00Z", "1", "1")
+    until = "until=2026-11-03T00:00:00-03:00"
+
+    typed = await api.client.get(f"{path}?since=2026-11-01T00:00:00+03:00&{until}")
+    fixed = await api.client.get(f"{path}?since=2026-11-01T00:00:00%2B03:00&{until}")
+
+    assert typed.status_code == 422, typed.text
+    [error] = typed.json()["errors"]
+    assert error["field"] == "since"
+    assert error["message"].endswith(
+        "; a '+' in a URL's query reads as a space: send +03:00 as %2B03:00, "
+        "or the time in UTC with Z"
+    )
+    assert fixed.status_code == 200, fixed.text
+
+
 async def test_metrics_list_and_another_accounts_metric_is_404(api: Api, ana: str) -> None:
     await emit(api, ana, "2026-11-02T01:00:00Z", "1", "1")
     await api.post("/v1/events", {"metric": "Quiz Answered", "contact_id": ana})

@@ -15,6 +15,7 @@ can be replayed).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -336,8 +337,28 @@ def pydantic_errors(
         message = str(error.get("msg", "invalid"))
         if code == "extra_forbidden" and model is not None and loc:
             message = _unknown_field(model, loc, prefix)
+        if query and code.startswith("datetime"):
+            message += _plus_as_space(error.get("input"))
         found.append(FieldError(field or "body", code, message))
     return found
+
+
+# A time whose offset lost its "+": "…T00:00:00 03:00", as "+03:00" typed in a URL arrives.
+_SPACED_OFFSET = re.compile(r"\d (\d\d(?::?\d\d)?)$")
+
+
+def _plus_as_space(raw: object) -> str:
+    """The hint for a query's time whose offset's "+" arrived as a space, as a URL's query
+    decodes it (`since=…T00:00:00+03:00`): pydantic said only "unexpected extra
+    characters", and the request as typed shows a valid time."""
+    found = _SPACED_OFFSET.search(raw) if isinstance(raw, str) else None
+    if found is None:
+        return ""
+    offset = found[1]
+    return (
+        f"; a '+' in a URL's query reads as a space: send +{offset} as %2B{offset}, "
+        "or the time in UTC with Z"
+    )
 
 
 def _unknown_field(model: type[BaseModel], loc: Sequence[Any], prefix: str) -> str:
