@@ -490,6 +490,15 @@ async def test_unknown_routes_and_methods_are_problems(api: Api) -> None:
     assert method.json()["type"] == "/problems/method-not-allowed"
 
 
+async def test_a_method_a_route_does_not_take_is_405_naming_those_it_takes(api: Api) -> None:
+    # GET /v1/contacts, the list a newcomer looks for first, said only "Method Not Allowed"
+    listed = await api.client.get("/v1/contacts")
+
+    assert listed.status_code == 405
+    assert listed.headers["allow"] == "POST"
+    assert listed.json()["detail"] == "/v1/contacts takes POST, not GET"
+
+
 async def test_a_misspelt_query_parameter_is_422_naming_it_not_ignored(api: Api) -> None:
     contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
     api.ledger.emit_event(

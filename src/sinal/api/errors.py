@@ -219,7 +219,11 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, HTTPException):
         problem = _BY_STATUS.get(exc.status_code) or Problem(exc.status_code, "http", str(exc))
         headers = dict(exc.headers) if exc.headers else None
-        return problem_response(problem, str(exc.detail), instance=path, headers=headers)
+        detail = str(exc.detail)
+        allowed = (headers or {}).get("Allow")
+        if exc.status_code == 405 and allowed:  # "Method Not Allowed" named no way out
+            detail = f"{path} takes {allowed}, not {request.method}"
+        return problem_response(problem, detail, instance=path, headers=headers)
     if isinstance(exc, SchemaViolation):
         exc = await _out_of_date(request) or exc
     problem = problem_for(exc)
