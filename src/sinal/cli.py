@@ -474,10 +474,10 @@ def _print_demo(ledger: Ledger, settings: Settings) -> None:
     """The demo account's key and a curl line that works as printed (`make run`)."""
     base = f"http://{settings.host}:{settings.port}"
     existing = ledger.list_accounts(limit=1)
-    if existing:
+    if existing:  # the scopes of the demo key: the README's next steps need admin
         typer.echo(
-            f"The database already has accounts; make a key with:\n"
-            f"  {_this_command()} keys create --account {existing[0].id} --scopes ingest,read"
+            f"The database already has accounts; make a key with:\n  {_this_command()} keys "
+            f"create --account {existing[0].id} --scopes ingest,read,admin"
         )
         return
     account = ledger.create_account("Loja Demo")

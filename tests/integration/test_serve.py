@@ -206,7 +206,7 @@ def test_serve_demo_on_a_database_with_accounts_prints_a_command_that_runs(
 
     assert lines[0] == "The database already has accounts; make a key with:\n"
     assert done.returncode == 0, command + "\n" + done.stderr
-    assert f"for account {account['id']}:" in done.stdout
+    assert f"(ingest, read, admin) for account {account['id']}:" in done.stdout  # as the demo's
     assert re.search(r"^snl_[0-9a-f]{32}_[0-9A-Za-z]{43}$", done.stdout, re.MULTILINE)
 
 
