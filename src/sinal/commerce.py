@@ -38,7 +38,11 @@ An order carrying an abandoned checkout's token records Checkout Recovered, with
 order's value, once, never dated before the abandonment: an order placed before it (its
 webhook came after the abandonment was recorded) dates it at the abandonment, says
 ``ordered_before_abandonment``, and stops the abandonment's automations that have not run
-(`sinal.store.commerce.recovery_events`).
+(`sinal.store.commerce.recovery_events`). An order placed after its checkout became due,
+that comes before a pass recorded the abandonment, records it first, dated when it became
+due and withdrawn from automations (`sinal.store.commerce.overdue_abandonment`): the count
+does not depend on how often the workers look, and a customer who bought gets no cart
+message.
 """
 
 from __future__ import annotations
@@ -78,7 +82,14 @@ from sinal.integrations.shopify import normalize_shopify
 from sinal.integrations.yampi import normalize_yampi
 from sinal.ledger import Ledger
 from sinal.store.automations import Integration
-from sinal.store.commerce import Checkout, CheckoutUpdate, CommerceStore, Order, OrderUpdate
+from sinal.store.commerce import (
+    BuildCheckoutEvent,
+    Checkout,
+    CheckoutUpdate,
+    CommerceStore,
+    Order,
+    OrderUpdate,
+)
 from sinal.store.webhooks import StoredDelivery
 from sinal.webhooks import deferral_grace, may_defer_until
 
@@ -209,7 +220,7 @@ def _save_order(
         status=implied[0] if implied else None,
         refund=sum(refunds, Decimal(0)) if refunds else None,
     )
-    store.save_order(update, events, recoveries)
+    store.save_order(update, events, recoveries, _abandonment_of(ledger))
 
 
 def _recoveries(normalized: Normalized) -> dict[str, Mapped]:
@@ -364,8 +375,8 @@ class _Pass:
     recorded: int
 
 
-def _derive_pass(ledger: Ledger, now: datetime, limit: int) -> _Pass:
-    store = commerce_store(ledger)
+def _abandonment_of(ledger: Ledger) -> BuildCheckoutEvent:
+    """The build of a checkout's Checkout Abandoned, None for a row no valid event can say."""
 
     def build(checkout: Checkout) -> PreparedEvent | None:
         try:
@@ -381,6 +392,12 @@ def _derive_pass(ledger: Ledger, now: datetime, limit: int) -> _Pass:
             )  # fmt: skip
             return None
 
+    return build
+
+
+def _derive_pass(ledger: Ledger, now: datetime, limit: int) -> _Pass:
+    store = commerce_store(ledger)
+    build = _abandonment_of(ledger)
     due = store.due_checkouts(now, limit)
     recorded = 0
     for checkout in due:

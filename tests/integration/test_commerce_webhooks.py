@@ -807,6 +807,7 @@ async def test_an_abandoned_checkout_is_derived_once_on_a_driven_clock_and_then_
         "b7f3c1a9e2d54b8f9a0c6e1d2f3a4b5c/recover?key=8d2e6f0a1b9c4d7e"
     )
     assert abandoned.properties["items"][0]["sku"] == "CAM-ORG-AZ-M"
+    assert abandoned.properties["recorded_after_order"] is False  # recorded by a pass
 
     await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")
     await shopify.deliver(fixture("shopify", "orders_paid"), "orders/paid")
@@ -876,7 +877,7 @@ async def test_the_trace_of_an_abandonment_an_order_predates_says_it_was_withdra
     api: Api, shopify: Shop, dispatched: bool
 ) -> None:
     """Withdrawn before fan-out, the cart automation is not "triggered" (it never runs): the
-    trace says why. Fanned out before, its execution shows it stopped."""
+    trace says why. Fanned out before, it says the same, with its execution, stopped."""
     abandoned = await abandoned_with_automation(api, shopify, dispatched=dispatched)
 
     await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")  # placed in time
@@ -886,12 +887,13 @@ async def test_the_trace_of_an_abandonment_an_order_predates_says_it_was_withdra
     assert answer.status_code == 200, answer.text
     [traced] = answer.json()["automations"]
     assert traced["automation_name"] == "Carrinho abandonado"
-    if dispatched:
-        assert (traced["triggered"], traced["outcome"]) == (True, "triggered")
+    assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
+    assert traced["message"].endswith(STOPPED_BY_ORDER)
+    if dispatched:  # made, then stopped by the order
+        assert "after its execution was made" in traced["message"]
         assert traced["execution"]["status"] == "stopped"
     else:
-        assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
-        assert traced["message"].endswith(STOPPED_BY_ORDER)
+        assert "before they ran" in traced["message"]
         assert "execution" not in traced
 
 
@@ -947,6 +949,45 @@ async def test_an_order_placed_after_the_abandonment_recovers_it_at_the_orders_t
     assert executions(api) == [("waiting", None)]  # abandoned indeed: the automation goes on
     [traced] = (await api.client.get(f"/v1/events/{abandoned.id}/trace")).json()["automations"]
     assert (traced["triggered"], traced["outcome"]) == (True, "triggered")
+
+
+async def test_an_order_placed_after_the_due_time_but_before_a_pass_abandons_then_recovers(
+    api: Api, shopify: Shop
+) -> None:
+    """The checkout counted as abandoned at 18:01:47 (sinal's definition), its order was
+    placed at 18:40, and its webhook came before a worker's pass recorded the abandonment:
+    both are counted, however often the workers look, and no cart message goes out to a
+    customer who already bought."""
+    made = await api.post("/v1/automations", CART_AUTOMATION)
+    assert made.status_code == 201, made.text
+    await shopify.deliver(fixture("shopify", "checkouts_create"), "checkouts/create")
+    await shopify.deliver(fixture("shopify", "checkouts_update"), "checkouts/update")
+    order = fixture("shopify", "orders_create")
+    order["created_at"] = "2024-05-10T15:40:00-03:00"  # 18:40 UTC: after it was due
+
+    await shopify.deliver(order, "orders/create")
+    run_automations(api)
+
+    [abandoned] = events(api, "Checkout Abandoned")
+    [recovered] = events(api, "Checkout Recovered")
+    assert abandoned.occurred_at == DUE
+    assert abandoned.properties["recorded_after_order"] is True
+    assert abandoned.properties["checkout_url"].endswith("/recover?key=8d2e6f0a1b9c4d7e")
+    assert recovered.occurred_at == datetime(2024, 5, 10, 18, 40, tzinfo=UTC)
+    assert recovered.properties["ordered_before_abandonment"] is False
+    assert executions(api) == []  # the customer bought: no cart automation runs
+    [traced] = (await api.client.get(f"/v1/events/{abandoned.id}/trace")).json()["automations"]
+    assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
+    assert "recorded_after_order" in traced["message"]
+    assert "execution" not in traced
+    # once: a later pass and a redelivery of the order record nothing more
+    assert derive_abandoned(api.ledger, now=DUE + timedelta(days=3)) == 0
+    await shopify.deliver(order, "orders/create")
+    assert metrics(api) == {
+        "Contact Created": 1, "Contact Updated": 1, "Checkout Started": 1,
+        "Order Placed": 1, "Checkout Abandoned": 1, "Checkout Recovered": 1,
+    }  # fmt: skip
+    assert checkout_state(api) == (True, True)
 
 
 async def test_a_checkout_completed_before_it_is_due_is_never_abandoned(

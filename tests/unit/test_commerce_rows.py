@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, cast
@@ -13,12 +14,14 @@ from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.integrations.base import OrderRef, OrderStatus
 from sinal.store.commerce import (
     Abandonment,
+    Checkout,
     CheckoutUpdate,
     Order,
     OrderUpdate,
     checkout_events,
     merge_checkout,
     merge_order,
+    overdue_abandonment,
     recovery_events,
 )
 
@@ -119,13 +122,16 @@ def test_merge_checkout_a_reminder_after_the_order_abandons_nothing(order_first:
     assert checkout_events(merged, reminder, abandonment) == ()
 
 
-def recovery(token: str, at: datetime) -> PreparedEvent:
+LATER = T0 + timedelta(days=1)
+
+
+def recovery(token: str, at: datetime, received: datetime = LATER) -> PreparedEvent:
     emit = EmitEvent(
         account_id=ACCOUNT, contact_id=CONTACT, metric_name="Checkout Recovered",
         source="shopify", source_id=token, entity_type="checkout_recovered", occurred_at=at,
         properties={"checkout_token": token, "ordered_before_abandonment": False},
     )  # fmt: skip
-    return prepare(emit, T0 + timedelta(days=1))
+    return prepare(emit, received)
 
 
 def test_a_recovery_is_never_dated_before_its_abandonment() -> None:
@@ -147,3 +153,53 @@ def test_a_recovery_is_never_dated_before_its_abandonment() -> None:
         "late": (abandoned + timedelta(hours=1), False), "unknown": (T0, False),
     }  # fmt: skip
     assert wrong == [marks["early"].event_id]
+
+
+def abandonment(checkout: Checkout) -> PreparedEvent:
+    """The Checkout Abandoned a housekeeping pass would build for `checkout`."""
+    assert checkout.due_at is not None
+    emit = EmitEvent(
+        account_id=ACCOUNT, contact_id=CONTACT, metric_name="Checkout Abandoned",
+        source="shopify", source_id=checkout.token, entity_type="checkout_abandoned",
+        occurred_at=checkout.due_at,
+        properties={"checkout_token": checkout.token, "recorded_after_order": False},
+    )  # fmt: skip
+    return prepare(emit, T0 + timedelta(days=1))
+
+
+@pytest.mark.parametrize(
+    ("placed", "received", "abandoned"),
+    [
+        (timedelta(minutes=59), timedelta(days=1), False),  # placed before it was due
+        (timedelta(minutes=60), timedelta(days=1), True),  # due when it was placed
+        (timedelta(hours=5), timedelta(hours=5), True),
+        (timedelta(hours=5), timedelta(minutes=59), False),  # the store's clock runs fast
+    ],
+    ids=["placed-in-time", "placed-at-due", "placed-after", "placed-ahead-of-the-clock"],
+)
+def test_an_order_placed_after_its_checkout_was_due_abandons_it_first(
+    placed: timedelta, received: timedelta, abandoned: bool
+) -> None:
+    """Counted by sinal's definition, not by when a worker looked: the abandonment is dated
+    when the checkout became due and says it was recorded with its order."""
+    checkout = merge_checkout(None, checkout_update(T0), now=T0, has_order=False)
+    won = recovery("tok", T0 + placed, T0 + received)
+
+    event = overdue_abandonment(checkout, won, abandonment)
+
+    if not abandoned:
+        assert event is None
+        return
+    assert event is not None
+    assert event.occurred_at == T0 + timedelta(minutes=60)
+    assert event.properties == {"checkout_token": "tok", "recorded_after_order": True}
+
+
+def test_an_order_abandons_no_checkout_already_abandoned_or_none_can_say() -> None:
+    due = merge_checkout(None, checkout_update(T0), now=T0, has_order=False)
+    won = recovery("tok", T0 + timedelta(hours=5))
+    recorded = replace(due, abandoned_at=T0 + timedelta(minutes=61))
+    assert overdue_abandonment(recorded, won, abandonment) is None  # a pass recorded it
+    assert overdue_abandonment(due, won, lambda checkout: None) is None  # no valid event
+    assert overdue_abandonment(due, won, None) is None  # the caller builds none
+    assert overdue_abandonment(due, None, abandonment) is None  # no recovery for its token

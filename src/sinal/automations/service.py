@@ -31,7 +31,7 @@ from sinal.catalog import METRIC_CHECKOUT_ABANDONED, METRIC_CHECKOUT_RECOVERED
 from sinal.errors import FieldError, InvalidIntegration
 from sinal.events import stamp
 from sinal.ids import new_id
-from sinal.integrations.checkouts import abandonment_id, recovery_id
+from sinal.integrations.checkouts import RECORDED_AFTER_ORDER, abandonment_id, recovery_id
 from sinal.ledger import Ledger
 from sinal.store.automations import (
     AutomationRow,
@@ -47,8 +47,19 @@ from sinal.store.commerce import STOPPED_BY_ORDER
 from sinal.urls import base_url_problem
 from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
 
-# A trace's reason for an automation an abandonment withdrawn before fan-out never ran.
+# A trace's reasons for an automation a withdrawn Checkout Abandoned did not run (through):
+# withdrawn before fan-out, recorded with its order, or its execution stopped.
 _WITHDRAWN = f"the event was withdrawn from automations before they ran: {STOPPED_BY_ORDER}"
+_RECORDED_WITH_ORDER = (
+    "the event was withdrawn from automations before they ran: the checkout's order, placed "
+    "after the checkout counted as abandoned, came before a worker recorded the abandonment, "
+    "so it was recorded with the order (recorded_after_order): a customer who bought gets no "
+    "cart message"
+)
+_STOPPED = (
+    "the event was withdrawn from automations after its execution was made: the execution "
+    f"was stopped (steps it had run stay done): {STOPPED_BY_ORDER}"
+)
 
 # Per kind: (required settings, optional settings with defaults, secret fields).
 _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
@@ -144,34 +155,45 @@ class Automations:
             x.automation_id: x
             for x in self.store.list_executions(event.account_id, event_id=event.id, limit=None)
         }
-        withdrawn = cache(lambda: self._is_withdrawn(event))  # one read, for all of them
+        withdrawal = cache(lambda: self._withdrawal(event))  # one read, for all of them
         answer = []
         for row in self.store.trace_automations(event.account_id, event.metric_name):
             entry: dict[str, Any] = {"automation_id": str(row.id), "automation_name": row.name}
             entry |= _decision(row, event)
             execution = executions.get(row.id)
-            if execution is None and entry["triggered"] and withdrawn():
+            if execution is None and entry["triggered"]:
                 # its outbox row went before fan-out: no execution is ever made
-                entry |= {"triggered": False, "outcome": "withdrawn", "message": _WITHDRAWN}
+                why = withdrawal()
+                if why is not None:
+                    entry |= {"triggered": False, "outcome": "withdrawn", "message": why}
             if execution is not None:
                 if stopped_too_deep(execution):  # matched, but its execution never ran
                     why = execution.last_error
                     entry |= {"triggered": False, "outcome": "chain_too_deep", "message": why}
+                elif execution.status == "stopped" and execution.last_error == STOPPED_BY_ORDER:
+                    entry |= {"triggered": False, "outcome": "withdrawn", "message": _STOPPED}
                 entry["execution"] = execution_summary(execution)
             answer.append(entry)
         return answer
 
-    def _is_withdrawn(self, event: StoredEvent) -> bool:
-        """Whether `event` is a Checkout Abandoned an order predates, withdrawn from
-        automations (`CommerceStore.save_order`): its Checkout Recovered, recorded in the
-        same transaction and dated at the abandonment, says `ordered_before_abandonment`."""
+    def _withdrawal(self, event: StoredEvent) -> str | None:
+        """Why `event`, a Checkout Abandoned withdrawn from automations before fan-out
+        (`CommerceStore.save_order`), made no execution; None for any other event."""
         token = event.properties.get("checkout_token")
         if (
             event.metric_name != METRIC_CHECKOUT_ABANDONED
             or not isinstance(token, str)
             or event.unique_event_id != abandonment_id(event.source, token)
         ):
-            return False
+            return None
+        if event.properties.get(RECORDED_AFTER_ORDER) is True:
+            return _RECORDED_WITH_ORDER
+        return _WITHDRAWN if self._is_ordered_before(event, token) else None
+
+    def _is_ordered_before(self, event: StoredEvent, token: str) -> bool:
+        """Whether the Checkout Abandoned `event` is one an order predates: its Checkout
+        Recovered, recorded in the same transaction as its withdrawal and dated at the
+        abandonment, says `ordered_before_abandonment`."""
         at = event.occurred_at
         query = EventQuery(
             event.account_id, contact_id=event.contact_id, metric_name=METRIC_CHECKOUT_RECOVERED,

@@ -10,6 +10,7 @@ Each is once per checkout token: ``{provider}:checkout_abandoned|checkout_recove
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Final
@@ -21,6 +22,7 @@ from sinal.integrations.base import CheckoutRef, Mapped, UnmappablePayload
 
 __all__ = [
     "DEFAULT_ABANDON_DELAY",
+    "RECORDED_AFTER_ORDER",
     "abandoned_checkout",
     "abandonment_due",
     "abandonment_id",
@@ -32,6 +34,10 @@ __all__ = [
 DEFAULT_ABANDON_DELAY: Final = timedelta(minutes=60)
 _ABANDONED: Final = "checkout_abandoned"  # Checkout Abandoned's entity type
 _RECOVERED: Final = "checkout_recovered"  # Checkout Recovered's entity type
+# The Checkout Abandoned property saying it was recorded only once its order had come (due
+# before the order was placed, not yet recorded by a worker's pass): no automation runs
+# for it (`sinal.store.commerce.overdue_abandonment`).
+RECORDED_AFTER_ORDER: Final = "recorded_after_order"
 
 
 def abandonment_due(
@@ -45,12 +51,13 @@ def abandonment_due(
 
 def abandoned_checkout(checkout: CheckoutRef, *, occurred_at: datetime) -> Mapped:
     """Checkout Abandoned for `checkout` (once per checkout token), with its recovery URL."""
-    return checkout_event(
+    event = checkout_event(
         checkout,
         metric_name=METRIC_CHECKOUT_ABANDONED,
         entity_type=_ABANDONED,
         occurred_at=occurred_at,
     )
+    return replace(event, properties={**event.properties, RECORDED_AFTER_ORDER: False})
 
 
 def abandonment_id(provider: str, token: str) -> str:

@@ -15,7 +15,10 @@ functions both backends call (`merge_order`, `merge_checkout`):
   (`checkout_events`);
 - an order carrying an abandoned checkout's token recovers it once, never before it was
   abandoned, and withdraws the abandonment from automations when the order came first
-  (`recovery_events`).
+  (`recovery_events`);
+- an order placed after its checkout became due, whose webhook came before a pass recorded
+  the abandonment, records it then, dated when it became due and withdrawn from automations
+  (`overdue_abandonment`), and recovers it at the order's time.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from uuid import UUID
 
 from sinal.events import PreparedEvent, dumps_json
 from sinal.integrations.base import OrderRef, merge_order_status
-from sinal.integrations.checkouts import abandonment_id
+from sinal.integrations.checkouts import RECORDED_AFTER_ORDER, abandonment_id
 from sinal.store.base import Outcome
 
 __all__ = [
@@ -45,8 +48,10 @@ __all__ = [
     "OrderUpdate",
     "abandonment_keys",
     "checkout_events",
+    "is_due",
     "merge_checkout",
     "merge_order",
+    "overdue_abandonment",
     "recovery_events",
 ]
 
@@ -184,13 +189,16 @@ class CommerceStore(Protocol):
         update: OrderUpdate,
         events: Sequence[PreparedEvent],
         recoveries: Mapping[str, PreparedEvent],
+        abandon: BuildCheckoutEvent | None = None,
     ) -> OrderSaved:
         """Record `events` and upsert the order row (see `merge_order`) together (without
         its contact when the account no longer has it: erased since it was found); then, for
         each checkout the order completes that had been abandoned, record its recovery
         event from `recoveries` (keyed by token) once, as `recovery_events` dates it; the
         Checkout Abandoned of one the order predates leaves the outbox if still there, and
-        its executions still pending or waiting stop (`STOPPED_BY_ORDER`)."""
+        its executions still pending or waiting stop (`STOPPED_BY_ORDER`). A checkout the
+        order finds overdue (`overdue_abandonment`) is abandoned first, with `abandon`'s
+        event, which leaves the outbox at once, then recovered."""
         ...
 
     def save_checkout(
@@ -323,6 +331,39 @@ def checkout_events(
     """The events to record with `checkout` (merged from `update`): none for a reminder that
     abandoned nothing, because an order had completed the checkout first."""
     return () if update.abandoned and checkout.abandoned_at is None else events
+
+
+def is_due(checkout: Checkout, now: datetime) -> bool:
+    """Whether `checkout` counts as abandoned at `now` and no abandonment was recorded."""
+    return (
+        checkout.due_at is not None
+        and checkout.due_at <= now
+        and checkout.abandoned_at is None
+        and checkout.completed_at is None
+        and checkout.contact_id is not None
+    )
+
+
+def overdue_abandonment(
+    checkout: Checkout, recovery: PreparedEvent | None, abandon: BuildCheckoutEvent | None
+) -> PreparedEvent | None:
+    """The Checkout Abandoned to record for `checkout` as its order (`recovery`, the order's
+    Checkout Recovered) completes it, or None: one due before the order was placed, that no
+    housekeeping pass had recorded yet. By sinal's own definition the cart was abandoned
+    (no order `abandon_after_minutes` after its last update), so counting it must not
+    depend on how often the workers look; but its customer has bought, so no automation
+    runs for it: the caller records it (dated when it became due, by `abandon`) and takes
+    it out of the outbox, and it says ``recorded_after_order``."""
+    if abandon is None or recovery is None:
+        return None
+    # placed after it was due, and not ahead of the clock (a store's clock running fast)
+    if not is_due(checkout, min(recovery.occurred_at, recovery.received_at)):
+        return None
+    event = abandon(checkout)
+    if event is None:
+        return None
+    properties = {**event.properties, RECORDED_AFTER_ORDER: True}
+    return event._replace(properties_json=dumps_json(properties))
 
 
 def abandonment_keys(provider: str, tokens: Sequence[str]) -> dict[str, str]:

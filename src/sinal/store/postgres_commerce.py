@@ -37,8 +37,10 @@ from sinal.store.commerce import (
     OrderUpdate,
     abandonment_keys,
     checkout_events,
+    is_due,
     merge_checkout,
     merge_order,
+    overdue_abandonment,
     recovery_events,
 )
 from sinal.store.postgres_erasure import WRITE_EVENTS, require_contact
@@ -103,6 +105,7 @@ class PostgresCommerce:
         update: OrderUpdate,
         events: Sequence[PreparedEvent],
         recoveries: Mapping[str, PreparedEvent],
+        abandon: BuildCheckoutEvent | None = None,
     ) -> OrderSaved:
         """Events, order row and recoveries in one transaction (see `CommerceStore`)."""
         from sinal.store.postgres import _record_in
@@ -123,7 +126,7 @@ class PostgresCommerce:
                 _write_order(conn, order, is_new=current is None)
             recovered: list[Outcome] = []
             if order is not None and recoveries:
-                recovered = _complete_checkouts(conn, order, recoveries, _record_in)
+                recovered = _complete_checkouts(conn, order, recoveries, abandon, _record_in)
             return OrderSaved(order, outcomes, recovered)
 
         return self._retrying(work)
@@ -197,7 +200,7 @@ class PostgresCommerce:
                 f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
             ).fetchone()
             checkout = None if found is None else Checkout(*found)
-            if checkout is None or not _is_due(checkout, now):
+            if checkout is None or not is_due(checkout, now):
                 return None
             if conn.execute(_HAS_ORDER, (*key, token)).fetchone() is not None:
                 conn.execute(
@@ -218,16 +221,6 @@ class PostgresCommerce:
             return outcome
 
         return self._retrying(work)
-
-
-def _is_due(checkout: Checkout, now: datetime) -> bool:
-    return (
-        checkout.due_at is not None
-        and checkout.due_at <= now
-        and checkout.abandoned_at is None
-        and checkout.completed_at is None
-        and checkout.contact_id is not None
-    )
 
 
 def _write_order(conn: Conn, order: Order, *, is_new: bool) -> None:
@@ -279,14 +272,17 @@ def _complete_checkouts(
     conn: Conn,
     order: Order,
     recoveries: Mapping[str, PreparedEvent],
+    abandon: BuildCheckoutEvent | None,
     record_in: Callable[[Conn, Sequence[PreparedEvent]], list[Outcome]],
 ) -> list[Outcome]:
-    """Mark the checkouts the order carries completed; record the abandoned ones' recovery
-    (`recovery_events`)."""
+    """Mark the checkouts the order carries completed, abandoning first those it finds
+    overdue (`overdue_abandonment`); record the abandoned ones' recovery (`recovery_events`)."""
     tokens = sorted(set(order.tokens))  # one lock order for concurrent callers
     if not tokens:
         return []
     conn.execute(_LOCK_TOKENS, (_lock_prefix(order.account_id, order.integration_id), tokens))
+    if abandon is not None:
+        _abandon_overdue(conn, order, tokens, recoveries, abandon=abandon, record_in=record_in)
     rows = conn.execute(
         "UPDATE checkouts SET completed_at = coalesce(completed_at, now()), due_at = NULL "
         "WHERE account_id = %s AND integration_id = %s AND token = ANY(%s) "
@@ -307,6 +303,42 @@ def _complete_checkouts(
         (order.account_id, order.integration_id, tokens),
     )
     return outcomes
+
+
+def _abandon_overdue(
+    conn: Conn,
+    order: Order,
+    tokens: Sequence[str],
+    recoveries: Mapping[str, PreparedEvent],
+    *,
+    abandon: BuildCheckoutEvent,
+    record_in: Callable[[Conn, Sequence[PreparedEvent]], list[Outcome]],
+) -> None:
+    """Record the Checkout Abandoned of the order's checkouts it finds overdue, withdrawn
+    from automations at once, and mark them abandoned (`overdue_abandonment`)."""
+    rows = conn.execute(
+        f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE account_id = %s "
+        "AND integration_id = %s AND token = ANY(%s) AND due_at IS NOT NULL "
+        "AND abandoned_at IS NULL AND completed_at IS NULL ORDER BY token FOR UPDATE",
+        (order.account_id, order.integration_id, list(tokens)),
+    ).fetchall()
+    late: dict[str, PreparedEvent] = {}
+    for row in rows:
+        checkout = Checkout(*row)
+        event = overdue_abandonment(checkout, recoveries.get(checkout.token), abandon)
+        if event is not None:
+            late[checkout.token] = event
+    if not late:
+        return
+    outcomes = record_in(conn, list(late.values()))
+    made = [e.id for e, o in zip(late.values(), outcomes, strict=True) if o.kind == "created"]
+    if made:
+        conn.execute(_WITHDRAW_OUTBOX, (order.account_id, made))
+    conn.execute(
+        "UPDATE checkouts SET abandoned_at = now() WHERE account_id = %s "
+        "AND integration_id = %s AND token = ANY(%s)",
+        (order.account_id, order.integration_id, list(late)),
+    )
 
 
 def _abandonments(conn: Conn, order: Order, tokens: Sequence[str]) -> dict[str, Abandonment]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -28,8 +29,10 @@ from sinal.store.commerce import (
     OrderUpdate,
     abandonment_keys,
     checkout_events,
+    is_due,
     merge_checkout,
     merge_order,
+    overdue_abandonment,
     recovery_events,
 )
 from sinal.store.sqlite_erasure import require_contact
@@ -68,6 +71,7 @@ class SQLiteCommerce:
         update: OrderUpdate,
         events: Sequence[PreparedEvent],
         recoveries: Mapping[str, PreparedEvent],
+        abandon: BuildCheckoutEvent | None = None,
     ) -> OrderSaved:
         """Events, order row and recoveries in one transaction (see `CommerceStore`)."""
         from sinal.store.sqlite import _record_in
@@ -83,7 +87,8 @@ class SQLiteCommerce:
                 _write_order(conn, order)
             recovered: list[Outcome] = []
             if order is not None and recoveries:
-                tokens = [t for t in _complete_checkouts(conn, order, now) if t in recoveries]
+                completed = _complete_checkouts(conn, order, now, recoveries, abandon)
+                tokens = [t for t in completed if t in recoveries]
                 found = _abandonments(conn, order, tokens)
                 won_back, wrong = recovery_events(tokens, recoveries, found)
                 _withdraw(conn, order.account_id, wrong, now)
@@ -142,7 +147,7 @@ class SQLiteCommerce:
         key = (str(account_id), str(integration_id), token)
         with self._write() as conn:
             checkout = _find_checkout(conn, key)
-            if checkout is None or not _is_due(checkout, now):
+            if checkout is None or not is_due(checkout, now):
                 return None
             if conn.execute(_HAS_ORDER, (*key, token)).fetchone() is not None:
                 conn.execute(
@@ -161,16 +166,6 @@ class SQLiteCommerce:
                 f"UPDATE checkouts SET abandoned_at = ? WHERE {_CHECKOUT_KEY}", (_ts(now), *key)
             )
             return outcome
-
-
-def _is_due(checkout: Checkout, now: datetime) -> bool:
-    return (
-        checkout.due_at is not None
-        and checkout.due_at <= now
-        and checkout.abandoned_at is None
-        and checkout.completed_at is None
-        and checkout.contact_id is not None
-    )
 
 
 def _find_order(conn: sqlite3.Connection, key: tuple[str, str, str]) -> Order | None:
@@ -223,20 +218,36 @@ def _write_checkout(conn: sqlite3.Connection, checkout: Checkout) -> None:
     )  # fmt: skip
 
 
-def _complete_checkouts(conn: sqlite3.Connection, order: Order, now: datetime) -> list[str]:
-    """Mark the checkouts the order carries completed; the tokens of those won back from
-    abandonment (now marked recovered)."""
+def _complete_checkouts(
+    conn: sqlite3.Connection,
+    order: Order,
+    now: datetime,
+    recoveries: Mapping[str, PreparedEvent],
+    abandon: BuildCheckoutEvent | None,
+) -> list[str]:
+    """Mark the checkouts the order carries completed, abandoning first one it finds overdue
+    (`overdue_abandonment`); the tokens of those won back from abandonment (now marked
+    recovered)."""
+    from sinal.store.sqlite import _record_in
+
     won_back: list[str] = []
     for token in sorted(set(order.tokens)):
         key = (str(order.account_id), str(order.integration_id), token)
         checkout = _find_checkout(conn, key)
         if checkout is None:
             continue
+        late = overdue_abandonment(checkout, recoveries.get(token), abandon)
+        if late is not None:
+            [outcome] = _record_in(conn, [late])
+            if outcome.kind == "created":
+                _withdraw(conn, order.account_id, [late.id], now)
+            checkout = replace(checkout, abandoned_at=now)
         pending = checkout.abandoned_at is not None and checkout.recovered_at is None
         conn.execute(
             "UPDATE checkouts SET completed_at = coalesce(completed_at, ?), due_at = NULL, "
+            "abandoned_at = coalesce(abandoned_at, ?), "
             f"recovered_at = CASE WHEN ? THEN ? ELSE recovered_at END WHERE {_CHECKOUT_KEY}",
-            (_ts(now), pending, _ts(now), *key),
+            (_ts(now), _opt_ts(checkout.abandoned_at), pending, _ts(now), *key),
         )
         if pending:
             won_back.append(token)
