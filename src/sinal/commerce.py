@@ -40,9 +40,10 @@ webhook came after the abandonment was recorded) dates it at the abandonment, sa
 ``ordered_before_abandonment``, and stops the abandonment's automations that have not run
 (`sinal.store.commerce.recovery_events`). An order placed after its checkout became due,
 that comes before a pass recorded the abandonment, records it first, dated when it became
-due and withdrawn from automations (`sinal.store.commerce.overdue_abandonment`): the count
-does not depend on how often the workers look, and a customer who bought gets no cart
-message.
+due and withdrawn from automations (`sinal.store.commerce.overdue_abandonment`), and a
+checkouts/update whose customer came back after it was due records it first
+(`lapsed_abandonment`): the count does not depend on how often the workers look, and a
+customer who bought gets no cart message.
 """
 
 from __future__ import annotations
@@ -309,7 +310,9 @@ def _store_checkout(
         completed_at=checkout.completed_at,
         abandoned=is_reminder,
     )
-    commerce_store(ledger).save_checkout(update, prepared)
+    # a pass abandons a Shopify checkout; so does its update, if it was due before it
+    abandon = None if is_reminder else _abandonment_of(ledger)
+    commerce_store(ledger).save_checkout(update, prepared, abandon)
 
 
 def _check_abandonment(ledger: Ledger, integration: Integration, checkout: CheckoutRef) -> None:

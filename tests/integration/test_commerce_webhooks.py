@@ -990,6 +990,43 @@ async def test_an_order_placed_after_the_due_time_but_before_a_pass_abandons_the
     assert checkout_state(api) == (True, True)
 
 
+async def test_a_checkout_its_customer_came_back_to_after_it_was_due_was_abandoned(
+    api: Api, shopify: Shop
+) -> None:
+    """Due at 17:58:05 (its last update 17:28:05, 30 minutes), its customer came back at
+    18:10, before a worker's pass recorded it: it was abandoned, as a pass would have said,
+    and the order placed at 18:20, before the new due time (18:40), recovers it."""
+    await shopify.deliver(fixture("shopify", "checkouts_create"), "checkouts/create")
+    came_back = fixture("shopify", "checkouts_update")
+    came_back["updated_at"] = "2024-05-10T15:10:00-03:00"
+    await shopify.deliver(came_back, "checkouts/update")
+    order = fixture("shopify", "orders_create")
+    order["created_at"] = "2024-05-10T15:20:00-03:00"
+
+    await shopify.deliver(order, "orders/create")
+
+    [abandoned] = events(api, "Checkout Abandoned")
+    [recovered] = events(api, "Checkout Recovered")
+    assert abandoned.occurred_at == datetime(2024, 5, 10, 17, 58, 5, tzinfo=UTC)
+    assert abandoned.value == Decimal("310.89")  # the cart as it was left, before the update
+    assert abandoned.properties["recorded_after_order"] is False
+    assert recovered.occurred_at == datetime(2024, 5, 10, 18, 20, tzinfo=UTC)
+    assert recovered.properties["ordered_before_abandonment"] is False
+    assert derive_abandoned(api.ledger, now=datetime(2024, 6, 1, tzinfo=UTC)) == 0
+    assert checkout_state(api) == (True, True)
+
+
+async def test_a_checkout_updated_before_it_was_due_is_rescheduled_not_abandoned(
+    api: Api, shopify: Shop
+) -> None:
+    await shopify.deliver(fixture("shopify", "checkouts_create"), "checkouts/create")
+    await shopify.deliver(fixture("shopify", "checkouts_update"), "checkouts/update")  # 17:31:47
+
+    assert derive_abandoned(api.ledger, now=DUE - timedelta(seconds=1)) == 0
+    assert [e.occurred_at for e in events(api, "Checkout Abandoned")] == []
+    assert derive_abandoned(api.ledger, now=DUE) == 1
+
+
 async def test_a_checkout_completed_before_it_is_due_is_never_abandoned(
     api: Api, shopify: Shop
 ) -> None:

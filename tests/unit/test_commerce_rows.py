@@ -19,6 +19,7 @@ from sinal.store.commerce import (
     Order,
     OrderUpdate,
     checkout_events,
+    lapsed_abandonment,
     merge_checkout,
     merge_order,
     overdue_abandonment,
@@ -203,3 +204,31 @@ def test_an_order_abandons_no_checkout_already_abandoned_or_none_can_say() -> No
     assert overdue_abandonment(due, won, lambda checkout: None) is None  # no valid event
     assert overdue_abandonment(due, won, None) is None  # the caller builds none
     assert overdue_abandonment(due, None, abandonment) is None  # no recovery for its token
+
+
+@pytest.mark.parametrize(
+    ("came_back", "update", "has_order", "abandoned"),
+    [
+        (timedelta(minutes=59), {}, False, False),  # before it was due: rescheduled
+        (timedelta(minutes=70), {}, False, True),
+        (timedelta(minutes=70), {}, True, False),  # its order came first: it says
+        (timedelta(minutes=70), {"completed_at": T0 + timedelta(minutes=70)}, False, False),
+    ],
+    ids=["in-time", "after-due", "order-known", "completed"],
+)
+def test_an_update_after_its_checkout_was_due_abandons_it_first(
+    came_back: timedelta, update: dict[str, Any], has_order: bool, abandoned: bool
+) -> None:
+    checkout = merge_checkout(None, checkout_update(T0), now=T0, has_order=False)
+    change = checkout_update(T0 + came_back, **update)
+
+    found, event = lapsed_abandonment(checkout, change, abandonment, now=LATER, has_order=has_order)
+
+    if not abandoned:
+        assert (found, event) == (checkout, None)
+        return
+    assert event is not None
+    assert event.occurred_at == T0 + timedelta(minutes=60)
+    assert found == replace(checkout, abandoned_at=LATER)
+    merged = merge_checkout(found, change, now=LATER, has_order=False)
+    assert (merged.abandoned_at, merged.due_at) == (LATER, None)  # never due again

@@ -18,7 +18,8 @@ functions both backends call (`merge_order`, `merge_checkout`):
   (`recovery_events`);
 - an order placed after its checkout became due, whose webhook came before a pass recorded
   the abandonment, records it then, dated when it became due and withdrawn from automations
-  (`overdue_abandonment`), and recovers it at the order's time.
+  (`overdue_abandonment`), and recovers it at the order's time; an update of a checkout
+  that was due before it, not recorded yet, records it first (`lapsed_abandonment`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "abandonment_keys",
     "checkout_events",
     "is_due",
+    "lapsed_abandonment",
     "merge_checkout",
     "merge_order",
     "overdue_abandonment",
@@ -202,11 +204,16 @@ class CommerceStore(Protocol):
         ...
 
     def save_checkout(
-        self, update: CheckoutUpdate, events: Sequence[PreparedEvent]
+        self,
+        update: CheckoutUpdate,
+        events: Sequence[PreparedEvent],
+        abandon: BuildCheckoutEvent | None = None,
     ) -> list[Outcome]:
         """Upsert the checkout row (see `merge_checkout`) and record `events`, together;
         `ContactNotFound`, nothing written, when the update names a contact the account no
-        longer has (erased since it was found: the row would keep its identities)."""
+        longer has (erased since it was found: the row would keep its identities). A
+        checkout the update finds due before it (`lapsed_abandonment`) is abandoned first,
+        with `abandon`'s event."""
         ...
 
     def due_checkouts(self, now: datetime, limit: int = 500) -> list[Checkout]:
@@ -342,6 +349,29 @@ def is_due(checkout: Checkout, now: datetime) -> bool:
         and checkout.completed_at is None
         and checkout.contact_id is not None
     )
+
+
+def lapsed_abandonment(
+    current: Checkout | None,
+    update: CheckoutUpdate,
+    abandon: BuildCheckoutEvent | None,
+    *,
+    now: datetime,
+    has_order: bool,
+) -> tuple[Checkout | None, PreparedEvent | None]:
+    """`current` as `update` finds it, and the Checkout Abandoned to record first (None:
+    none): its customer came back to the checkout (the update's time) after it became due,
+    before a pass recorded the abandonment. By sinal's own definition it was abandoned
+    then, as a pass would have recorded (its automations run as for one); rescheduled
+    without it, an order placed before the new due time would leave it uncounted. Not for
+    an update saying the checkout completed: its order says whether it was abandoned
+    (`overdue_abandonment`)."""
+    if abandon is None or current is None or has_order or update.completed_at is not None:
+        return current, None
+    if not is_due(current, min(update.updated_at, now)):
+        return current, None
+    event = abandon(current)
+    return (current, None) if event is None else (replace(current, abandoned_at=now), event)
 
 
 def overdue_abandonment(

@@ -38,6 +38,7 @@ from sinal.store.commerce import (
     abandonment_keys,
     checkout_events,
     is_due,
+    lapsed_abandonment,
     merge_checkout,
     merge_order,
     overdue_abandonment,
@@ -134,7 +135,10 @@ class PostgresCommerce:
     # -- checkouts -----------------------------------------------------------------------
 
     def save_checkout(
-        self, update: CheckoutUpdate, events: Sequence[PreparedEvent]
+        self,
+        update: CheckoutUpdate,
+        events: Sequence[PreparedEvent],
+        abandon: BuildCheckoutEvent | None = None,
     ) -> list[Outcome]:
         """Checkout row and its events in one transaction; `ContactNotFound` when the
         update's contact is not in the account (an erasure deleted it since it was found)."""
@@ -144,6 +148,8 @@ class PostgresCommerce:
         key = (u.account_id, u.integration_id, u.token)
 
         def work(conn: Conn) -> list[Outcome]:
+            if abandon is not None:  # may record an abandonment: `events` before the row
+                conn.execute(WRITE_EVENTS)
             if u.contact_id is not None:  # erased meanwhile: nothing written, not its details
                 require_contact(conn, u.account_id, u.contact_id)
             if u.abandoned:
@@ -153,7 +159,11 @@ class PostgresCommerce:
             ).fetchone()
             current = None if found is None else Checkout(*found)
             has_order = conn.execute(_HAS_ORDER, (*key, u.token)).fetchone() is not None
-            checkout = merge_checkout(current, u, now=datetime.now(UTC), has_order=has_order)
+            now = datetime.now(UTC)
+            before, late = lapsed_abandonment(current, u, abandon, now=now, has_order=has_order)
+            if late is not None:
+                _record_in(conn, [late])
+            checkout = merge_checkout(before, u, now=now, has_order=has_order)
             if checkout != current:
                 _write_checkout(conn, checkout, is_new=current is None)
             recorded = checkout_events(checkout, u, events)

@@ -30,6 +30,7 @@ from sinal.store.commerce import (
     abandonment_keys,
     checkout_events,
     is_due,
+    lapsed_abandonment,
     merge_checkout,
     merge_order,
     overdue_abandonment,
@@ -98,7 +99,10 @@ class SQLiteCommerce:
     # -- checkouts -----------------------------------------------------------------------
 
     def save_checkout(
-        self, update: CheckoutUpdate, events: Sequence[PreparedEvent]
+        self,
+        update: CheckoutUpdate,
+        events: Sequence[PreparedEvent],
+        abandon: BuildCheckoutEvent | None = None,
     ) -> list[Outcome]:
         """Checkout row and its events in one transaction; `ContactNotFound` when the
         update's contact is not in the account (an erasure deleted it since it was found)."""
@@ -111,7 +115,11 @@ class SQLiteCommerce:
                 require_contact(conn, u.account_id, u.contact_id)
             current = _find_checkout(conn, key)
             has_order = conn.execute(_HAS_ORDER, (*key, u.token)).fetchone() is not None
-            checkout = merge_checkout(current, u, now=datetime.now(UTC), has_order=has_order)
+            now = datetime.now(UTC)
+            before, late = lapsed_abandonment(current, u, abandon, now=now, has_order=has_order)
+            if late is not None:
+                _record_in(conn, [late])
+            checkout = merge_checkout(before, u, now=now, has_order=has_order)
             if checkout != current:
                 _write_checkout(conn, checkout)
             recorded = checkout_events(checkout, u, events)
