@@ -36,9 +36,9 @@ any number may at once (the store abandons each checkout once, under its row loc
 Yampi's `cart.reminder` is the abandonment itself, unless an order carrying its token came first.
 An order carrying an abandoned checkout's token records Checkout Recovered, with the
 order's value, once, never dated before the abandonment: an order placed before it (its
-webhook came after the abandonment was recorded) dates it at the abandonment, says
-``ordered_before_abandonment``, and stops the abandonment's automations that have not run
-(`sinal.store.commerce.recovery_events`). An order placed after its checkout became due,
+webhook came after the abandonment was recorded) dates it at the abandonment and says
+``ordered_before_abandonment``; either way the abandonment's automations that have not run
+stop (`sinal.store.commerce.recovery_events`). An order placed after its checkout became due,
 that comes before a pass recorded the abandonment, records it first, dated when it became
 due and withdrawn from automations (`sinal.store.commerce.overdue_abandonment`), and a
 checkouts/update whose customer came back after it was due records it first

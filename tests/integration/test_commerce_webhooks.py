@@ -33,7 +33,7 @@ from sinal.integrations import sign_shopify, sign_yampi, yampi
 from sinal.ledger import Ledger
 from sinal.store.automations import Advance
 from sinal.store.base import EventQuery, StoredEvent
-from sinal.store.commerce import STOPPED_BY_ORDER
+from sinal.store.commerce import STOPPED_BY_ORDER, STOPPED_BY_RECOVERY
 from sinal.store.sqlite import SQLiteStore
 from sinal.worker import start_worker_thread
 from tests.helpers import DrivenClock, count, settle, sql
@@ -934,21 +934,26 @@ async def test_a_cart_execution_a_worker_holds_starts_no_step_once_the_order_cam
     assert executions(api) == [("stopped", STOPPED_BY_ORDER)]
 
 
+@pytest.mark.parametrize("dispatched", [True, False], ids=["executions-made", "not-yet"])
 async def test_an_order_placed_after_the_abandonment_recovers_it_at_the_orders_time(
-    api: Api, shopify: Shop
+    api: Api, shopify: Shop, dispatched: bool
 ) -> None:
-    abandoned = await abandoned_with_automation(api, shopify, dispatched=True)
+    abandoned = await abandoned_with_automation(api, shopify, dispatched=dispatched)
     order = fixture("shopify", "orders_create")
     order["created_at"] = "2024-05-10T15:40:00-03:00"  # 18:40 UTC: after the abandonment
 
     await shopify.deliver(order, "orders/create")
+    run_automations(api)
 
     [recovered] = events(api, "Checkout Recovered")
     assert recovered.occurred_at == datetime(2024, 5, 10, 18, 40, tzinfo=UTC)
     assert recovered.properties["ordered_before_abandonment"] is False
-    assert executions(api) == [("waiting", None)]  # abandoned indeed: the automation goes on
+    # abandoned indeed, but its customer bought: the cart message waiting goes out to no one
+    assert executions(api) == ([("stopped", STOPPED_BY_RECOVERY)] if dispatched else [])
     [traced] = (await api.client.get(f"/v1/events/{abandoned.id}/trace")).json()["automations"]
-    assert (traced["triggered"], traced["outcome"]) == (True, "triggered")
+    assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
+    assert traced["message"].endswith(STOPPED_BY_RECOVERY)
+    assert ("execution" in traced) is dispatched
 
 
 async def test_an_order_placed_after_the_due_time_but_before_a_pass_abandons_then_recovers(

@@ -13,6 +13,8 @@ import pytest
 from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.integrations.base import OrderRef, OrderStatus
 from sinal.store.commerce import (
+    STOPPED_BY_ORDER,
+    STOPPED_BY_RECOVERY,
     Abandonment,
     Checkout,
     CheckoutUpdate,
@@ -137,15 +139,15 @@ def recovery(token: str, at: datetime, received: datetime = LATER) -> PreparedEv
 
 def test_a_recovery_is_never_dated_before_its_abandonment() -> None:
     """An order placed before the abandonment (its webhook late) recovers at the abandonment,
-    saying so, and that abandonment is the one to withdraw; one at or after it keeps its
-    time; a token whose abandonment is not found keeps the order's time."""
+    saying so; one at or after it keeps its time; a token whose abandonment is not found
+    keeps the order's time. Every abandonment found is withdrawn, saying why."""
     abandoned = T0 + timedelta(minutes=30)
     marks = {t: Abandonment(uuid4(), abandoned) for t in ("early", "on-time", "late")}
     times = {"early": T0, "on-time": abandoned, "late": abandoned + timedelta(hours=1),
              "unknown": T0}  # fmt: skip
     recoveries = {token: recovery(token, at) for token, at in times.items()}
 
-    recorded, wrong = recovery_events(list(times), recoveries, marks)
+    recorded, withdrawn = recovery_events(list(times), recoveries, marks)
 
     said = {e.source_id: (e.occurred_at, e.properties["ordered_before_abandonment"])
             for e in recorded}  # fmt: skip
@@ -153,7 +155,12 @@ def test_a_recovery_is_never_dated_before_its_abandonment() -> None:
         "early": (abandoned, True), "on-time": (abandoned, False),
         "late": (abandoned + timedelta(hours=1), False), "unknown": (T0, False),
     }  # fmt: skip
-    assert wrong == [marks["early"].event_id]
+    # its customer bought: whichever came first, no abandoned-cart step runs any more
+    assert withdrawn == [
+        (marks["early"].event_id, STOPPED_BY_ORDER),
+        (marks["on-time"].event_id, STOPPED_BY_RECOVERY),
+        (marks["late"].event_id, STOPPED_BY_RECOVERY),
+    ]
 
 
 def abandonment(checkout: Checkout) -> PreparedEvent:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import replace
-from datetime import timedelta
 from functools import cache
 from typing import Any, cast, get_args
 from uuid import UUID
@@ -43,23 +42,23 @@ from sinal.store.automations import (
     stopped_too_deep,
 )
 from sinal.store.base import EventQuery, StoredEvent
-from sinal.store.commerce import STOPPED_BY_ORDER
+from sinal.store.commerce import STOPPED_BY_ORDER, STOPPED_BY_RECOVERY
 from sinal.urls import base_url_problem
 from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
 
-# A trace's reasons for an automation a withdrawn Checkout Abandoned did not run (through):
-# withdrawn before fan-out, recorded with its order, or its execution stopped.
-_WITHDRAWN = f"the event was withdrawn from automations before they ran: {STOPPED_BY_ORDER}"
-_RECORDED_WITH_ORDER = (
-    "the event was withdrawn from automations before they ran: the checkout's order, placed "
-    "after the checkout counted as abandoned, came before a worker recorded the abandonment, "
-    "so it was recorded with the order (recorded_after_order): a customer who bought gets no "
-    "cart message"
+# A trace's reasons for an automation a Checkout Abandoned its order withdrew did not run
+# (through): withdrawn before fan-out, recorded with its order, or its execution stopped.
+_BEFORE_FAN_OUT = "the event was withdrawn from automations before they ran: "
+_RECORDED_WITH_ORDER = _BEFORE_FAN_OUT + (
+    "the checkout's order, placed after the checkout counted as abandoned, came before a "
+    "worker recorded the abandonment, so it was recorded with the order "
+    "(recorded_after_order): a customer who bought gets no abandoned-cart message"
 )
 _STOPPED = (
     "the event was withdrawn from automations after its execution was made: the execution "
-    f"was stopped (steps it had run stay done): {STOPPED_BY_ORDER}"
+    "was stopped (steps it had run stay done): "
 )
+_BY_ITS_ORDER = (STOPPED_BY_ORDER, STOPPED_BY_RECOVERY)
 
 # Per kind: (required settings, optional settings with defaults, secret fields).
 _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
@@ -170,8 +169,9 @@ class Automations:
                 if stopped_too_deep(execution):  # matched, but its execution never ran
                     why = execution.last_error
                     entry |= {"triggered": False, "outcome": "chain_too_deep", "message": why}
-                elif execution.status == "stopped" and execution.last_error == STOPPED_BY_ORDER:
-                    entry |= {"triggered": False, "outcome": "withdrawn", "message": _STOPPED}
+                elif execution.status == "stopped" and execution.last_error in _BY_ITS_ORDER:
+                    why = _STOPPED + execution.last_error
+                    entry |= {"triggered": False, "outcome": "withdrawn", "message": why}
                 entry["execution"] = execution_summary(execution)
             answer.append(entry)
         return answer
@@ -188,23 +188,22 @@ class Automations:
             return None
         if event.properties.get(RECORDED_AFTER_ORDER) is True:
             return _RECORDED_WITH_ORDER
-        return _WITHDRAWN if self._is_ordered_before(event, token) else None
+        recovered = self._recovery(event, token)
+        if recovered is None:
+            return None
+        ordered_before = recovered.properties.get("ordered_before_abandonment") is True
+        return _BEFORE_FAN_OUT + (STOPPED_BY_ORDER if ordered_before else STOPPED_BY_RECOVERY)
 
-    def _is_ordered_before(self, event: StoredEvent, token: str) -> bool:
-        """Whether the Checkout Abandoned `event` is one an order predates: its Checkout
-        Recovered, recorded in the same transaction as its withdrawal and dated at the
-        abandonment, says `ordered_before_abandonment`."""
-        at = event.occurred_at
+    def _recovery(self, event: StoredEvent, token: str) -> StoredEvent | None:
+        """The Checkout Recovered of the Checkout Abandoned `event`, recorded in the
+        transaction that withdrew it, never dated before it; None while not recovered."""
         query = EventQuery(
             event.account_id, contact_id=event.contact_id, metric_name=METRIC_CHECKOUT_RECOVERED,
-            since=at, until=at + timedelta(microseconds=1),
+            since=event.occurred_at, limit=1000,
         )  # fmt: skip
         recovered = recovery_id(event.source, token)
-        return any(
-            e.unique_event_id == recovered
-            and e.properties.get("ordered_before_abandonment") is True
-            for e in self.ledger.list_events(query)
-        )
+        found = self.ledger.list_events(query)
+        return next((e for e in found if e.unique_event_id == recovered), None)
 
     def _numbers(self, account_id: UUID) -> list[str]:
         """The phone_number_id of each of the account's live WhatsApp connections."""

@@ -504,9 +504,10 @@ class AutomationStore(Protocol):
         failure); (the earlier record, False) when it had been started or done before; None
         when the claim was lost; and, starting nothing, a `Halt` when the automation is
         "paused" or "deleted" or the execution was "stopped" (by the automation's delete,
-        or by an order that its Checkout Abandoned turned out wrong: `STOPPED_BY_ORDER` in
-        `sinal.store.commerce`) — read in the transaction that would record the start, so no
-        step starts after a pause, delete or stop that committed first."""
+        or by the order of its Checkout Abandoned's checkout: `STOPPED_BY_ORDER`,
+        `STOPPED_BY_RECOVERY` in `sinal.store.commerce`) — read in the transaction that
+        would record the start, so no step starts after a pause, delete or stop that
+        committed first."""
         ...
 
     def start_steps(self, starts: Sequence[StepStart]) -> list[StepStarted]:

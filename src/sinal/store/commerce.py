@@ -14,8 +14,7 @@ functions both backends call (`merge_order`, `merge_checkout`):
   cart.reminder) of a checkout an order completed first abandons nothing
   (`checkout_events`);
 - an order carrying an abandoned checkout's token recovers it once, never before it was
-  abandoned, and withdraws the abandonment from automations when the order came first
-  (`recovery_events`);
+  abandoned, and withdraws the abandonment from automations (`recovery_events`);
 - an order placed after its checkout became due, whose webhook came before a pass recorded
   the abandonment, records it then, dated when it became due and withdrawn from automations
   (`overdue_abandonment`), and recovers it at the order's time; an update of a checkout
@@ -40,6 +39,7 @@ __all__ = [
     "CHECKOUT_COLUMNS",
     "ORDER_COLUMNS",
     "STOPPED_BY_ORDER",
+    "STOPPED_BY_RECOVERY",
     "Abandonment",
     "Checkout",
     "CheckoutUpdate",
@@ -72,6 +72,12 @@ CHECKOUT_COLUMNS = (
 STOPPED_BY_ORDER = (
     "the checkout's order was placed before the checkout counted as abandoned (its webhook "
     "came after the abandonment was recorded): the checkout was never abandoned"
+)
+# The `last_error` of an execution of a Checkout Abandoned stopped because the checkout's
+# order, placed after it counted as abandoned, recovered it (`recovery_events`).
+STOPPED_BY_RECOVERY = (
+    "the checkout was recovered: its order was placed after the checkout counted as "
+    "abandoned, and a customer who bought gets no abandoned-cart message"
 )
 
 
@@ -196,9 +202,9 @@ class CommerceStore(Protocol):
         """Record `events` and upsert the order row (see `merge_order`) together (without
         its contact when the account no longer has it: erased since it was found); then, for
         each checkout the order completes that had been abandoned, record its recovery
-        event from `recoveries` (keyed by token) once, as `recovery_events` dates it; the
-        Checkout Abandoned of one the order predates leaves the outbox if still there, and
-        its executions still pending or waiting stop (`STOPPED_BY_ORDER`). A checkout the
+        event from `recoveries` (keyed by token) once, as `recovery_events` dates it; its
+        Checkout Abandoned leaves the outbox if still there, and its executions still
+        pending or waiting stop (`STOPPED_BY_ORDER`, `STOPPED_BY_RECOVERY`). A checkout the
         order finds overdue (`overdue_abandonment`) is abandoned first, with `abandon`'s
         event, which leaves the outbox at once, then recovered."""
         ...
@@ -405,19 +411,21 @@ def recovery_events(
     pending: Sequence[str],
     recoveries: Mapping[str, PreparedEvent],
     abandonments: Mapping[str, Abandonment],
-) -> tuple[list[PreparedEvent], list[UUID]]:
+) -> tuple[list[PreparedEvent], list[tuple[UUID, str]]]:
     """The Checkout Recovered to record for the `pending` tokens (abandoned, not recovered
-    yet; each in `recoveries`, dated as its order), and the ids of the Checkout Abandoned
-    (`abandonments`, by token) that turned out wrong.
+    yet; each in `recoveries`, dated as its order), and the Checkout Abandoned
+    (`abandonments`, by token) to withdraw from automations, each with why its executions
+    stop (`STOPPED_BY_ORDER`, `STOPPED_BY_RECOVERY`).
 
     An order placed before its checkout counted as abandoned, whose webhook came after the
     abandonment was recorded, means the checkout was never abandoned. Events stay as they
     were recorded (corrections are new events): the recovery is dated at the abandonment,
     not before it, so no timeline or summary has the checkout recovered, then abandoned,
-    and it says `ordered_before_abandonment`; the abandonment's automations that have not
-    run yet do not (`CommerceStore.save_order`)."""
+    and it says `ordered_before_abandonment`. An order placed after it recovers it at the
+    order's time. Either way its customer has bought: the abandonment's automations that
+    have not run yet do not (`CommerceStore.save_order`)."""
     recorded: list[PreparedEvent] = []
-    wrong: list[UUID] = []
+    withdrawn: list[tuple[UUID, str]] = []
     for token in pending:
         recovery = recoveries[token]
         abandoned = abandonments.get(token)
@@ -426,6 +434,8 @@ def recovery_events(
             recovery = recovery._replace(
                 occurred_at=abandoned.occurred_at, properties_json=dumps_json(properties)
             )
-            wrong.append(abandoned.event_id)
+            withdrawn.append((abandoned.event_id, STOPPED_BY_ORDER))
+        elif abandoned is not None:
+            withdrawn.append((abandoned.event_id, STOPPED_BY_RECOVERY))
         recorded.append(recovery)
-    return recorded, wrong
+    return recorded, withdrawn

@@ -27,7 +27,6 @@ from sinal.store.base import Outcome
 from sinal.store.commerce import (
     CHECKOUT_COLUMNS,
     ORDER_COLUMNS,
-    STOPPED_BY_ORDER,
     Abandonment,
     BuildCheckoutEvent,
     Checkout,
@@ -70,7 +69,7 @@ _LOCK_TOKENS = (
     "SELECT pg_advisory_xact_lock(hashtextextended(%s || t, 0)) FROM unnest(%s::text[]) AS t"
 )
 
-# A Checkout Abandoned an order predates (`recovery_events`) runs no more automation steps:
+# A Checkout Abandoned its order withdraws (`recovery_events`) runs no more automation steps:
 # its outbox row, not fanned out yet, goes (a worker fanning it out now is waited for, and
 # the executions it made stop below), and its executions still to run stop as a deleted
 # automation's do: a step running now is recorded, no other starts.
@@ -302,10 +301,13 @@ def _complete_checkouts(
     pending = sorted(token for token, is_pending in rows if is_pending and token in recoveries)
     if not pending:
         return []
-    won_back, wrong = recovery_events(pending, recoveries, _abandonments(conn, order, pending))
-    if wrong:
-        conn.execute(_WITHDRAW_OUTBOX, (order.account_id, wrong))
-        conn.execute(_STOP_EXECUTIONS, (STOPPED_BY_ORDER, order.account_id, wrong))
+    found = _abandonments(conn, order, pending)
+    won_back, withdrawn = recovery_events(pending, recoveries, found)
+    if withdrawn:
+        conn.execute(_WITHDRAW_OUTBOX, (order.account_id, [ident for ident, _ in withdrawn]))
+    for reason in sorted({why for _, why in withdrawn}):
+        stopped = [ident for ident, why in withdrawn if why == reason]
+        conn.execute(_STOP_EXECUTIONS, (reason, order.account_id, stopped))
     outcomes = record_in(conn, won_back)
     conn.execute(
         "UPDATE checkouts SET recovered_at = now() WHERE account_id = %s AND integration_id = %s "

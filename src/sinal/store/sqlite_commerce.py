@@ -19,7 +19,7 @@ from sinal.store.base import Outcome
 from sinal.store.commerce import (
     CHECKOUT_COLUMNS,
     ORDER_COLUMNS,
-    STOPPED_BY_ORDER,
+    STOPPED_BY_RECOVERY,
     Abandonment,
     BuildCheckoutEvent,
     Checkout,
@@ -91,8 +91,8 @@ class SQLiteCommerce:
                 completed = _complete_checkouts(conn, order, now, recoveries, abandon)
                 tokens = [t for t in completed if t in recoveries]
                 found = _abandonments(conn, order, tokens)
-                won_back, wrong = recovery_events(tokens, recoveries, found)
-                _withdraw(conn, order.account_id, wrong, now)
+                won_back, withdrawn = recovery_events(tokens, recoveries, found)
+                _withdraw(conn, order.account_id, withdrawn, now)
                 recovered = _record_in(conn, won_back) if won_back else []
         return OrderSaved(order, outcomes, recovered)
 
@@ -248,7 +248,7 @@ def _complete_checkouts(
         if late is not None:
             [outcome] = _record_in(conn, [late])
             if outcome.kind == "created":
-                _withdraw(conn, order.account_id, [late.id], now)
+                _withdraw(conn, order.account_id, [(late.id, STOPPED_BY_RECOVERY)], now)
             checkout = replace(checkout, abandoned_at=now)
         pending = checkout.abandoned_at is not None and checkout.recovered_at is None
         conn.execute(
@@ -278,18 +278,21 @@ def _abandonments(
 
 
 def _withdraw(
-    conn: sqlite3.Connection, account_id: UUID, event_ids: Sequence[UUID], now: datetime
+    conn: sqlite3.Connection,
+    account_id: UUID,
+    withdrawn: Sequence[tuple[UUID, str]],
+    now: datetime,
 ) -> None:
-    """A Checkout Abandoned an order predates (`recovery_events`) runs no more automation
+    """A Checkout Abandoned its order withdraws (`recovery_events`) runs no more automation
     steps: its outbox row, not fanned out yet, goes, and its executions still to run stop as
-    a deleted automation's do."""
-    for event_id in event_ids:
+    a deleted automation's do, with the reason given."""
+    for event_id, reason in withdrawn:
         key = (str(account_id), str(event_id))
         conn.execute("DELETE FROM outbox WHERE account_id = ? AND event_id = ?", key)
         conn.execute(
             "UPDATE executions SET status = 'stopped', last_error = ?, updated_at = ? "
             "WHERE account_id = ? AND event_id = ? AND status IN ('pending', 'waiting')",
-            (STOPPED_BY_ORDER, _ts(now), *key),
+            (reason, _ts(now), *key),
         )
 
 
