@@ -62,6 +62,7 @@ from sinal.errors import (
     InvalidEvent,
     StoreError,
     StoreUnavailable,
+    UnstorableInput,
 )
 from sinal.events import PreparedEvent, fits_value, prepare
 from sinal.integrations import _read as r
@@ -347,7 +348,7 @@ def _checkout_details(checkout: CheckoutRef) -> dict[str, Any]:
 def derive_abandoned(ledger: Ledger, now: datetime | None = None, *, limit: int = 500) -> int:
     """Record Checkout Abandoned for up to `limit` checkouts due at `now` (default: the
     ledger's clock) that no order completed; how many were recorded. Call it periodically."""
-    return _derive_pass(ledger, now or ledger.clock(), limit).recorded
+    return _derive_pass(ledger, now or ledger.clock(), limit, set()).recorded
 
 
 def derive_all_abandoned(
@@ -358,8 +359,9 @@ def derive_all_abandoned(
     housekeeping task: whatever is left waits for its next run."""
     now = now or ledger.clock()
     recorded = 0
+    failed: set[_Key] = set()  # this run's checkouts whose abandonment failed: not again
     for _ in range(max_rounds):
-        done = _derive_pass(ledger, now, limit)
+        done = _derive_pass(ledger, now, limit, failed)
         recorded += done.recorded
         # Not "recorded < limit": beside other workers a pass records only its share of what
         # it saw (and a checkout no event can say is dropped, not seen again).
@@ -398,10 +400,19 @@ def _abandonment_of(ledger: Ledger) -> BuildCheckoutEvent:
     return build
 
 
-def _derive_pass(ledger: Ledger, now: datetime, limit: int) -> _Pass:
+_Key = tuple[UUID, UUID, str]  # a checkout's: account, integration, token
+
+
+def _derive_pass(ledger: Ledger, now: datetime, limit: int, failed: set[_Key]) -> _Pass:
+    """Abandon up to `limit` due checkouts, oldest due first, but for those in `failed`
+    (the run's earlier passes met them failing), to which it adds its own."""
     store = commerce_store(ledger)
     build = _abandonment_of(ledger)
-    due = store.due_checkouts(now, limit)
+    due = [
+        c
+        for c in store.due_checkouts(now, limit + len(failed))
+        if (c.account_id, c.integration_id, c.token) not in failed
+    ][:limit]
     recorded = 0
     for checkout in due:
         key = (checkout.account_id, checkout.integration_id, checkout.token)
@@ -409,15 +420,26 @@ def _derive_pass(ledger: Ledger, now: datetime, limit: int) -> _Pass:
             outcome = store.abandon_checkout(*key, now, build)
         except StoreUnavailable:  # the database is away or busy: the next run tries again
             raise
-        except StoreError:
-            # The database refused its event (a constraint, a value, a text no check
-            # foresaw): oldest due first, it would come first and be refused on every pass.
-            # It stops being due, once, said here, as a checkout no valid event can say.
+        except UnstorableInput:
+            # The database refused its event's data (a constraint, a value, a text no
+            # check foresaw): it would be refused on every pass. It stops being due, once,
+            # said here, as a checkout no valid event can say.
             log.exception(
                 "checkout %s of account %s: the database refused its abandonment, no longer due",
                 checkout.token, checkout.account_id,
             )  # fmt: skip
             store.abandon_checkout(*key, now, _no_event)
+            continue
+        except StoreError:
+            # Not its data: sinal's own statement, or a schema changed under it (a trigger
+            # an operator added), which a fix or a migration mends. It stays due, not lost;
+            # the run goes on past it (oldest due first, it would hold back the rest), and
+            # the next run tries it again.
+            log.exception(
+                "checkout %s of account %s: its abandonment failed, tried again on the next run",
+                checkout.token, checkout.account_id,
+            )  # fmt: skip
+            failed.add(key)
             continue
         if outcome is not None and outcome.kind == "created":
             recorded += 1

@@ -164,6 +164,52 @@ def test_a_checkout_the_database_refuses_stops_being_due_once_and_holds_back_non
     assert "no longer due" in refused[0].getMessage()
 
 
+# The first checkout due meets a fault that is not its data's: a schema changed under sinal
+# (an operator's trigger that fails), which a fix mends. SQLite's json() of a text that is
+# not JSON is its generic error; PostgreSQL's 42883 an undefined function.
+_FAIL_FIRST = {
+    "sqlite": ("CREATE TRIGGER fail_first BEFORE INSERT ON events "
+               "WHEN json_extract(NEW.properties, '$.checkout_token') = 'checkout-0000' "
+               "BEGIN SELECT json('{'); END", "DROP TRIGGER fail_first"),
+    "postgres": ("CREATE FUNCTION fail_first() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                 "IF NEW.properties ->> 'checkout_token' = 'checkout-0000' THEN "
+                 "RAISE EXCEPTION 'no such function' USING ERRCODE = '42883'; END IF; "
+                 "RETURN NEW; END $$; CREATE TRIGGER fail_first BEFORE INSERT ON events "
+                 "FOR EACH ROW EXECUTE FUNCTION fail_first()",
+                 "DROP TRIGGER fail_first ON events"),
+}  # fmt: skip
+
+
+def test_a_checkout_whose_abandonment_fails_for_no_fault_of_its_data_stays_due(
+    ledger: Ledger, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, any StoreError but the database being away made the checkout no longer due,
+    as a refusal of its data does: a fault of sinal's own statement, or of a schema changed
+    under it, lost the abandonment for good, though it would record once mended. It stays
+    due, holds back none (a page of one), and records once the fault is gone."""
+    account = ledger.create_account("Loja")
+    save_checkouts(ledger, account.id, 4, updated_at=T0)
+    fail, mend = _FAIL_FIRST["sqlite" if database_url.startswith("sqlite") else "postgres"]
+    sql(database_url, fail)
+    due = T0 + timedelta(minutes=30)
+
+    with caplog.at_level(logging.ERROR, logger="sinal.commerce"):
+        assert derive_all_abandoned(ledger, due, limit=1) == 3
+        assert derive_all_abandoned(ledger, due, limit=1) == 0  # tried again, still failing
+
+    assert abandoned_tokens(ledger, account.id) == [f"checkout-{i:04d}" for i in range(1, 4)]
+    store = cast(CommerceStore, ledger.store)
+    assert [c.token for c in store.due_checkouts(due)] == ["checkout-0000"]
+    failed = [r for r in caplog.records if "checkout-0000" in r.getMessage()]
+    assert len(failed) == 2  # once a run
+    assert all("tried again on the next run" in r.getMessage() for r in failed)
+
+    sql(database_url, mend)
+    assert derive_all_abandoned(ledger, due, limit=1) == 1
+    assert abandoned_tokens(ledger, account.id) == [f"checkout-{i:04d}" for i in range(4)]
+    assert store.due_checkouts(due) == []
+
+
 def test_the_checkouts_of_a_deleted_integration_are_never_abandoned_and_hold_back_none(
     ledger: Ledger,
 ) -> None:
