@@ -499,6 +499,19 @@ async def test_a_method_a_route_does_not_take_is_405_naming_those_it_takes(api: 
     assert listed.json()["detail"] == "/v1/contacts takes POST, not GET"
 
 
+async def test_a_405_names_the_methods_of_every_route_of_its_path(api: Api) -> None:
+    # Starlette's Allow named the first route's alone: GET /v1/contacts/{id} is one route,
+    # PATCH and DELETE two more
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    replaced = await api.client.put(f"/v1/contacts/{contact.id}")
+
+    assert replaced.status_code == 405
+    assert replaced.headers["allow"] == "DELETE, GET, PATCH"
+    assert (
+        replaced.json()["detail"] == f"/v1/contacts/{contact.id} takes DELETE, GET, PATCH, not PUT"
+    )
+
+
 async def test_a_misspelt_query_parameter_is_422_naming_it_not_ignored(api: Api) -> None:
     contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
     api.ledger.emit_event(

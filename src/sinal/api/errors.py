@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.routing import Match
 
 from sinal.automations.model import InvalidAutomation
 from sinal.contacts import InvalidIdentities, InvalidIdentity
@@ -211,6 +212,16 @@ def problem_response(
     )
 
 
+def _allowed(request: Request) -> str:
+    """The methods of every route of the request's path, sorted ("GET, POST")."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is Match.PARTIAL:  # the path matched, not the method
+            methods.update(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 async def handle_error(request: Request, exc: Exception) -> Response:
     """Any exception as problem+json (registered for Exception and HTTPException)."""
     path = request.url.path
@@ -220,9 +231,11 @@ async def handle_error(request: Request, exc: Exception) -> Response:
         problem = _BY_STATUS.get(exc.status_code) or Problem(exc.status_code, "http", str(exc))
         headers = dict(exc.headers) if exc.headers else None
         detail = str(exc.detail)
-        allowed = (headers or {}).get("Allow")
-        if exc.status_code == 405 and allowed:  # "Method Not Allowed" named no way out
-            detail = f"{path} takes {allowed}, not {request.method}"
+        if exc.status_code == 405 and headers and headers.get("Allow"):
+            # "Method Not Allowed" named no way out; Starlette's Allow names the methods of
+            # the path's first route alone (PUT /v1/contacts said GET, not POST)
+            headers["Allow"] = _allowed(request) or headers["Allow"]
+            detail = f"{path} takes {headers['Allow']}, not {request.method}"
         return problem_response(problem, detail, instance=path, headers=headers)
     if isinstance(exc, SchemaViolation):
         exc = await _out_of_date(request) or exc
