@@ -1,5 +1,5 @@
 """The commands a person types: `sinal serve`, `sinal migrate`, `sinal accounts …`,
-`sinal keys …`, `sinal demo`, `sinal rebuild-summaries`, `sinal prune`."""
+`sinal keys …`, `sinal contacts …`, `sinal demo`, `sinal rebuild-summaries`, `sinal prune`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Annotated, Any, cast
 
 import typer
@@ -23,13 +24,14 @@ from sinal.config import Settings
 from sinal.errors import (
     AccountNotFound,
     ConfigurationError,
+    InvalidQuery,
     SchemaOutOfDate,
     SinalError,
     StoreError,
 )
 from sinal.keyring import Keyring
-from sinal.ledger import Ledger, connect
-from sinal.store.base import Account, latest_schema_version
+from sinal.ledger import Ledger, connect, contact_query
+from sinal.store.base import Account, ContactQuery, ListedContact, latest_schema_version
 
 app = typer.Typer(
     name="sinal",
@@ -264,6 +266,53 @@ def keys_revoke(
 
 contacts_app = typer.Typer(help="Contacts.", no_args_is_help=True)
 app.add_typer(contacts_app, name="contacts")
+
+
+# Contacts read per query by `contacts list`, which pages through every one matching.
+CONTACTS_PAGE = 1000
+
+
+@contacts_app.command("list")
+def contacts_list(
+    *,
+    account: Annotated[str, typer.Option(help="The contacts' account.", show_default=False)],
+    phone: Annotated[str | None, typer.Option(help="Only the contact with this phone.")] = None,
+    email: Annotated[str | None, typer.Option(help="Only the contact with this email.")] = None,
+    external_id: Annotated[
+        str | None, typer.Option(help="Only the contact with this external id.")
+    ] = None,
+    tag: Annotated[str | None, typer.Option(help="Only contacts with this tag.")] = None,
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """List an account's contacts, oldest first, as GET /v1/contacts: every one, or those
+    with a phone, email, external id or tag (compared as contacts store them)."""
+    from sinal.api.views import contact_view
+
+    account_id = _parse_id(account, "--account")
+    try:
+        query = contact_query(account_id, phone=phone, email=email, external_id=external_id,
+                              tag=tag, limit=CONTACTS_PAGE)  # fmt: skip
+    except InvalidQuery as exc:
+        raise typer.BadParameter(str(exc)) from None
+    with open_ledger(database_url) as ledger:
+        _check_account(ledger, account_id)
+        rows = [contact_view(c.contact, c.tags) for c in _every_contact(ledger, query)]
+    if as_json:
+        _echo_json({"contacts": rows})
+    for row in [] if as_json else rows:
+        fields = [row["name"], row["phone"], row["email"], row["external_id"]]
+        tags = f"  [{', '.join(row['tags'])}]" if row["tags"] else ""
+        console.print("  ".join([row["id"], *(f or "-" for f in fields)]) + tags)
+
+
+def _every_contact(ledger: Ledger, query: ContactQuery) -> Iterator[ListedContact]:
+    """Every contact `query` matches, a page at a time."""
+    page = ledger.list_contacts(query)
+    while page:
+        yield from page
+        more = len(page) == query.limit
+        page = ledger.list_contacts(replace(query, after=page[-1].id)) if more else []
 
 
 @contacts_app.command("erase", short_help="Erase a contact and everything of it, irreversibly.")

@@ -73,9 +73,11 @@ from sinal.store.base import (
     BuildEvent,
     Contact,
     ContactField,
+    ContactQuery,
     EventQuery,
     FeedPage,
     FeedPosition,
+    ListedContact,
     Measurement,
     MetricInfo,
     NewContact,
@@ -338,6 +340,11 @@ class Ledger:
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
         return self.store.list_events(query)
+
+    def list_contacts(self, query: ContactQuery) -> list[ListedContact]:
+        """The account's contacts matching the query (see `contact_query`), oldest first,
+        each with its tags."""
+        return self.store.list_contacts(query)
 
     def read_feed(
         self, account_id: UUID | str, after: FeedPosition = FEED_START, limit: int = 100
@@ -731,6 +738,36 @@ def _result(event: PreparedEvent, outcome: Outcome) -> EmitResult:
     # Positionally (status, event_id, unique_event_id): ~0.8 µs less per event than by
     # keyword, for the frozen dataclass every emitted event gets.
     return EmitResult("created", outcome.event_id, event.unique_event_id)
+
+
+def contact_query(
+    account_id: UUID | str,
+    *,
+    phone: str | None = None,
+    email: str | None = None,
+    external_id: str | None = None,
+    tag: str | None = None,
+    limit: int = 100,
+) -> ContactQuery:
+    """`Ledger.list_contacts`' query, each filter given compared as contacts store it
+    ("Ana@Loja.com" finds ana@loja.com, "(11) 98765-4321" +5511987654321, " vip " vip);
+    `InvalidQuery` naming every one no contact can have."""
+    errors: list[FieldError] = []
+    identities: dict[str, str | None] = {}
+    try:
+        raw = {"phone": phone, "email": email, "external_id": external_id}
+        identities = normalize_contact_fields({k: v for k, v in raw.items() if v is not None})
+    except InvalidIdentities as exc:
+        errors.extend(_field_error(e) for e in exc.errors)
+    try:
+        tag = None if tag is None else normalize_tag(tag)
+    except InvalidContact as exc:
+        errors.extend(exc.errors)
+    if errors:
+        raise InvalidQuery(errors)
+    get = identities.get
+    return ContactQuery(_uuid(account_id), get("email"), get("phone"), get("external_id"), tag,
+                        limit=limit)  # fmt: skip
 
 
 def _field_error(error: InvalidIdentity) -> FieldError:

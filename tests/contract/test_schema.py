@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime
-from uuid import uuid4
+from typing import Any
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
@@ -12,7 +14,12 @@ import pytest
 import sinal
 from sinal.errors import ConfigurationError, SchemaOutOfDate
 from sinal.ledger import connect
-from sinal.store.base import latest_schema_version, read_migrations
+from sinal.store.base import (
+    ContactQuery,
+    contacts_page_sql,
+    latest_schema_version,
+    read_migrations,
+)
 from tests.helpers import sql
 
 # table -> its primary key columns; every key starts with account_id (sharding by account)
@@ -343,3 +350,98 @@ def test_an_executions_events_are_read_by_a_partial_index(database_url: str) -> 
         plan = [r[0] for r in conn.execute(f"EXPLAIN {statement}", params)]
     assert any("events_execution" in line for line in plan), plan
     assert not any("Seq Scan" in line or "Sort" in line for line in plan), plan
+
+
+# Each filter of `GET /v1/contacts`, as `contact_query` leaves it.
+CONTACT_FILTERS = {
+    "none": {},
+    "tag": {"tag": "t7"},
+    "email": {"email": "c42@loja.com"},
+    "phone": {"phone": "+5511987600042"},
+    "external_id": {"external_id": "x42"},
+    "tag and email": {"tag": "t7", "email": "c42@loja.com"},
+}
+_NOW = "'2026-01-01T00:00:00.000000Z'"
+# `n` contacts with an email, phone and external id each, one tag of 100 each (the
+# account's id is the only parameter of each statement).
+_MANY_CONTACTS = {
+    "sqlite": [
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {last}) "
+        "INSERT INTO contacts (account_id, id, email, phone, external_id, created_at, "
+        "updated_at) SELECT ?, printf('00000000-0000-7000-8000-%012d', i), 'c' || i || "
+        f"'@loja.com', printf('+55119876%05d', i), 'x' || i, {_NOW}, {_NOW} FROM n",
+        "INSERT INTO contact_tags (account_id, contact_id, tag, created_at) SELECT account_id, "
+        f"id, 't' || (CAST(substr(external_id, 2) AS INTEGER) % 100), {_NOW} FROM contacts "
+        "WHERE account_id = ?",
+    ],
+    "postgres": [
+        "INSERT INTO contacts (account_id, id, email, phone, external_id) SELECT ?, "
+        "gen_random_uuid(), 'c' || i || '@loja.com', '+55119876' || lpad(i::text, 5, '0'), "
+        "'x' || i FROM generate_series(0, {last}) i",
+        "INSERT INTO contact_tags (account_id, contact_id, tag) SELECT account_id, id, "
+        "'t' || mod(substr(external_id, 2)::int, 100) FROM contacts WHERE account_id = ?",
+    ],
+}
+
+
+def _many_contacts(url: str, account: str, n: int) -> None:
+    backend = "sqlite" if url.startswith("sqlite:") else "postgres"
+    for statement in _MANY_CONTACTS[backend]:
+        sql(url, statement.format(last=n - 1), account)
+    for kind in ("email", "phone", "external_id"):
+        sql(url, "INSERT INTO contact_identities (account_id, kind, value, contact_id) "
+            f"SELECT account_id, '{kind}', {kind}, id FROM contacts WHERE account_id = ?",
+            account)  # fmt: skip
+
+
+def _contacts_plan(url: str, statement: str, args: list[Any]) -> list[str]:
+    """The plan of `list_contacts`' statement (PostgreSQL's with its statistics and
+    sequential scans priced out, as on an account too large to read)."""
+    if url.startswith("sqlite:"):
+        params = [str(a) if isinstance(a, UUID) else a for a in args]
+        with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as lite:
+            return [r[-1] for r in lite.execute(f"EXPLAIN QUERY PLAN {statement}", params)]
+    with psycopg.connect(url) as conn:  # one transaction: the setting holds
+        conn.execute("SET LOCAL enable_seqscan = off")
+        return [r[0] for r in conn.execute(f"EXPLAIN {statement}", args)]
+
+
+def test_a_contacts_list_is_an_index_range_whatever_its_filter(database_url: str) -> None:
+    """`list_contacts`' statement, among 5,000 contacts, for each filter, on the first
+    page and the next: no table read whole, the page not sorted; a tag's contacts through
+    `contact_tags_tag` (migration 0027: the key leads with the contact, so they were found
+    by walking every contact), an identity's contact through `contact_identities`' key;
+    the account's contacts in the order of their key."""
+    from sinal.store.postgres import _CONTACT_TAGS
+
+    with connect(database_url) as ledger:
+        account = ledger.create_account("Loja").id
+    _many_contacts(database_url, str(account), 5000)
+    is_sqlite = database_url.startswith("sqlite:")
+    if not is_sqlite:
+        sql(database_url, "VACUUM ANALYZE")  # as autovacuum would: the planner sees the tables
+    plans = {}
+    for case, filters in CONTACT_FILTERS.items():
+        for after in (None, uuid4()):
+            query = ContactQuery(account, after=after, limit=101, **filters)
+            built = (
+                contacts_page_sql(query, "?")
+                if is_sqlite
+                else contacts_page_sql(query, "%s", _CONTACT_TAGS)
+            )
+            plans[case, after is not None] = _contacts_plan(database_url, *built)
+
+    for (case, _), plan in plans.items():
+        identity = case not in ("none", "tag")
+        text = "\n".join(plan)
+        if is_sqlite:
+            assert not any(line.startswith("SCAN ") for line in plan), plan
+            # sorted only when an identity names the one contact it may be
+            assert identity or "TEMP B-TREE" not in text, plan
+        else:
+            assert "Seq Scan" not in text, plan
+            # a tag's few contacts may be read by a bitmap and sorted: never the account's
+            assert case != "none" or "Sort Key: c.id" not in text, plan
+        assert ("contact_identities" in text) == identity, plan
+        if not identity:  # else the contact's own tags are its key's
+            assert ("contact_tags_tag" in text) == (case == "tag"), plan

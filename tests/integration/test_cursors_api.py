@@ -23,6 +23,7 @@ async def _lists(api: Api) -> dict[str, str]:
     """Two rows or more in every list of the account; each list's path, by the name of the
     list its cursors carry (a contact's timeline is the events list's)."""
     ana = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    api.ledger.create_contact(api.account.id, email="caio@example.com")
     first = (await api.post("/v1/automations", TAGGING)).json()["id"]
     await api.post("/v1/automations", {**TAGGING, "name": "Outra"})
     await api.post("/v1/integrations", {**AI, "name": "ai"})
@@ -42,6 +43,7 @@ async def _lists(api: Api) -> dict[str, str]:
         "executions": f"/v1/automations/{first}/executions",
         "rejections": "/v1/rejections",
         "conversations": "/v1/conversations",
+        "contacts": "/v1/contacts",
     }
 
 
@@ -159,7 +161,7 @@ def _malformed(cursor: str) -> dict[str, str]:
         "a part more": _cursor("|".join([name, digest, *position, ident])),
         "a part less": _cursor("|".join([name, digest, *position[:-1]])),
         "another digest": _cursor("|".join([name, "AAAAAAAA", *position])),
-        "an unknown list": _cursor("|".join(["contacts", digest, *position])),
+        "an unknown list": _cursor("|".join(["widgets", digest, *position])),
     }
     if name == "events":
         for case, when in [("not a time", "soon"), ("a naive time", "2026-11-01T00:00:00"),

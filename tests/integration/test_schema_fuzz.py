@@ -224,6 +224,7 @@ async def exercise(answers: Answers) -> None:
     await call("GET", "/v1/contacts/{contact_id}", who)
     await call("PATCH", "/v1/contacts/{contact_id}", who, json={"name": "Bia Lima"})
     await call("POST", "/v1/contacts/{contact_id}/tags", who, json={"tags": ["vip", "novo"]})
+    await call("GET", "/v1/contacts", params={"tag": "vip", "email": "Bia@Example.com"})
     await call("DELETE", "/v1/contacts/{contact_id}/tags/{tag}", {**who, "tag": "novo"})
 
     automation = (await call("POST", "/v1/automations", json=TRIGGERED)).json()

@@ -491,12 +491,16 @@ async def test_unknown_routes_and_methods_are_problems(api: Api) -> None:
 
 
 async def test_a_method_a_route_does_not_take_is_405_naming_those_it_takes(api: Api) -> None:
-    # GET /v1/contacts, the list a newcomer looks for first, said only "Method Not Allowed"
-    listed = await api.client.get("/v1/contacts")
+    # it said only "Method Not Allowed" (GET /v1/contacts did, before it listed contacts)
+    listed = await api.client.get("/v1/links")
+    replaced = await api.client.put("/v1/contacts")
 
     assert listed.status_code == 405
     assert listed.headers["allow"] == "POST"
-    assert listed.json()["detail"] == "/v1/contacts takes POST, not GET"
+    assert listed.json()["detail"] == "/v1/links takes POST, not GET"
+    assert replaced.status_code == 405
+    assert replaced.headers["allow"] == "GET, POST"
+    assert replaced.json()["detail"] == "/v1/contacts takes GET, POST, not PUT"
 
 
 async def test_a_405_names_the_methods_of_every_route_of_its_path(api: Api) -> None:

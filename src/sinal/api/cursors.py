@@ -2,15 +2,16 @@
 
 A list's cursor names the list and, by a digest, the query it pages: the account, the
 path's id (an automation's executions) and the filters (`contact_id`, `metric`, `since`,
-`until`; `status`). Every list is ordered by time-ordered ids (or by time), so a position
-taken from one list reads as a place in any other: another list's cursor, or this list's
-under other filters, paged from a wrong place without a word. Each is 422
+`until`; `status`; `email`, `phone`, `external_id`, `tag`). Every list is ordered by
+time-ordered ids (or by time), so a position taken from one list reads as a place in any
+other: another list's cursor, or this list's under other filters, paged from a wrong place
+without a word. Each is 422
 `invalid_cursor` on `cursor` now, its message saying which. `limit` is not bound: a page
 may be of any size. A contact's timeline is `GET /v1/events?contact_id=`, one list.
 
 ```
-base64url("automations|<digest>|<id>")              # integrations, automations,
-                                                    # executions, rejections, conversations
+base64url("automations|<digest>|<id>")              # integrations, automations, executions,
+                                                    # rejections, conversations, contacts
 base64url("events|<digest>|<occurred_at>|<id>")     # GET /v1/events, a contact's timeline
 base64url("feed|<arrival>|<id>")                    # the change feed's `after`
 ```
@@ -36,7 +37,7 @@ from sinal.events import in_utc
 from sinal.store.base import FEED_START, FeedPosition
 
 ListName = Literal["events", "integrations", "automations", "executions", "rejections",
-                   "conversations"]  # fmt: skip
+                   "conversations", "contacts"]  # fmt: skip
 # Where a change feed starts: the `after` of a poller's first read.
 FEED_FROM_START = "start"
 _FEED = "feed"

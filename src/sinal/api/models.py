@@ -207,6 +207,13 @@ class ContactOut(BaseModel):
     updated_at: Stamp
 
 
+class ContactPage(BaseModel):
+    """Contacts, oldest first; pass `next_cursor` as `cursor` for the next page."""
+
+    data: list[ContactOut]
+    next_cursor: str | None
+
+
 class ContactMetricOut(BaseModel):
     """A contact's totals for one metric."""
 

@@ -64,7 +64,7 @@ def event_view(event: StoredEvent, locale: str) -> dict[str, Any]:
     }
 
 
-def contact_view(contact: Contact, tags: list[str]) -> dict[str, Any]:
+def contact_view(contact: Contact, tags: Sequence[str]) -> dict[str, Any]:
     """A contact as the API shows it."""
     return {
         "id": str(contact.id),
@@ -72,7 +72,7 @@ def contact_view(contact: Contact, tags: list[str]) -> dict[str, Any]:
         "phone": contact.phone,
         "email": contact.email,
         "external_id": contact.external_id,
-        "tags": tags,
+        "tags": list(tags),
         "created_at": stamp(contact.created_at),
         "updated_at": stamp(contact.updated_at),
     }

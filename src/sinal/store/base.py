@@ -220,6 +220,72 @@ class EventQuery:
     automation_execution_id: UUID | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ContactQuery:
+    """Filters for listing an account's contacts, oldest first (by id), with a keyset
+    cursor. Values are compared as contacts store them: build it with
+    `sinal.ledger.contact_query`, which normalizes them."""
+
+    account_id: UUID
+    email: str | None = None
+    phone: str | None = None
+    external_id: str | None = None
+    tag: str | None = None
+    # Keyset cursor: contacts whose id is greater.
+    after: UUID | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ListedContact:
+    """A contact of a list, with its tags (sorted as `Store.list_tags` sorts them)."""
+
+    contact: Contact
+    tags: tuple[str, ...]
+
+    @property
+    def id(self) -> UUID:
+        """The contact's id (a page's cursor is its last row's)."""
+        return self.contact.id
+
+
+# An identity filter's lookup: at most one contact has each (kind, value).
+_HOLDER = (
+    "(SELECT contact_id FROM contact_identities "
+    "WHERE account_id = {p} AND kind = '{kind}' AND value = {p})"
+)
+
+
+def contacts_page_sql(query: ContactQuery, p: str, tags: str = "") -> tuple[str, list[Any]]:
+    """`Store.list_contacts`' statement in the backend's placeholder `p`, selecting
+    `CONTACT_COLUMNS` (through alias `c`) and then `tags`, and its parameters (ids as
+    UUIDs). Each read is an index range: the account's contacts by their key; a tag's by
+    `contact_tags_tag` (account_id, tag, contact_id), in id order (migration 0027); an
+    identity's contact by `contact_identities`' key."""
+    args: list[Any] = [query.account_id]
+    if query.tag is None:
+        key, source, where = "c.id", "contacts c", [f"c.account_id = {p}"]
+    else:
+        key = "g.contact_id"
+        source = ("contact_tags g JOIN contacts c "
+                  "ON c.account_id = g.account_id AND c.id = g.contact_id")  # fmt: skip
+        where = [f"g.account_id = {p}", f"g.tag = {p}"]
+        args.append(query.tag)
+    for kind in ("external_id", "phone", "email"):
+        value = getattr(query, kind)
+        if value is not None:
+            where.append(f"{key} = " + _HOLDER.format(p=p, kind=kind))
+            args.extend([query.account_id, value])
+    if query.after is not None:
+        where.append(f"{key} > {p}")
+        args.append(query.after)
+    statement = (
+        f"SELECT {qualified(CONTACT_COLUMNS, 'c')}{tags} FROM {source} "
+        f"WHERE {' AND '.join(where)} ORDER BY {key} LIMIT {p}"
+    )
+    return statement, [*args, query.limit]
+
+
 class FeedPosition(NamedTuple):
     """A place in an account's change feed, just after the event it names.
 
@@ -417,6 +483,11 @@ class Store(Protocol):
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
         """Events matching the query, newest first."""
+        ...
+
+    def list_contacts(self, query: ContactQuery) -> list[ListedContact]:
+        """The account's contacts matching the query, oldest first, each with its tags
+        (one read)."""
         ...
 
     def read_feed(self, account_id: UUID, after: FeedPosition, limit: int) -> FeedPage:

@@ -116,10 +116,12 @@ from sinal.store.base import (
     BuildTagEvent,
     Contact,
     ContactField,
+    ContactQuery,
     EventQuery,
     FeedPage,
     FeedPosition,
     IdentityKind,
+    ListedContact,
     MetricInfo,
     NewContact,
     Outcome,
@@ -133,6 +135,7 @@ from sinal.store.base import (
     changed_fields,
     compare_summaries,
     contact_reason,
+    contacts_page_sql,
     feed_page,
     qualified,
     read_migrations,
@@ -168,6 +171,11 @@ _EVENT_COLUMNS = (
     "occurred_at, received_at, schema_version"
 )
 _REJECTION_COLUMNS = "account_id, id, reason, message, payload, created_at, replayed_event_id"
+# A listed contact's tags, as `list_tags` reads them (`contacts_page_sql`'s last column).
+_CONTACT_TAGS = (
+    ", ARRAY(SELECT t.tag FROM contact_tags t WHERE t.account_id = c.account_id "
+    'AND t.contact_id = c.id ORDER BY t.tag COLLATE "C")'
+)
 _KEY_COLUMNS = "account_id, id, key_hash, hint, name, scopes, created_at, revoked_at"
 _MEASURES = {
     "count": "count(*)",
@@ -1082,6 +1090,14 @@ class PostgresStore(
         """The contact each identity names, most specific first (one statement)."""
         with self._conn() as conn:
             return _holders(conn, contact)
+
+    def list_contacts(self, query: ContactQuery) -> list[ListedContact]:
+        """The account's contacts matching the query, oldest first, with their tags (one
+        statement; each row's tags by `contact_tags`' key, in `list_tags`' order)."""
+        statement, args = contacts_page_sql(query, "%s", _CONTACT_TAGS)
+        with self._conn() as conn:
+            rows = conn.execute(statement, args).fetchall()
+        return [ListedContact(Contact(*row[:-1]), tuple(row[-1])) for row in rows]
 
     @staticmethod
     def _contact(

@@ -64,10 +64,12 @@ from sinal.store.base import (
     BuildTagEvent,
     Contact,
     ContactField,
+    ContactQuery,
     EventQuery,
     FeedPage,
     FeedPosition,
     IdentityKind,
+    ListedContact,
     MetricInfo,
     NewContact,
     Outcome,
@@ -80,6 +82,7 @@ from sinal.store.base import (
     SummaryRow,
     changed_fields,
     compare_summaries,
+    contacts_page_sql,
     feed_page,
     qualified,
     read_migrations,
@@ -668,6 +671,24 @@ class SQLiteStore(
         """The contact each identity names, most specific first (a read)."""
         with self._read() as conn:
             return _holders(conn, contact)
+
+    def list_contacts(self, query: ContactQuery) -> list[ListedContact]:
+        """The account's contacts matching the query, oldest first, with their tags: the
+        page, then its tags, in one read transaction."""
+        statement, args = contacts_page_sql(query, "?")
+        params = [str(a) if isinstance(a, UUID) else a for a in args]
+        with self._read() as conn:
+            rows = conn.execute(statement, params).fetchall()
+            tags: dict[str, list[str]] = {row[1]: [] for row in rows}
+            if tags:
+                marks = ", ".join("?" * len(tags))
+                for contact, tag in conn.execute(
+                    "SELECT contact_id, tag FROM contact_tags WHERE account_id = ? "
+                    f"AND contact_id IN ({marks}) ORDER BY contact_id, tag",
+                    [str(query.account_id), *tags],
+                ):
+                    tags[contact].append(tag)
+        return [ListedContact(contact_of(row), tuple(tags[row[1]])) for row in rows]
 
     @staticmethod
     def _contact(conn: sqlite3.Connection, account: str, contact: str) -> Contact | None:

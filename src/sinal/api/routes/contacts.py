@@ -1,4 +1,5 @@
-"""Contacts: create or match, read, change, tag, erase; their timeline and metric summaries.
+"""Contacts: list and look up, create or match, read, change, tag, erase; their timeline
+and metric summaries.
 
 Every change records its seed metric (Contact Created, Contact Updated, Tag Added, Tag
 Removed) with source `api`, in the transaction that makes the change.
@@ -6,6 +7,7 @@ Removed) with source `api`, in the transaction that makes the change.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated
 from uuid import UUID
 
@@ -13,11 +15,13 @@ from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response
 
 from sinal.api.body import read_json, validate
+from sinal.api.cursors import Listing, decode_id_cursor
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.models import (
     ContactIn,
     ContactMetrics,
     ContactOut,
+    ContactPage,
     ContactPatch,
     EventPage,
     TagsIn,
@@ -25,14 +29,56 @@ from sinal.api.models import (
 from sinal.api.openapi import body_of
 from sinal.api.routes.events import event_page
 from sinal.api.service import Service, service
-from sinal.api.views import contact_view, json_response, locale_of, parse_path_id, summary_view
+from sinal.api.views import (
+    contact_view,
+    id_page,
+    json_response,
+    locale_of,
+    parse_path_id,
+    summary_view,
+)
 from sinal.errors import FieldError, InvalidContact
-from sinal.store.base import Contact, EventQuery
+from sinal.ledger import contact_query
+from sinal.store.base import Contact, EventQuery, ListedContact
 
 router = APIRouter(tags=["contacts"])
 _ID_ERRORS = problem_responses(401, 403, 404, 503)
 _WRITE_ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 503)
 MAX_BODY = 64 * 1024
+
+
+@router.get(
+    "/v1/contacts",
+    summary="The account's contacts, oldest first, or those with an identifier or a tag",
+    response_model=ContactPage,
+    responses=problem_responses(401, 403, 422, 503),
+)
+async def list_contacts(
+    request: Request,
+    *,
+    phone: Annotated[str | None, Query(description="Only the contact with this phone")] = None,
+    email: Annotated[str | None, Query(description="Only the contact with this email")] = None,
+    external_id: Annotated[
+        str | None, Query(description="Only the contact with this external id")
+    ] = None,
+    tag: Annotated[str | None, Query(description="Only contacts with this tag")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> Response:
+    """Each as GET /v1/contacts/{id} answers it. A filter is compared as contacts store it
+    ("Ana@Loja.com" finds ana@loja.com, "(11) 98765-4321" +5511987654321); one no contact
+    can have is 422 naming it. Keyset pagination, as every list."""
+    svc = service(request)
+    key = await svc.authorize(request, "read")
+    query = contact_query(
+        key.account_id, phone=phone, email=email, external_id=external_id, tag=tag
+    )
+    filters = {"phone": query.phone, "email": query.email,
+               "external_id": query.external_id, "tag": query.tag}  # fmt: skip
+    listing = Listing.of("contacts", key.account_id, **filters)
+    after = decode_id_cursor(cursor, listing)
+    rows = await svc.run(svc.ledger.list_contacts, replace(query, after=after, limit=limit + 1))
+    return json_response(id_page(rows, limit, _listed_view, listing))
 
 
 @router.post(
@@ -202,6 +248,10 @@ async def contact_metrics(
     rows = await svc.run(svc.ledger.get_summary, key.account_id, contact.id)
     lang = locale_of(locale, accept_language)
     return json_response({"data": [summary_view(r, lang) for r in rows]})
+
+
+def _listed_view(listed: ListedContact) -> dict[str, object]:
+    return contact_view(listed.contact, listed.tags)
 
 
 def _path_id(raw: str) -> UUID:
