@@ -39,6 +39,7 @@ Task = Callable[[Ledger, datetime], object]
 TASKS: list[str | Task] = [
     "sinal.commerce:derive_all_abandoned",  # Shopify checkouts with no order in time
     "sinal.webhooks:process_deferred",  # statuses, refunds, shipments that came too early
+    "sinal.retention:prune_versions",  # automations' replaced definitions no run needs
 ]
 
 

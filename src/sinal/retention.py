@@ -22,7 +22,15 @@ from typing import cast
 from sinal.ledger import Ledger
 from sinal.store.retention import PRUNABLE, Prunable, RetentionStore
 
-__all__ = ["MAX_DAYS", "PRUNE_BATCH", "PRUNE_ROUNDS", "Retention", "prune"]
+__all__ = [
+    "MAX_DAYS",
+    "PRUNE_BATCH",
+    "PRUNE_ROUNDS",
+    "VERSION_GRACE",
+    "Retention",
+    "prune",
+    "prune_versions",
+]
 
 log = logging.getLogger("sinal.retention")
 
@@ -32,6 +40,10 @@ MAX_DAYS = 36_500
 PRUNE_BATCH = 500
 # Transactions per kind in one housekeeping pass: 10,000 rows, every pass.
 PRUNE_ROUNDS = 20
+# How long a replaced version of an automation is kept, needed or not: a fan-out that read
+# the automation before the change may commit its executions, made with that version,
+# after it (PostgreSQL: its transaction took no lock on the automation).
+VERSION_GRACE = timedelta(hours=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +88,20 @@ def prune(
     if any(pruned.values()):
         log.info("pruned %s", ", ".join(_said(kind, n, retention) for kind, n in pruned.items()))
     return pruned
+
+
+def prune_versions(ledger: Ledger, now: datetime) -> int:
+    """Housekeeping's task: delete the kept versions of automations (definitions their
+    changes of steps replaced, `VERSION_GRACE` ago or more) that no execution which may
+    still run was made with, up to `PRUNE_ROUNDS` batches; how many."""
+    store = cast(RetentionStore, ledger.store)
+    deleted = 0
+    for _ in range(PRUNE_ROUNDS):
+        n = store.prune_versions(now - VERSION_GRACE, PRUNE_BATCH)
+        deleted += n
+        if n < PRUNE_BATCH:
+            break
+    return deleted
 
 
 def _said(kind: Prunable, n: int, retention: Retention) -> str:

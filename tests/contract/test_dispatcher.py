@@ -2104,6 +2104,84 @@ def test_step_records_are_planned_for_the_table_as_it_is(world: World) -> None:
     assert all(generic == 0 for _, generic, _ in plans), plans
 
 
+# -- editing an automation with executions in flight ------------------------------------------
+
+SEQUENCE = {
+    "name": "sequência", "trigger_type": "order_paid",
+    "steps": [{"type": "send_message", "text": "A"}, {"type": "wait", "seconds": 1},
+              {"type": "send_message", "text": "B"}],
+}  # fmt: skip
+EDITED = [{"type": "send_message", "text": "X"}, {"type": "wait", "seconds": 1},
+          {"type": "send_message", "text": "A"}, {"type": "send_message", "text": "B"}]  # fmt: skip
+
+
+def test_an_execution_under_way_runs_the_steps_it_was_made_with_after_an_edit(
+    world: World,
+) -> None:
+    """Steps are tracked by position: an execution waiting at step 2 when a step was put
+    before it resumed on the new definition and sent A again. It runs the version it was
+    made with; one made after the edit runs the new one."""
+    row = world.automations.create(world.account.id, SEQUENCE)
+    world.order_paid()
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)
+    assert (_detail(world).status, _texts(world)) == ("waiting", ["A"])
+
+    world.automations.update(world.account.id, row.id, {"steps": EDITED})
+    time.sleep(1.1)  # the wait is over
+    world.drain(dispatcher)
+
+    old = _detail(world)
+    assert _texts(world) == ["A", "B"]
+    assert (old.status, old.automation_version) == ("completed", 1)
+    assert [(s.step_type, s.status) for s in old.steps] == [
+        ("send_message", "completed"),
+        ("wait", "completed"),
+        ("send_message", "completed"),
+    ]
+
+    world.order_paid(source_id="1002")  # an execution made after the edit
+    world.drain(dispatcher)
+    time.sleep(1.1)
+    world.drain(dispatcher)
+
+    new, _ = world.executions()  # newest first
+    assert (new.status, new.automation_version) == ("completed", 2)
+    assert _texts(world) == ["A", "B", "X", "A", "B"]
+
+
+def test_an_edit_that_leaves_the_steps_makes_no_version(world: World) -> None:
+    row = world.automations.create(world.account.id, SEQUENCE)
+    renamed = world.automations.update(world.account.id, row.id, {"name": "outro nome"})
+    paused = world.automations.update(world.account.id, row.id, {"status": "paused"})
+
+    assert renamed is not None
+    assert paused is not None
+    assert (renamed.version, paused.version) == (1, 1)
+    assert count(world.url, "automation_versions") == 0
+
+
+def test_pausing_and_deleting_act_on_an_edited_automations_earlier_executions_too(
+    world: World,
+) -> None:
+    """Paused and deleted are the automation's, whatever the version its executions run."""
+    row = world.automations.create(world.account.id, SEQUENCE)
+    world.order_paid()
+    dispatcher = world.dispatcher()
+    world.drain(dispatcher)
+    world.automations.update(world.account.id, row.id, {"steps": EDITED, "status": "paused"})
+    time.sleep(1.1)
+    world.drain(dispatcher)
+
+    held = _detail(world)
+    assert (held.status, held.last_error, _texts(world)) == ("waiting", HELD, ["A"])
+    assert world.automations.store.delete_automation(world.account.id, row.id)
+    world.drain(dispatcher)
+
+    stopped = _detail(world)
+    assert (stopped.status, stopped.last_error, _texts(world)) == ("stopped", DELETED, ["A"])
+
+
 # -- a send's outcome: sent again only when it certainly did not leave ------------------------
 
 UNDELIVERABLE = meta_error(

@@ -18,7 +18,7 @@ from sinal import Ledger, connect
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
 from sinal.ids import new_id
-from sinal.retention import Retention, prune
+from sinal.retention import VERSION_GRACE, Retention, prune, prune_versions
 from sinal.store.automations import AutomationStore
 from sinal.store.postgres_retention import _BY_INDEX, _PRUNE_SQL
 from sinal.store.retention import (
@@ -77,12 +77,8 @@ def deliver(
     return delivery
 
 
-def run_executions(ledger: Ledger, account_id: UUID, n: int) -> list[UUID]:
-    """`n` executions run to completion, one step record each; their ids."""
-    Automations(ledger).create(account_id, {
-        "name": "tag", "trigger_metric": "Order Paid",
-        "steps": [{"type": "add_tag", "tag": "comprou"}],
-    })  # fmt: skip
+def pay_and_dispatch(ledger: Ledger, account_id: UUID, n: int) -> None:
+    """`n` paid orders of a new contact, dispatched until no work is left."""
     contact = ledger.create_contact(account_id, email=f"{uuid4().hex}@exemplo.com.br")
     for i in range(n):
         ledger.emit_event(account_id=account_id, contact_id=contact.id,
@@ -93,6 +89,15 @@ def run_executions(ledger: Ledger, account_id: UUID, n: int) -> list[UUID]:
             pass
     finally:
         dispatcher.close()
+
+
+def run_executions(ledger: Ledger, account_id: UUID, n: int) -> list[UUID]:
+    """`n` executions run to completion, one step record each; their ids."""
+    Automations(ledger).create(account_id, {
+        "name": "tag", "trigger_metric": "Order Paid",
+        "steps": [{"type": "add_tag", "tag": "comprou"}],
+    })  # fmt: skip
+    pay_and_dispatch(ledger, account_id, n)
     executions = cast(AutomationStore, ledger.store).list_executions(account_id, limit=n + 1)
     assert len(executions) == n
     assert {x.status for x in executions} == {"completed"}
@@ -345,3 +350,42 @@ def test_a_redelivery_racing_the_prune_of_its_first_copy_is_kept_anew(pg_url: st
 
     assert is_new
     assert sql(pg_url, "SELECT id, status FROM webhook_deliveries") == [(again.id, "received")]
+
+
+def kept_versions(url: str) -> list[int]:
+    return sorted(r[0] for r in sql(url, "SELECT version FROM automation_versions"))
+
+
+def test_prune_versions_deletes_only_the_replaced_definitions_no_execution_may_run(
+    ledger: Ledger, database_url: str
+) -> None:
+    """An automation edited twice while an execution made with its first version waits:
+    the second version, which nothing runs, goes once `VERSION_GRACE` is over; the first
+    stays while its execution may still run (waiting; dead or unknown, retried), and
+    goes once it ended (stopped, by the automation's delete)."""
+    account = ledger.create_account("Loja")
+    automations = Automations(ledger)
+    row = automations.create(account.id, {
+        "name": "lembrete", "trigger_metric": "Order Paid",
+        "steps": [{"type": "wait", "seconds": 3600}, {"type": "add_tag", "tag": "a"}],
+    })  # fmt: skip
+    pay_and_dispatch(ledger, account.id, 1)
+    [waiting] = automations.store.list_executions(account.id)
+    assert (waiting.status, waiting.automation_version) == ("waiting", 1)
+    for tag in ("b", "c"):
+        automations.update(account.id, row.id, {"steps": [{"type": "add_tag", "tag": tag}]})
+    assert kept_versions(database_url) == [1, 2]
+
+    assert prune_versions(ledger, ledger.clock()) == 0  # within the grace: both kept
+    later = ledger.clock() + VERSION_GRACE + timedelta(minutes=1)
+    assert prune_versions(ledger, later) == 1
+    assert kept_versions(database_url) == [1]
+    sql(database_url, "UPDATE executions SET status = 'dead'")  # may be retried: still kept
+    assert prune_versions(ledger, later) == 0
+    sql(database_url, "UPDATE executions SET status = 'waiting'")
+
+    assert automations.store.delete_automation(account.id, row.id)  # stops it
+    [stopped] = automations.store.list_executions(account.id)
+    assert stopped.status == "stopped"
+    assert prune_versions(ledger, later) == 1
+    assert kept_versions(database_url) == []

@@ -36,6 +36,7 @@ EXPECTED_KEYS = {
     "webhook_deliveries": ["account_id", "id"],
     "message_statuses": ["account_id", "wamid"],
     "links": ["account_id", "id"],
+    "automation_versions": ["account_id", "id"],
 }
 EVENT_COLUMNS = {
     "id", "account_id", "contact_id", "metric_id", "metric_name", "properties", "value",

@@ -15,7 +15,7 @@ import pytest
 
 from sinal import rotation
 from sinal.automations.backoff import RetryPolicy
-from sinal.automations.dispatcher import Dispatcher, DispatchSettings
+from sinal.automations.dispatcher import Dispatcher, DispatchSettings, choose
 from sinal.automations.model import SECRET_MASK, InvalidAutomation
 from sinal.automations.service import Automations, automation_view
 from sinal.catalog import METRIC_ORDER_PAID
@@ -172,7 +172,7 @@ def test_rotation_goes_in_batches_and_an_interrupted_one_is_finished_by_the_next
     seen: list[int] = []
     assert rotation.rotate_secrets(keyed, seen.append) == 9
     # secrets read after each batch; the last of each table found none (no automations)
-    assert seen == [6, 12, 15, 15, 15]
+    assert seen == [6, 12, 15, 15, 15, 15]
     assert store_of(keyed).count_secrets() == {"k1": 15}
 
 
@@ -604,3 +604,28 @@ def test_a_client_cannot_send_a_sealed_value_as_a_header_value(open_ledger: Any)
                                             "steps": steps})  # fmt: skip
     with pytest.raises(InvalidAutomation, match=error):
         automations.update(row.account_id, row.id, {"steps": steps})
+
+
+def test_a_kept_versions_secrets_are_counted_rotated_and_still_open(
+    database_url: str, open_ledger: Any
+) -> None:
+    """An execution made before its automation's steps changed runs the steps it was made
+    with: their secrets, kept with that version, are counted, sealed again by a rotation,
+    and open with the new key alone."""
+    with webhook_receiver() as (url, hook):
+        automations, row = signed_hook(open_ledger(K1), f"{url}/hook", headers=HEADERS)
+        automations.store.fan_out(choose, 10)  # its execution, made before the edit
+        automations.update(row.account_id, row.id, {"steps": [{"type": "add_tag", "tag": "x"}]})
+        keyed = open_ledger(f"{K2},{K1}")
+        assert rotation.secret_status(keyed).counts == {"k1": 3}  # the kept version's
+
+        assert rotation.rotate_secrets(keyed) == 3
+        assert rotation.secret_status(keyed).counts == {"k2": 3}
+        drain(open_ledger(K2))
+
+    [kept] = sql(database_url, "SELECT spec FROM automation_versions")
+    step = (json.loads(kept[0]) if isinstance(kept[0], str) else kept[0])["steps"][0]
+    assert step["secret"]["kid"] == "k2"
+    [request] = hook.requests
+    assert sent_headers(request) == HEADERS
+    verify_signature(SECRET, request)

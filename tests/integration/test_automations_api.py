@@ -150,11 +150,11 @@ async def test_patch_pauses_and_delete_removes(api: Api) -> None:
     assert (await api.client.get(f"/v1/automations/{automation['id']}")).status_code == 404
 
 
-REMINDER = {
-    "name": "Lembrete", "trigger_type": "order_paid",
-    "steps": [{"type": "send_message", "text": "Oi!"}, {"type": "wait", "seconds": 1},
-              {"type": "send_message", "text": "Seu carinho espera"}],  # sic: a typo
-}  # fmt: skip
+REMINDER_STEPS: list[dict[str, Any]] = [
+    {"type": "send_message", "text": "Oi!"}, {"type": "wait", "seconds": 1},
+    {"type": "send_message", "text": "Seu carinho espera"},  # sic: a typo
+]  # fmt: skip
+REMINDER = {"name": "Lembrete", "trigger_type": "order_paid", "steps": REMINDER_STEPS}
 
 
 async def _reminder_waiting(api: Api, wa_url: str) -> tuple[str, str]:
@@ -173,8 +173,8 @@ async def _reminder_waiting(api: Api, wa_url: str) -> tuple[str, str]:
 async def test_a_paused_automations_executions_are_held_and_go_on_once_resumed(
     api: Api,
 ) -> None:
-    """The typo is seen after the first message went out: pause, correct, resume. The
-    execution waiting meanwhile sends the corrected text, once."""
+    """The typo is seen after the first message went out: pause, correct in place, resume.
+    The execution waiting meanwhile sends the corrected text, once."""
     with whatsapp_server() as (wa_url, wa):
         automation, execution = await _reminder_waiting(api, wa_url)
         await api.client.patch(f"/v1/automations/{automation}", json={"status": "paused"})
@@ -188,7 +188,10 @@ async def test_a_paused_automations_executions_are_held_and_go_on_once_resumed(
         assert len(wa.bodies("/1234/messages")) == 1
 
         fixed = [*REMINDER["steps"][:2], {"type": "send_message", "text": "Seu carrinho espera"}]
-        await api.client.patch(f"/v1/automations/{automation}", json={"steps": fixed})
+        corrected = await api.client.patch(
+            f"/v1/automations/{automation}", json={"steps": fixed, "correct_in_place": True}
+        )
+        assert corrected.json()["version"] == 1
         _drain(api)
         assert len(wa.bodies("/1234/messages")) == 1  # corrected, still paused
         await api.client.patch(f"/v1/automations/{automation}", json={"status": "active"})
@@ -201,6 +204,51 @@ async def test_a_paused_automations_executions_are_held_and_go_on_once_resumed(
     done = (await api.client.get(f"/v1/executions/{execution}")).json()
     assert done["status"] == "completed"
     assert [(s["status"], s["attempts"]) for s in done["steps"]] == [("completed", 1)] * 3
+
+
+async def test_an_edit_of_the_steps_is_a_new_version_and_executions_under_way_keep_theirs(
+    api: Api,
+) -> None:
+    """Without `correct_in_place`, the same correction makes version 2: the execution
+    waiting meanwhile sends the text it was made with, and says which version it ran."""
+    with whatsapp_server() as (wa_url, wa):
+        automation, execution = await _reminder_waiting(api, wa_url)
+        fixed = [*REMINDER_STEPS[:2], {"type": "send_message", "text": "Seu carrinho espera"}]
+        edited = await api.client.patch(f"/v1/automations/{automation}", json={"steps": fixed})
+        assert edited.json()["version"] == 2
+        await anyio.sleep(1.1)  # the wait is over
+        _drain(api)
+
+        [first, second] = wa.bodies("/1234/messages")
+    assert (first["text"]["body"], second["text"]["body"]) == ("Oi!", "Seu carinho espera")
+    done = (await api.client.get(f"/v1/executions/{execution}")).json()
+    assert (done["status"], done["automation_version"]) == ("completed", 1)
+    assert [s["type"] for s in done["steps"]] == [s["type"] for s in REMINDER_STEPS]
+
+
+@pytest.mark.parametrize(
+    ("flag", "steps", "code"),
+    [
+        (True, [{"type": "send_message", "text": "Oi!"}], "not_in_place"),
+        (True, [{"type": "add_tag", "tag": "a"}, {"type": "wait", "seconds": 1},
+                {"type": "send_message", "text": "b"}], "not_in_place"),
+        ("yes", [{"type": "send_message", "text": "Oi!"}], "invalid_type"),
+    ],
+)  # fmt: skip
+async def test_a_correction_in_place_keeps_each_steps_place_or_is_refused(
+    api: Api, flag: object, steps: list[dict[str, Any]], code: str
+) -> None:
+    with whatsapp_server() as (wa_url, _):
+        automation, _ = await _reminder_waiting(api, wa_url)
+        answer = await api.client.patch(
+            f"/v1/automations/{automation}", json={"steps": steps, "correct_in_place": flag}
+        )
+        kept = (await api.client.get(f"/v1/automations/{automation}")).json()
+
+    assert answer.status_code == 422
+    [error] = answer.json()["errors"]
+    assert error["code"] == code
+    assert (kept["version"], kept["steps"]) == (1, REMINDER_STEPS)
 
 
 async def test_a_deleted_automations_executions_end_stopped_saying_why(api: Api) -> None:

@@ -22,7 +22,7 @@ from sinal.commerce import derive_all_abandoned
 from sinal.config import Settings
 from sinal.errors import StoreError
 from sinal.housekeeping import TASKS, resolve
-from sinal.retention import Retention
+from sinal.retention import Retention, prune_versions
 from sinal.store.base import EventQuery
 from sinal.store.commerce import CommerceStore
 from sinal.webhooks import process_deferred
@@ -40,8 +40,11 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
-def test_the_registry_names_the_abandoned_checkout_drain_and_the_deferred_deliveries() -> None:
-    assert [resolve(task) for task in TASKS] == [derive_all_abandoned, process_deferred]
+def test_the_registry_names_the_abandoned_checkout_drain_the_deferred_deliveries_and_versions() -> (
+    None
+):
+    tasks = [resolve(task) for task in TASKS]
+    assert tasks == [derive_all_abandoned, process_deferred, prune_versions]
 
 
 def test_a_failing_task_is_logged_and_runs_again_while_the_worker_goes_on(

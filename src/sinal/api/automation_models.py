@@ -230,6 +230,10 @@ class AutomationOut(BaseModel):
     filters: list[ConditionOut]
     steps: list[StepOut]
     resolved_metric: str = Field(description="The metric it listens to")
+    version: int = Field(
+        description="1 when created, one more with each change of its steps: executions run "
+        "the version they were made with"
+    )
     created_at: Stamp
     updated_at: Stamp
 
@@ -250,6 +254,9 @@ class ExecutionOut(BaseModel):
 
     id: str
     automation_id: str
+    automation_version: int = Field(
+        description="The version of its automation's steps it runs: the one it was made with"
+    )
     event_id: str
     contact_id: str
     status: ExecutionStatus

@@ -127,8 +127,10 @@ class Automations:
         return row
 
     def update(self, account_id: UUID, automation_id: UUID, patch: object) -> AutomationRow | None:
-        """Apply a partial update (re-validated); None when there is no such automation."""
+        """Apply a partial update (re-validated); None when there is no such automation. A
+        change of its steps makes a new version (`version_after`)."""
         _refuse_sealed_secrets(patch)
+        patch, in_place = _correction(patch)
         steps = patch.get("steps") if isinstance(patch, Mapping) else None
         # read before the row's lock is taken (SQLite: no read inside its write)
         live = self._numbers(account_id) if _named_numbers(steps) else None
@@ -142,8 +144,8 @@ class Automations:
                 kept = _named_numbers(row.spec.get("steps")).values()
                 _refuse_unknown_numbers(definition, live, kept=set(kept))
             return replace(row, name=spec.name, status=spec.status,
-                           trigger_metric=spec.metric_name, spec=definition,
-                           updated_at=now)  # fmt: skip
+                           trigger_metric=spec.metric_name, spec=definition, updated_at=now,
+                           version=version_after(row, definition, in_place=in_place))  # fmt: skip
 
         return self.store.update_automation(account_id, automation_id, change)
 
@@ -256,6 +258,52 @@ def _refuse_unknown_numbers(
         raise InvalidAutomation(errors)
 
 
+# A PATCH's flag: its steps correct the current version, for its executions under way too.
+CORRECT_IN_PLACE = "correct_in_place"
+
+
+def version_after(row: AutomationRow, spec: Mapping[str, Any], *, in_place: bool) -> int:
+    """The version of `row` (as stored) once its definition is `spec`: the same when its
+    steps are, or when they are corrected in place (same number, each step the same type:
+    `InvalidAutomation` otherwise); else the next one, and the executions made before keep
+    running the steps they were made with (steps are tracked by position: an execution
+    waiting at step 2 would otherwise repeat or skip one if a step were put before it or
+    taken out). Compared as stored: a webhook secret sent again as text counts as a change."""
+    steps, stored = spec.get("steps"), row.spec.get("steps")
+    if steps == stored:
+        return row.version
+    if not in_place:
+        return row.version + 1
+    if _types(steps) != _types(stored):
+        raise InvalidAutomation([FieldError(
+            "steps", "not_in_place",
+            f"{CORRECT_IN_PLACE} keeps each step's place: the same number of steps, each of "
+            "the type it had (a step added, removed or moved makes a new version: send the "
+            f"steps without {CORRECT_IN_PLACE})",
+        )])  # fmt: skip
+    return row.version
+
+
+def _types(steps: object) -> list[object] | None:
+    """The type of each step, in order (None: no list of steps)."""
+    if not isinstance(steps, list):
+        return None
+    return [step.get("type") if isinstance(step, Mapping) else None for step in steps]
+
+
+def _correction(patch: object) -> tuple[object, bool]:
+    """`patch` without `CORRECT_IN_PLACE`, and whether it was true (`InvalidAutomation`
+    for a value neither true nor false)."""
+    if not isinstance(patch, Mapping) or CORRECT_IN_PLACE not in patch:
+        return patch, False
+    flag = patch[CORRECT_IN_PLACE]
+    if not isinstance(flag, bool):
+        raise InvalidAutomation(
+            [FieldError(CORRECT_IN_PLACE, "invalid_type", "expected true or false")]
+        )
+    return {k: v for k, v in patch.items() if k != CORRECT_IN_PLACE}, flag
+
+
 def _refuse_sealed_secrets(data: object) -> None:
     """`InvalidAutomation` for a webhook step sent with a sealed value as its secret or a
     header's value: the store seals them, and the API shows none, so a client has none to
@@ -273,6 +321,7 @@ def automation_view(row: AutomationRow) -> dict[str, Any]:
         "id": str(row.id),
         **redact_secrets(row.spec),
         "resolved_metric": row.trigger_metric,
+        "version": row.version,
         "created_at": stamp(row.created_at),
         "updated_at": stamp(row.updated_at),
     }
@@ -298,6 +347,7 @@ def execution_summary(x: Execution) -> dict[str, Any]:
     return {
         "id": str(x.id),
         "automation_id": str(x.automation_id),
+        "automation_version": x.automation_version,
         "event_id": str(x.event_id),
         "contact_id": str(x.contact_id),
         "status": x.status,

@@ -35,12 +35,14 @@ from sinal.store.base import Contact, StoredEvent
 # Column lists both backends select, in the order the records' fields take them.
 EXECUTION_COLUMNS = (
     "account_id, id, automation_id, event_id, contact_id, status, next_step, attempts, run_at, "
-    "last_error, created_at, updated_at, chain_depth"
+    "last_error, created_at, updated_at, chain_depth, automation_version"
 )
 STEP_COLUMNS = (
     "step_index, step_type, status, attempts, result, error, event_id, started_at, finished_at"
 )
-AUTOMATION_COLUMNS = "account_id, id, name, status, trigger_metric, spec, created_at, updated_at"
+AUTOMATION_COLUMNS = (
+    "account_id, id, name, status, trigger_metric, spec, created_at, updated_at, version"
+)
 # The event trace's read (`AutomationStore.trace_automations`), in the backend's placeholder
 # `p`: an account's live automations (the second parameter), oldest first, each one's
 # definition only when it listens to the metric (the first parameter; NULL for the others).
@@ -55,8 +57,9 @@ INTEGRATION_COLUMNS = "account_id, id, kind, name, settings, secrets, created_at
 
 
 IntegrationKind = Literal["whatsapp", "ai", "shopify", "yampi"]
-# The tables holding secrets: integrations' `secrets`, automations' webhook steps' `secret`.
-SecretTable = Literal["integrations", "automations"]
+# The tables holding secrets: integrations' `secrets`, automations' webhook steps' `secret`
+# and header values, and those of the earlier versions kept for executions under way.
+SecretTable = Literal["integrations", "automations", "automation_versions"]
 ExecutionStatus = Literal["pending", "waiting", "completed", "stopped", "unknown", "dead"]
 StepStatus = Literal["started", "completed", "failed", "unknown"]
 # Why a held execution's next step does not start (see `AutomationStore.start_steps`).
@@ -188,15 +191,23 @@ def _with_secrets(
     return {**spec, "steps": fresh}, count
 
 
+def secrets_of(table: SecretTable) -> tuple[str, str]:
+    """The column of `table` holding its secrets, and the column naming the row they are
+    bound to (an automation's kept version's secrets are its automation's)."""
+    if table == "integrations":
+        return "secrets", "id"
+    return "spec", "automation_id" if table == "automation_versions" else "id"
+
+
 def _resealed_row(
-    keyring: Keyring, table: SecretTable, account_id: UUID, ident: UUID, stored: dict[str, Any]
+    keyring: Keyring, table: SecretTable, account_id: UUID, owner: UUID, stored: dict[str, Any]
 ) -> tuple[dict[str, Any] | None, int, int]:
-    """A row's stored secrets (an integration's `secrets`, an automation's `spec`) sealed
-    again with the current key (None: nothing to write), with the number of secrets read
-    and of those sealed again."""
-    if table == "automations":
-        return resealed_spec(keyring, account_id, ident, stored)
-    fresh = reseal_all(keyring, stored, integration_place(account_id, ident))
+    """A row's stored secrets (an integration's `secrets`, an automation's `spec` or that
+    of one of its versions), bound to the row `owner`, sealed again with the current key
+    (None: nothing to write), with the number of secrets read and of those sealed again."""
+    if table != "integrations":
+        return resealed_spec(keyring, account_id, owner, stored)
+    fresh = reseal_all(keyring, stored, integration_place(account_id, owner))
     changed = 0 if fresh is None else sum(fresh[k] is not stored[k] for k in stored)
     return fresh, len(stored), changed
 
@@ -211,16 +222,17 @@ def secret_counts(rows: Iterable[tuple[str | None, int]]) -> dict[str, int]:
 
 
 def resealed_rows(
-    keyring: Keyring | None, table: SecretTable, rows: Iterable[tuple[UUID, UUID, Any]]
+    keyring: Keyring | None, table: SecretTable, rows: Iterable[tuple[UUID, UUID, Any, UUID]]
 ) -> tuple[list[tuple[UUID, UUID, dict[str, Any]]], int, int]:
-    """For `reseal_secrets`: of (account_id, id, stored secrets or spec) rows, those to
-    write again (with what to write), the number of secrets read, and of those sealed
-    again; `ConfigurationError` without a keyring, `SecretUnreadable` as `reseal`."""
+    """For `reseal_secrets`: of (account_id, id, stored secrets or spec, the row they are
+    bound to: `secrets_of`) rows, those to write again (with what to write), the number of
+    secrets read, and of those sealed again; `ConfigurationError` without a keyring,
+    `SecretUnreadable` as `reseal`."""
     if keyring is None:
         raise ConfigurationError(f"{SECRET_KEYS_VARIABLE} is not set: no key to seal with")
     writes, scanned, resealed = [], 0, 0
-    for account_id, ident, stored in rows:
-        fresh, read, changed = _resealed_row(keyring, table, account_id, ident, stored)
+    for account_id, ident, stored, owner in rows:
+        fresh, read, changed = _resealed_row(keyring, table, account_id, owner, stored)
         scanned, resealed = scanned + read, resealed + changed
         if fresh is not None:
             writes.append((account_id, ident, fresh))
@@ -254,6 +266,10 @@ class AutomationRow:
     spec: dict[str, Any]
     created_at: datetime
     updated_at: datetime
+    # Its definition's version: 1 when created, one more with each change of its steps
+    # (`sinal.automations.service`). A claim's is its execution's, with that version's
+    # definition (`pinned`).
+    version: int = 1
     deleted_at: datetime | None = None  # read by claims only: other reads skip deleted rows
 
     @property
@@ -312,6 +328,9 @@ class Execution:
     created_at: datetime
     updated_at: datetime
     chain_depth: int  # in a chain of automations (`MAX_CHAIN_DEPTH`): 0 unless a status
+    # The version of its automation's definition it runs: the one it was made with, kept
+    # by the store while the execution may still run (`AutomationStore.update_automation`).
+    automation_version: int = 1
     steps: tuple[StepRecord, ...] = ()
 
 
@@ -385,6 +404,15 @@ class FanOut:
     skipped: list[tuple[UUID, str]] = field(default_factory=list)
 
 
+def pinned(automation: AutomationRow, execution: Execution, kept: Any) -> AutomationRow:
+    """A claim's automation: the current row, with the definition `kept` for the
+    execution's version when it is not the current one (as stored: JSON text or parsed;
+    None, the current definition, for a version no longer kept)."""
+    if kept is None or execution.automation_version == automation.version:
+        return automation
+    return replace(automation, spec=decode_json(kept), version=execution.automation_version)
+
+
 # What `AutomationStore.start_steps` answers for one step (see `start_step`).
 StepStarted = tuple[StepRecord, bool] | Halt | None
 
@@ -430,8 +458,8 @@ class AutomationStore(Protocol):
 
     def count_secrets(self) -> dict[str, int]:
         """The stored secrets — of every integration, and every webhook step's signing
-        secret, deleted rows' too — by the id of the key that sealed them (`PLAINTEXT` for
-        those not sealed)."""
+        secret and header values, deleted rows' and kept versions' too — by the id of the
+        key that sealed them (`PLAINTEXT` for those not sealed)."""
         ...
 
     def reseal_secrets(
@@ -475,7 +503,10 @@ class AutomationStore(Protocol):
         between its read and its write, so concurrent ones each see the other's (a rename
         cannot undo a pause). The row written; None when there was none; what `change`
         raises, nothing written. Setting a paused automation active moves its held
-        executions (`HELD_WHILE_PAUSED`) up to now, in the same transaction."""
+        executions (`HELD_WHILE_PAUSED`) up to now, in the same transaction. A row
+        `change` gives a new `version` (its steps changed) has the definition it replaces
+        kept, as stored, in the same transaction, for the executions made with it (their
+        claims read it), until `prune_versions` finds none of them left to run it."""
         ...
 
     def delete_automation(self, account_id: UUID, automation_id: UUID) -> bool:
@@ -494,7 +525,9 @@ class AutomationStore(Protocol):
 
     def claim_executions(self, worker: str, limit: int, lease: float) -> list[Claim]:
         """Claim due executions (pending/waiting with run_at passed, not held by a live
-        claim) for `lease` seconds, loading what they need in a few set-based queries."""
+        claim) for `lease` seconds, loading what they need in a few set-based queries: a
+        claim's automation is the current row (its status, whether deleted) with the
+        definition of the execution's version (`pinned`)."""
         ...
 
     def start_step(self, claim: Claim, step_index: int, step_type: str) -> StepStarted:
@@ -660,4 +693,5 @@ __all__ = [
     "StepRecord",
     "StepStart",
     "StepStarted",
+    "pinned",
 ]

@@ -57,10 +57,12 @@ from sinal.store.automations import (
     StepStatus,
     chain_parent,
     opened_integration,
+    pinned,
     resealed_rows,
     sealed_secrets,
     sealed_spec,
     secret_counts,
+    secrets_of,
     storable_json,
     storable_text,
     too_deep,
@@ -295,10 +297,12 @@ T = TypeVar("T")
 
 
 # The secrets of integrations (each value of `secrets`) and of webhook steps (`secret`,
-# each value of `headers`), by the id of the key that sealed them (NULL: plaintext).
+# each value of `headers`; of automations and their kept versions), by the id of the key
+# that sealed them (NULL: plaintext).
 _COUNT_SECRETS_SQL = """
 WITH hooks AS (
-  SELECT st FROM automations a,
+  SELECT st FROM (SELECT spec FROM automations
+                  UNION ALL SELECT spec FROM automation_versions) a,
          jsonb_array_elements(CASE WHEN jsonb_typeof(a.spec -> 'steps') = 'array'
                                    THEN a.spec -> 'steps' ELSE '[]' END) st
   WHERE st ->> 'type' = 'webhook'
@@ -396,11 +400,11 @@ class PostgresAutomations:
     ) -> ResealBatch:
         """Seal the next `limit` rows' secrets again with the current key; the rows are
         locked meanwhile (a concurrent rotation or update waits, then reads them done)."""
-        column = "secrets" if table == "integrations" else "spec"
+        column, owner = secrets_of(table)
         past = "" if after is None else "WHERE (account_id, id) > (%s, %s) "
         with self._tx() as conn:
             rows = conn.execute(
-                f"SELECT account_id, id, {column} FROM {table} {past}"
+                f"SELECT account_id, id, {column}, {owner} FROM {table} {past}"
                 "ORDER BY account_id, id LIMIT %s FOR NO KEY UPDATE",
                 (*(after or ()), limit),
             ).fetchall()
@@ -420,9 +424,10 @@ class PostgresAutomations:
         with self._conn() as conn:
             conn.execute(
                 f"INSERT INTO automations ({AUTOMATION_COLUMNS}) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (row.account_id, row.id, row.name, row.status, row.trigger_metric,
-                 Jsonb(sealed_spec(self.keyring, row)), row.created_at, row.updated_at),
+                 Jsonb(sealed_spec(self.keyring, row)), row.created_at, row.updated_at,
+                 row.version),
             )  # fmt: skip
 
     def get_automation(self, account_id: UUID, automation_id: UUID) -> AutomationRow | None:
@@ -464,7 +469,8 @@ class PostgresAutomations:
     ) -> AutomationRow | None:
         """Read the row `FOR UPDATE`, change it and write it, in one transaction (a
         concurrent update waits for it, then reads what it wrote); a paused automation set
-        active has its held executions moved up to now."""
+        active has its held executions moved up to now; a change of steps keeps the
+        definition it replaces, for the executions made with it."""
         keys = {"account": account_id, "automation": automation_id}
         with self._tx() as conn:
             found = conn.execute(
@@ -476,11 +482,18 @@ class PostgresAutomations:
                 return None
             was = AutomationRow(*found)
             row = change(was)
+            if row.version != was.version:  # copied as stored: its secrets stay sealed
+                conn.execute(
+                    "INSERT INTO automation_versions (account_id, id, automation_id, version, "
+                    "spec) SELECT account_id, %(id)s, id, version, spec FROM automations "
+                    "WHERE account_id = %(account)s AND id = %(automation)s",
+                    {**keys, "id": new_id()},
+                )
             conn.execute(
                 "UPDATE automations SET name = %s, status = %s, trigger_metric = %s, spec = %s, "
-                "updated_at = %s WHERE account_id = %s AND id = %s",
+                "updated_at = %s, version = %s WHERE account_id = %s AND id = %s",
                 (row.name, row.status, row.trigger_metric, Jsonb(sealed_spec(self.keyring, row)),
-                 row.updated_at, account_id, automation_id),
+                 row.updated_at, row.version, account_id, automation_id),
             )  # fmt: skip
             if was.status == "paused" and row.status == "active":
                 resumed = conn.execute(_RESUME_HELD_SQL, {**keys, "reason": HELD_WHILE_PAUSED})
@@ -526,11 +539,13 @@ class PostgresAutomations:
             heard = [(k[0], k[1]) for k in keys if (k[0], k[2]) in listening]
             events = _events_of(conn, heard) if heard else []
             chosen: list[tuple[StoredEvent, list[UUID]]] = []
+            versions: dict[UUID, int] = {}  # the version each execution is made with
             for event in events:
                 candidates = listening.get((event.account_id, event.metric_name), [])
+                versions.update((c.id, c.version) for c in candidates)
                 chosen.append((event, choose(event, candidates)))
             depths = _chain_depths(conn, [event for event, ids in chosen if ids])
-            rows: list[tuple[UUID, UUID, UUID, UUID, UUID, str, str | None, int]] = []
+            rows: list[tuple[UUID, UUID, UUID, UUID, UUID, str, str | None, int, int]] = []
             for event, automation_ids in chosen:
                 depth = depths.get(event.id, 0)
                 status, why = "pending", None
@@ -538,13 +553,16 @@ class PostgresAutomations:
                     status, why = "stopped", too_deep(depth)
                 for automation_id in automation_ids:
                     rows.append((event.account_id, new_id(), automation_id, event.id,
-                                 event.contact_id, status, why, depth))  # fmt: skip
+                                 event.contact_id, status, why, depth,
+                                 versions[automation_id]))  # fmt: skip
             if rows:
                 inserted = conn.execute(
                     "INSERT INTO executions (account_id, id, automation_id, event_id, contact_id, "
-                    "status, last_error, chain_depth) SELECT a, i, au, ev, c, s, l, d "
+                    "status, last_error, chain_depth, automation_version) "
+                    "SELECT a, i, au, ev, c, s, l, d, v "
                     "FROM unnest(%s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[], %s::uuid[], "
-                    "%s::text[], %s::text[], %s::int[]) AS t(a, i, au, ev, c, s, l, d) "
+                    "%s::text[], %s::text[], %s::int[], %s::int[]) "
+                    "AS t(a, i, au, ev, c, s, l, d, v) "
                     "ORDER BY a, au, ev ON CONFLICT (account_id, automation_id, event_id) "
                     "DO NOTHING RETURNING id, last_error",
                     tuple(list(col) for col in zip(*rows, strict=True)),
@@ -936,7 +954,9 @@ def _claim_layout() -> tuple[str, tuple[int, int, int, int]]:
     # Each claimed execution looks its rows up by their whole primary key (LATERAL ...
     # LIMIT 1 keeps the planner from flattening them into joins): on statistics that lag
     # behind a growing table, the joins were planned as a scan of the account's events
-    # per claimed execution, a claim costing more with every event stored.
+    # per claimed execution, a claim costing more with every event stored. The last
+    # column is the definition kept for an execution made before its automation's steps
+    # changed (NULL for the others: the lookup is skipped when the versions match).
     parts = (EXECUTION_COLUMNS, CLAIMED_AUTOMATION_COLUMNS, _EVENT_COLUMNS, CONTACT_COLUMNS)
     a, b, c, d = itertools.accumulate(len(p.split(",")) for p in parts)
     statement = f"""
@@ -953,10 +973,15 @@ WITH claimed AS (
 SELECT {qualified(EXECUTION_COLUMNS, "x")}, {qualified(CLAIMED_AUTOMATION_COLUMNS, "a")},
        {qualified(_EVENT_COLUMNS, "ev")}, {qualified(CONTACT_COLUMNS, "c")},
        array(SELECT t.tag FROM contact_tags t
-             WHERE t.account_id = x.account_id AND t.contact_id = x.contact_id ORDER BY t.tag)
+             WHERE t.account_id = x.account_id AND t.contact_id = x.contact_id ORDER BY t.tag),
+       v.spec
 FROM claimed x
 CROSS JOIN LATERAL (SELECT * FROM automations
                     WHERE account_id = x.account_id AND id = x.automation_id LIMIT 1) a
+LEFT JOIN LATERAL (SELECT spec FROM automation_versions
+                   WHERE x.automation_version <> a.version AND account_id = x.account_id
+                     AND automation_id = x.automation_id AND version = x.automation_version
+                   LIMIT 1) v ON true
 CROSS JOIN LATERAL (SELECT * FROM events
                     WHERE account_id = x.account_id AND id = x.event_id LIMIT 1) ev
 CROSS JOIN LATERAL (SELECT * FROM contacts
@@ -968,9 +993,10 @@ ORDER BY x.run_at
 
 def _claim(row: Sequence[Any], steps: tuple[StepRecord, ...], worker: str, lease: float) -> Claim:
     a, b, c, d = _claim_layout()[1]
+    execution = replace(Execution(*row[:a]), steps=steps)
     return Claim(
-        execution=replace(Execution(*row[:a]), steps=steps),
-        automation=AutomationRow(*row[a:b]),
+        execution=execution,
+        automation=pinned(AutomationRow(*row[a:b]), execution, row[d + 1]),
         event=StoredEvent(*row[b:c]),
         contact=Contact(*row[c:d]),
         tags=tuple(row[d]),

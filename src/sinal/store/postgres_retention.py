@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from sinal.store.postgres_automations import _BY_KEY_SETTINGS, _by_key
-from sinal.store.retention import PRUNABLE, Prunable, expired_rows
+from sinal.store.retention import PRUNABLE, UNNEEDED_VERSION, Prunable, expired_rows
 
 # Steps go with their execution, in its statement: a writer of steps locks their execution
 # first, and this one holds the execution (or skipped it), so no step is being written.
@@ -29,6 +29,14 @@ _PRUNE_SQL: dict[Prunable, str] = {
     )
     for kind in PRUNABLE
 }
+
+# Kept versions no execution needs; one another transaction holds (a rotation sealing it
+# again) is left for a later pass.
+_PRUNE_VERSIONS_SQL = (
+    "DELETE FROM automation_versions t USING (SELECT account_id, id FROM automation_versions v "
+    f"WHERE {UNNEEDED_VERSION.format(before='%(before)s')} LIMIT %(limit)s "
+    "FOR UPDATE SKIP LOCKED) d WHERE t.account_id = d.account_id AND t.id = d.id"
+)
 
 # Whatever the planner's statistics say (they may lag far behind a table that grew: see
 # `_BY_KEY_SETTINGS`), a batch reads its index in order and stops at its LIMIT, then
@@ -51,4 +59,10 @@ class PostgresRetention:
         params = {"before": before, "limit": limit}
         with self._conn() as conn:
             cur = _by_key(conn, _PRUNE_SQL[kind], params, _BY_INDEX)
+        return cur.rowcount
+
+    def prune_versions(self, before: datetime, limit: int) -> int:
+        """One batch of unneeded kept versions (see `RetentionStore`)."""
+        with self._conn() as conn:
+            cur = conn.execute(_PRUNE_VERSIONS_SQL, {"before": before, "limit": limit})
         return cur.rowcount

@@ -11,6 +11,9 @@ sinal keeps only for a while once nothing will process them again unasked.
   completed, stopped, dead or unknown. One pending or waiting (due, running, held by a
   paused automation, retrying) stays, with its steps.
 
+An automation's kept versions (`automation_versions`: the definitions its changes of
+steps replaced) go once no execution that may still run names one (`prune_versions`).
+
 Events and summaries are the ledger: never deleted here (only with their contact, by
 `sinal.store.erasure`). The outbox deletes its rows itself.
 """
@@ -27,6 +30,15 @@ PRUNABLE: tuple[Prunable, ...] = ("rejections", "webhook_deliveries", "execution
 # such an index only when its condition names the index's.
 FINISHED_DELIVERY = "status IN ('processed', 'unmappable', 'failed')"
 FINISHED_EXECUTION = "status IN ('completed', 'stopped', 'unknown', 'dead')"
+
+# A kept version of an automation is needed while an execution made with it may run: one
+# pending or waiting, and one dead or unknown (`retry_dead` may revive it). Both backends'
+# `prune_versions` delete those, replaced before `{before}`, that no such execution names.
+UNNEEDED_VERSION = (
+    "v.created_at < {before} AND NOT EXISTS (SELECT 1 FROM executions x "
+    "WHERE x.account_id = v.account_id AND x.automation_id = v.automation_id "
+    "AND x.automation_version = v.version AND x.status NOT IN ('completed', 'stopped'))"
+)
 
 # Per kind: its table, the index of migration 0016 its rows are found by, which of its
 # rows are finished and past `{before}`, and the column their age is read from, the
@@ -75,4 +87,10 @@ class RetentionStore(Protocol):
         first (see the module), in one short transaction; how many (executions: without
         their steps, deleted with them). On PostgreSQL a row another transaction has
         locked is skipped, not waited for: callers at once delete different rows."""
+        ...
+
+    def prune_versions(self, before: datetime, limit: int) -> int:
+        """Delete up to `limit` of the automations' kept versions replaced before `before`
+        that no unfinished, dead or unknown execution names (`UNNEEDED_VERSION`), in one
+        short transaction; how many."""
         ...

@@ -47,10 +47,12 @@ from sinal.store.automations import (
     automation_halt,
     chain_parent,
     opened_integration,
+    pinned,
     resealed_rows,
     sealed_secrets,
     sealed_spec,
     secret_counts,
+    secrets_of,
     storable_json,
     storable_text,
     too_deep,
@@ -156,13 +158,13 @@ class SQLiteAutomations:
         self, table: SecretTable, after: tuple[UUID, UUID] | None, limit: int
     ) -> ResealBatch:
         """Seal the next `limit` rows' secrets again with the current key."""
-        column = "secrets" if table == "integrations" else "spec"
+        column, owner = secrets_of(table)
         past = "" if after is None else "WHERE (account_id, id) > (?, ?) "
         with self._write() as conn:
             rows = [
-                (UUID(account), UUID(ident), orjson.loads(stored))
-                for account, ident, stored in conn.execute(
-                    f"SELECT account_id, id, {column} FROM {table} {past}"
+                (UUID(account), UUID(ident), orjson.loads(stored), UUID(bound))
+                for account, ident, stored, bound in conn.execute(
+                    f"SELECT account_id, id, {column}, {owner} FROM {table} {past}"
                     "ORDER BY account_id, id LIMIT ?",
                     (*(str(part) for part in after or ()), limit),
                 )
@@ -182,10 +184,11 @@ class SQLiteAutomations:
         """Insert an automation."""
         with self._write() as conn:
             conn.execute(
-                f"INSERT INTO automations ({AUTOMATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO automations ({AUTOMATION_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (str(row.account_id), str(row.id), row.name, row.status, row.trigger_metric,
                  dumps_json(sealed_spec(self.keyring, row)), _ts(row.created_at),
-                 _ts(row.updated_at)),
+                 _ts(row.updated_at), row.version),
             )  # fmt: skip
 
     def get_automation(self, account_id: UUID, automation_id: UUID) -> AutomationRow | None:
@@ -228,7 +231,8 @@ class SQLiteAutomations:
     ) -> AutomationRow | None:
         """Read, change and write the row in one write transaction (`BEGIN IMMEDIATE`:
         no other writer between the read and the write); a paused automation set active
-        has its held executions moved up to now."""
+        has its held executions moved up to now; a change of steps keeps the definition
+        it replaces, for the executions made with it."""
         account, ident = str(account_id), str(automation_id)
         with self._write() as conn:
             found = conn.execute(
@@ -240,12 +244,19 @@ class SQLiteAutomations:
                 return None
             was = _automation(found)
             row = change(was)
+            if row.version != was.version:  # copied as stored: its secrets stay sealed
+                conn.execute(
+                    "INSERT INTO automation_versions (account_id, id, automation_id, version, "
+                    "spec, created_at) SELECT account_id, ?, id, version, spec, ? "
+                    "FROM automations WHERE account_id = ? AND id = ?",
+                    (str(new_id()), _ts(_now()), account, ident),
+                )
             conn.execute(
                 "UPDATE automations SET name = ?, status = ?, trigger_metric = ?, spec = ?, "
-                "updated_at = ? WHERE account_id = ? AND id = ?",
+                "updated_at = ?, version = ? WHERE account_id = ? AND id = ?",
                 (row.name, row.status, row.trigger_metric,
-                 dumps_json(sealed_spec(self.keyring, row)), _ts(row.updated_at), account,
-                 ident),
+                 dumps_json(sealed_spec(self.keyring, row)), _ts(row.updated_at), row.version,
+                 account, ident),
             )  # fmt: skip
             if was.status == "paused" and row.status == "active":
                 now = _ts(_now())
@@ -318,6 +329,7 @@ class SQLiteAutomations:
                     continue
                 event = _stored_event(row)
                 chosen = choose(event, candidates)
+                versions = {c.id: c.version for c in candidates}
                 depth = _chain_depth(conn, account, event) if chosen else 0
                 status, why = "pending", None
                 if depth > MAX_CHAIN_DEPTH:
@@ -326,11 +338,12 @@ class SQLiteAutomations:
                     ident = new_id()
                     cur = conn.execute(
                         "INSERT INTO executions (account_id, id, automation_id, event_id, "
-                        "contact_id, status, last_error, chain_depth, run_at, created_at, "
-                        "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT DO NOTHING",
+                        "contact_id, status, last_error, chain_depth, automation_version, "
+                        "run_at, created_at, updated_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                         (account, str(ident), str(automation_id), event_id,
-                         str(event.contact_id), status, why, depth, now, now, now),
+                         str(event.contact_id), status, why, depth, versions[automation_id],
+                         now, now, now),
                     )  # fmt: skip
                     report.executions += cur.rowcount
                     if why is not None and cur.rowcount:
@@ -624,20 +637,22 @@ def _advance(conn: sqlite3.Connection, claim: Claim, advance: Advance, now: str)
 
 
 # The secrets of integrations (each value of `secrets`) and of webhook steps (`secret`,
-# each value of `headers`), by the id of the key that sealed them (NULL: plaintext).
+# each value of `headers`; of automations and their kept versions), by the id of the key
+# that sealed them (NULL: plaintext).
 _COUNT_SECRETS_SQL = """
+WITH _specs AS (SELECT spec FROM automations UNION ALL SELECT spec FROM automation_versions)
 SELECT CASE WHEN s.type = 'object' THEN json_extract(s.value, '$.kid') END, count(*)
 FROM integrations i, json_each(i.secrets) s WHERE s.type IN ('text', 'object') GROUP BY 1
 UNION ALL
 SELECT CASE WHEN json_type(st.value, '$.secret') = 'object'
             THEN json_extract(st.value, '$.secret.kid') END, count(*)
-FROM automations a, json_each(a.spec, '$.steps') st
+FROM _specs a, json_each(a.spec, '$.steps') st
 WHERE json_extract(st.value, '$.type') = 'webhook'
   AND json_type(st.value, '$.secret') IN ('text', 'object')
 GROUP BY 1
 UNION ALL
 SELECT CASE WHEN h.type = 'object' THEN json_extract(h.value, '$.kid') END, count(*)
-FROM automations a, json_each(a.spec, '$.steps') st, json_each(st.value, '$.headers') h
+FROM _specs a, json_each(a.spec, '$.steps') st, json_each(st.value, '$.headers') h
 WHERE json_extract(st.value, '$.type') = 'webhook'
   AND json_type(st.value, '$.headers') = 'object' AND h.type IN ('text', 'object')
 GROUP BY 1
@@ -661,14 +676,14 @@ def _integration(r: Sequence[Any], keyring: Keyring | None) -> Integration:
 
 def _automation(r: Sequence[Any]) -> AutomationRow:
     return AutomationRow(UUID(r[0]), UUID(r[1]), r[2], r[3], r[4], orjson.loads(r[5]),
-                         _parse(r[6]) or _now(), _parse(r[7]) or _now(),
-                         _parse(r[8]) if len(r) > 8 else None)  # fmt: skip
+                         _parse(r[6]) or _now(), _parse(r[7]) or _now(), r[8],
+                         _parse(r[9]) if len(r) > 9 else None)  # fmt: skip
 
 
 def _execution(r: Sequence[Any]) -> Execution:
     return Execution(UUID(r[0]), UUID(r[1]), UUID(r[2]), UUID(r[3]), UUID(r[4]), r[5], r[6],
                      r[7], _parse(r[8]) or _now(), r[9], _parse(r[10]) or _now(),
-                     _parse(r[11]) or _now(), r[12])  # fmt: skip
+                     _parse(r[11]) or _now(), r[12], r[13])  # fmt: skip
 
 
 def _step(r: Sequence[Any]) -> StepRecord:
@@ -705,9 +720,17 @@ def _claim(conn: sqlite3.Connection, e: Execution, worker: str, lease: float) ->
     assert automation is not None
     assert event is not None
     assert contact is not None
+    current = _automation(automation)
+    kept = None
+    if e.automation_version != current.version:  # made before a change of its steps
+        kept = conn.execute(
+            "SELECT spec FROM automation_versions "
+            "WHERE account_id = ? AND automation_id = ? AND version = ?",
+            (account, str(e.automation_id), e.automation_version),
+        ).fetchone()
     return Claim(
         execution=_with_steps(conn, e),
-        automation=_automation(automation),
+        automation=pinned(current, e, None if kept is None else kept[0]),
         event=_stored_event(event),
         contact=contact,
         tags=tuple(t[0] for t in tags),

@@ -7,7 +7,7 @@ import sqlite3
 from contextlib import AbstractContextManager
 from datetime import datetime
 
-from sinal.store.retention import Prunable, expired_rows
+from sinal.store.retention import UNNEEDED_VERSION, Prunable, expired_rows
 
 
 class SQLiteRetention:
@@ -30,3 +30,16 @@ class SQLiteRetention:
                 )
             conn.executemany(f"DELETE FROM {kind} WHERE account_id = ? AND id = ?", keys)
         return len(keys)
+
+    def prune_versions(self, before: datetime, limit: int) -> int:
+        """One batch of unneeded kept versions (see `RetentionStore`)."""
+        from sinal.store.sqlite import ts
+
+        with self._write() as conn:
+            cur = conn.execute(
+                "DELETE FROM automation_versions WHERE (account_id, id) IN (SELECT account_id, "
+                f"id FROM automation_versions v WHERE {UNNEEDED_VERSION.format(before='?')} "
+                "LIMIT ?)",
+                (ts(before), limit),
+            )
+            return cur.rowcount

@@ -86,9 +86,17 @@ class AutomationIn(BaseModel):
 class AutomationPatch(BaseModel):
     """Any fields of an automation; `null` removes an optional one. `steps` replaces them
     all: a webhook step's `secret` sent back as `whsec_********` keeps its secret, and a
-    header's value sent back as `********` keeps its value."""
+    header's value sent back as `********` keeps its value. Changed steps make a new
+    version: executions already made keep running theirs, unless `correct_in_place`."""
 
     model_config = ConfigDict(extra="allow")
+
+    correct_in_place: bool = Field(
+        default=False,
+        description="The steps correct the current version (same number, each step the same "
+        "type, else 422 `not_in_place`): its executions under way run them from their next "
+        "step on",
+    )
 
 
 class IntegrationIn(BaseModel):
