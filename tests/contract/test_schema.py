@@ -221,6 +221,31 @@ def test_migration_0015_puts_the_executions_made_before_it_at_chain_depth_0(
     assert sql(empty_url, "SELECT chain_depth FROM executions") == [(0,)]
 
 
+def test_migration_0026_gives_automations_and_their_executions_made_before_it_version_1(
+    empty_url: str,
+) -> None:
+    """An execution made before versions existed runs its automation's current steps, as
+    it did: both are at version 1, and no version is kept."""
+    _migrate_up_to(empty_url, 25)
+    with connect(empty_url) as ledger:
+        account = str(ledger.create_account("Loja").id)
+    automation, at = str(uuid4()), "2026-01-01T00:00:00.000000Z"
+    sql(empty_url, "INSERT INTO automations (account_id, id, name, status, trigger_metric, "
+        "spec, created_at, updated_at) VALUES (?, ?, 'a', 'active', 'Ping', '{}', ?, ?)",
+        account, automation, at, at)  # fmt: skip
+    sql(empty_url, "INSERT INTO executions (account_id, id, automation_id, event_id, "
+        "contact_id, status, run_at, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, 'waiting', ?, ?, ?)",
+        account, str(uuid4()), automation, str(uuid4()), str(uuid4()), at, at, at)  # fmt: skip
+
+    with connect(empty_url) as ledger:
+        assert ledger.migrate() == [v for v, _, _ in read_migrations("sqlite") if v > 25]
+
+    assert sql(empty_url, "SELECT version FROM automations") == [(1,)]
+    assert sql(empty_url, "SELECT automation_version FROM executions") == [(1,)]
+    assert sql(empty_url, "SELECT count(*) FROM automation_versions") == [(0,)]
+
+
 def test_check_schema_refuses_a_database_behind_this_code(empty_url: str) -> None:
     latest = latest_schema_version("sqlite" if empty_url.startswith("sqlite:") else "postgres")
     expected = f"^schema version 0, this code needs {latest}: run `sinal migrate`$"
