@@ -393,8 +393,9 @@ def serve(
     settings = Settings.from_env().with_overrides(
         database_url=database_url, host=host, port=port, workers=workers
     )
-    _check_host(settings.host)
-    _check_port(settings.host, settings.port)
+    # named as the user gave them: an option, or the environment
+    _check_host(settings.host, "--host " if host is not None else "SINAL_HOST=")
+    _check_port(settings.host, settings.port, "--port " if port is not None else "SINAL_PORT=")
     keyring = settings.keyring()
     with connect(settings.database_url, wait=settings.database_wait, keyring=keyring) as ledger:
         if migrate_first:
@@ -444,15 +445,16 @@ def _warn_of_unsealed_secrets(ledger: Ledger, keyring: Keyring | None, *, may_co
         )
 
 
-def _check_host(host: str) -> None:
-    """`ConfigurationError` naming SINAL_HOST if `host` is no address of this machine (a
-    name that does not resolve, another machine's address): uvicorn and the metrics server
-    say only "Name or service not known", and only after the database was opened."""
+def _check_host(host: str, named: str = "SINAL_HOST=") -> None:
+    """`ConfigurationError` naming the setting (`named`: "SINAL_HOST=" or "--host ") if
+    `host` is no address of this machine (a name that does not resolve, another machine's
+    address): uvicorn and the metrics server say only "Name or service not known", and only
+    after the database was opened."""
     try:
         addresses = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:  # socket.gaierror
         raise ConfigurationError(
-            f"SINAL_HOST={host!r} is not an address of this machine: {exc.strerror}"
+            f"{named}{host!r} is not an address of this machine: {exc.strerror}"
         ) from None
     # As the server does, one address that binds is enough (::1 of "localhost" may not, with
     # IPv6 off); each is tried on a free port: the port is not the question here.
@@ -464,13 +466,14 @@ def _check_host(host: str) -> None:
             return
         except OSError as exc:
             reason = exc.strerror or str(exc)
-    raise ConfigurationError(f"SINAL_HOST={host!r} is not an address of this machine: {reason}")
+    raise ConfigurationError(f"{named}{host!r} is not an address of this machine: {reason}")
 
 
-def _check_port(host: str, port: int) -> None:
-    """`ConfigurationError` naming SINAL_PORT when it is taken: uvicorn said so only once
-    the app had started (migrated, its worker running), and exited with status 3. Bound as
-    uvicorn binds it (SO_REUSEADDR: a closed connection's TIME_WAIT does not count)."""
+def _check_port(host: str, port: int, named: str) -> None:
+    """`ConfigurationError` naming the setting (`named`: "SINAL_PORT=" or "--port ") when
+    `port` is taken: uvicorn said so only once the app had started (migrated, its worker
+    running), and exited with status 3. Bound as uvicorn binds it (SO_REUSEADDR: a closed
+    connection's TIME_WAIT does not count)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -478,7 +481,7 @@ def _check_port(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise ConfigurationError(
-                f"SINAL_PORT={port}: cannot listen on {host}:{port}: {exc.strerror}"
+                f"{named}{port}: cannot listen on {host}:{port}: {exc.strerror}"
             ) from None
 
 

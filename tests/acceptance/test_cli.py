@@ -313,27 +313,35 @@ def test_cli_serve_host_not_of_this_machine_is_one_line_naming_it(
     result = subprocess.run([*SINAL, "serve", *args], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert result.returncode == 1
-    assert (
-        result.stderr == f"error: SINAL_HOST={host!r} is not an address of this machine: {reason}\n"
-    )
+    named = "--host " if args else "SINAL_HOST="  # as the user gave it
+    assert result.stderr == f"error: {named}{host!r} is not an address of this machine: {reason}\n"
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_serve_port_taken_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("by_option", [True, False])
+def test_cli_serve_port_taken_is_one_line_before_anything_starts(
+    by_option: bool, tmp_path: Path
+) -> None:
     """uvicorn said "address already in use" once the app had started (the database
-    migrated, the worker running), and exited with status 3."""
+    migrated, the worker running), and exited with status 3. The line names the port as
+    the user gave it (it said SINAL_PORT for a --port)."""
     env = {**os.environ, "SINAL_DATABASE_URL": f"sqlite:///{tmp_path / 'sinal.db'}"}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        serve = [*SINAL, "serve", "--port", str(port)]
+        serve = [*SINAL, "serve"]
+        if by_option:
+            serve += ["--port", str(port)]
+        else:
+            env["SINAL_PORT"] = str(port)
         result = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=60,
                                 check=False)  # fmt: skip
 
     assert result.returncode == 1
+    named = "--port " if by_option else "SINAL_PORT="
     assert result.stderr == (
-        f"error: SINAL_PORT={port}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+        f"error: {named}{port}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
     )
     assert list(tmp_path.iterdir()) == []
 
