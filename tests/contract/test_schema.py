@@ -471,3 +471,22 @@ def test_a_contacts_list_is_an_index_range_whatever_its_filter(database_url: str
         assert ("contact_identities" in text) == identity, plan
         if not identity:  # else the contact's own tags are its key's
             assert ("contact_tags_tag" in text) == (case == "tag"), plan
+
+
+def test_a_kept_versions_executions_are_found_by_a_partial_index(database_url: str) -> None:
+    """`prune_versions` asks every housekeeping pass whether an execution that may still
+    run names a kept version: through the partial index of migration 0028, not the index
+    of an automation's executions (0022), which walked every one it ever made."""
+    from sinal.store import postgres_retention, sqlite_retention
+    from tests.contract.test_erasure import plan_of
+
+    with connect(database_url) as ledger:
+        ledger.migrate()
+    if database_url.startswith("sqlite:"):
+        unneeded = sqlite_retention._UNNEEDED.replace("?", ":before")
+    else:
+        unneeded = postgres_retention._UNNEEDED
+    statement = f"SELECT account_id, id FROM automation_versions v WHERE {unneeded}"
+    plan = plan_of(database_url, statement, {"before": "2026-01-01T00:00:00Z"})
+    assert any("executions_live_version" in line for line in plan), plan
+    assert not any("executions_automation" in line for line in plan), plan

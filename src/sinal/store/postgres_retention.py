@@ -32,9 +32,10 @@ _PRUNE_SQL: dict[Prunable, str] = {
 
 # Kept versions no execution needs; one another transaction holds (a rotation sealing it
 # again) is left for a later pass.
+_UNNEEDED = UNNEEDED_VERSION.format(before="%(before)s", executions="executions x")
 _PRUNE_VERSIONS_SQL = (
     "DELETE FROM automation_versions t USING (SELECT account_id, id FROM automation_versions v "
-    f"WHERE {UNNEEDED_VERSION.format(before='%(before)s')} LIMIT %(limit)s "
+    f"WHERE {_UNNEEDED} LIMIT %(limit)s "
     "FOR UPDATE SKIP LOCKED) d WHERE t.account_id = d.account_id AND t.id = d.id"
 )
 

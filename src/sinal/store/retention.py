@@ -33,9 +33,12 @@ FINISHED_EXECUTION = "status IN ('completed', 'stopped', 'unknown', 'dead')"
 
 # A kept version of an automation is needed while an execution made with it may run: one
 # pending or waiting, and one dead or unknown (`retry_dead` may revive it). Both backends'
-# `prune_versions` delete those, replaced before `{before}`, that no such execution names.
+# `prune_versions` delete those, replaced before `{before}`, that no such execution names,
+# found through the partial index of migration 0028 (`{executions}`: SQLite's planner,
+# without statistics, walked the account's executions by their key instead).
+LIVE_VERSION_INDEX = "executions_live_version"
 UNNEEDED_VERSION = (
-    "v.created_at < {before} AND NOT EXISTS (SELECT 1 FROM executions x "
+    "v.created_at < {before} AND NOT EXISTS (SELECT 1 FROM {executions} "
     "WHERE x.account_id = v.account_id AND x.automation_id = v.automation_id "
     "AND x.automation_version = v.version AND x.status NOT IN ('completed', 'stopped'))"
 )

@@ -7,7 +7,12 @@ import sqlite3
 from contextlib import AbstractContextManager
 from datetime import datetime
 
-from sinal.store.retention import UNNEEDED_VERSION, Prunable, expired_rows
+from sinal.store.retention import LIVE_VERSION_INDEX, UNNEEDED_VERSION, Prunable, expired_rows
+
+# SQLite's planner, without statistics, takes the executions' key over the partial index.
+_UNNEEDED = UNNEEDED_VERSION.format(
+    before="?", executions=f"executions x INDEXED BY {LIVE_VERSION_INDEX}"
+)
 
 
 class SQLiteRetention:
@@ -38,7 +43,7 @@ class SQLiteRetention:
         with self._write() as conn:
             cur = conn.execute(
                 "DELETE FROM automation_versions WHERE (account_id, id) IN (SELECT account_id, "
-                f"id FROM automation_versions v WHERE {UNNEEDED_VERSION.format(before='?')} "
+                f"id FROM automation_versions v WHERE {_UNNEEDED} "
                 "LIMIT ?)",
                 (ts(before), limit),
             )
