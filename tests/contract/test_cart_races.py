@@ -38,6 +38,7 @@ CART = {
 DUE = datetime(2024, 5, 10, 18, 1, 47, tzinfo=UTC)  # the fixture checkout's update + 30 min
 PLACED = "2024-05-10T15:40:00-03:00"  # 18:40 UTC: an order placed after the checkout was due
 ROUNDS = 12
+YAMPI_CART = "c8a2f1e0-93b4-4d7c-8e5a-0b1c2d3e4f50"  # the Yampi fixtures' cart token
 postgres_only = pytest.mark.parametrize(
     "database_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
 )
@@ -390,3 +391,56 @@ def test_an_order_abandoning_and_recovering_a_checkout_as_its_buyer_is_erased_wa
     assert cart_events(database_url, "Checkout Abandoned") == {}
     assert cart_events(database_url, "Checkout Recovered") == {}
     assert sql(database_url, "SELECT count(*) FROM checkouts") == [(0,)]
+
+
+@pytest.mark.parametrize("first", ["orders/create", "orders/paid"])
+def test_an_order_placed_in_time_and_paid_after_the_due_time_abandons_nothing(
+    database_url: str, ledgers: list[Ledger], shop: Integration, first: str
+) -> None:
+    """Placed at 17:32:10, before its checkout was due (18:01:47), paid at 18:30 (a PIX paid
+    later): whichever of its two webhooks sinal processes first, the checkout was completed
+    in time, never abandoned. orders/paid first, its payment time was taken for the order's:
+    an abandonment and a recovery were recorded, or not, as the deliveries raced."""
+    deliver(ledgers[0], shop, "checkouts/update", "checkout-0", body("checkouts_update", 0))
+    sent = {
+        "orders/create": body("orders_create", 0),
+        "orders/paid": body("orders_paid", 0, updated_at="2024-05-10T15:30:00-03:00"),
+    }
+    second = "orders/paid" if first == "orders/create" else "orders/create"
+
+    for topic in (first, second):
+        deliver(ledgers[0], shop, topic, topic, sent[topic])
+
+    assert cart_events(database_url, "Checkout Abandoned") == {}
+    assert cart_events(database_url, "Checkout Recovered") == {}
+    assert a_pass(ledgers[0]) == 0
+
+
+def yampi(event: str, **changes: Any) -> bytes:
+    """The Yampi fixture `event`, its payload's `changes` made."""
+    payload = json.loads((SHOPIFY.parent / "yampi" / f"{event}.json").read_text())
+    return json.dumps({**payload, **changes}).encode()
+
+
+@pytest.mark.parametrize("first", ["order_created", "order_paid"])
+def test_a_yampi_order_placed_before_its_reminder_is_dated_so_whichever_comes_first(
+    database_url: str, ledgers: list[Ledger], first: str
+) -> None:
+    """Yampi reminded at 18:05:41 of a cart whose order was placed at 17:32:10 and paid at
+    18:20: the reminder recorded first, the order's recovery says it was placed before the
+    abandonment (dated at it), whether order.created or order.paid comes first. order.paid
+    first, its payment time was taken for the order's: a recovery proper."""
+    account = ledgers[0].create_account("Loja")
+    shop = Automations(ledgers[0]).create_integration(account.id, {"kind": "yampi", "secret": "s"})
+    sent = {"order_created": yampi("order_created"),
+            "order_paid": yampi("order_paid", time="2024-05-10 15:20:00")}  # fmt: skip
+    second = "order_paid" if first == "order_created" else "order_created"
+
+    deliver(ledgers[0], shop, "", "reminder", yampi("cart_reminder"))
+    for event in (first, second):
+        deliver(ledgers[0], shop, "", event, sent[event])
+
+    [(_, abandoned_at, _)] = cart_events(database_url, "Checkout Abandoned")[YAMPI_CART]
+    [(_, recovered_at, properties)] = cart_events(database_url, "Checkout Recovered")[YAMPI_CART]
+    assert abandoned_at == datetime(2024, 5, 10, 18, 5, 41, tzinfo=UTC)
+    assert (recovered_at, properties["ordered_before_abandonment"]) == (abandoned_at, True)

@@ -158,6 +158,7 @@ class OrderRef:
     checkout_token: str | None = None
     cart_token: str | None = None
     updated_at: datetime | None = None
+    placed_at: datetime | None = None  # the provider's created_at, whatever the event says
 
     @property
     def checkout_tokens(self) -> tuple[str, ...]:

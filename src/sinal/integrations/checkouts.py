@@ -108,7 +108,10 @@ def _total_text(total: Decimal | None) -> str | None:
 
 
 def recovered_checkout(order_event: Mapped, checkout_token: str) -> Mapped:
-    """Checkout Recovered (once per checkout token) from the event of the order that won it."""
+    """Checkout Recovered (once per checkout token) from the event of the order that won it,
+    dated when the order was placed: the event may be its payment's, later (orders/paid
+    processed before orders/create), and the store tells a checkout completed in time from
+    one recovered after its abandonment by this date."""
     order = order_event.order
     if order is None:
         raise ValueError("recovered_checkout needs an order event (Mapped.order is None)")
@@ -132,7 +135,7 @@ def recovered_checkout(order_event: Mapped, checkout_token: str) -> Mapped:
         source_id=checkout_token,
         entity_type=_RECOVERED,
         entity_id=order.external_id,
-        occurred_at=order_event.occurred_at,
+        occurred_at=order.placed_at or order_event.occurred_at,
         properties=r.compact(properties),
         value=order.total,
         currency=order.currency,

@@ -236,6 +236,7 @@ def _order_ref(order: Mapping[str, Any]) -> OrderRef:
         checkout_token=r.text(order, "checkout_token"),
         cart_token=r.text(order, "cart_token"),
         updated_at=r.iso_time(order, "updated_at"),
+        placed_at=r.iso_time(order, "created_at"),
     )
 
 

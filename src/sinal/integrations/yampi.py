@@ -193,6 +193,7 @@ def _order_ref(order: Mapping[str, Any], status: OrderStatus | None) -> OrderRef
             r.id_text(order, "cart_token"), r.id_text(order, "cart", "data", "token")
         ),
         updated_at=_yampi_time(r.get(order, "updated_at")),
+        placed_at=_yampi_time(r.get(order, "created_at")),
     )
 
 
