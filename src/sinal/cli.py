@@ -285,8 +285,10 @@ def contacts_list(
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
-    """List an account's contacts, oldest first, as GET /v1/contacts: every one, or those
-    with a phone, email, external id or tag (compared as contacts store them)."""
+    """List an account's contacts, oldest first, as GET /v1/contacts.
+
+    Every one, or those with a phone, email, external id or tag (compared as contacts
+    store them)."""
     from sinal.api.views import contact_view
 
     account_id = _parse_id(account, "--account")
