@@ -203,7 +203,15 @@ def test_migration_0008_keeps_the_deliveries_kept_before_it(empty_url: str) -> N
 def test_migration_0015_puts_the_executions_made_before_it_at_chain_depth_0(
     empty_url: str,
 ) -> None:
-    _migrate_up_to(empty_url, 14)
+    _migrate_past_an_execution(empty_url, 14, "completed")
+
+    assert sql(empty_url, "SELECT chain_depth FROM executions") == [(0,)]
+
+
+def _migrate_past_an_execution(empty_url: str, version: int, status: str) -> None:
+    """Migrate up to `version`, store an automation with one execution in `status` as the
+    schema of then holds them, then migrate the rest."""
+    _migrate_up_to(empty_url, version)
     with connect(empty_url) as ledger:
         account = str(ledger.create_account("Loja").id)
     automation, at = str(uuid4()), "2026-01-01T00:00:00.000000Z"
@@ -212,13 +220,12 @@ def test_migration_0015_puts_the_executions_made_before_it_at_chain_depth_0(
         account, automation, at, at)  # fmt: skip
     sql(empty_url, "INSERT INTO executions (account_id, id, automation_id, event_id, "
         "contact_id, status, run_at, created_at, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, 'completed', ?, ?, ?)",
-        account, str(uuid4()), automation, str(uuid4()), str(uuid4()), at, at, at)  # fmt: skip
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        account, str(uuid4()), automation, str(uuid4()), str(uuid4()), status, at, at,
+        at)  # fmt: skip
 
     with connect(empty_url) as ledger:
-        assert ledger.migrate() == [v for v, _, _ in read_migrations("sqlite") if v > 14]
-
-    assert sql(empty_url, "SELECT chain_depth FROM executions") == [(0,)]
+        assert ledger.migrate() == [v for v, _, _ in read_migrations("sqlite") if v > version]
 
 
 def test_migration_0026_gives_automations_and_their_executions_made_before_it_version_1(
@@ -226,20 +233,7 @@ def test_migration_0026_gives_automations_and_their_executions_made_before_it_ve
 ) -> None:
     """An execution made before versions existed runs its automation's current steps, as
     it did: both are at version 1, and no version is kept."""
-    _migrate_up_to(empty_url, 25)
-    with connect(empty_url) as ledger:
-        account = str(ledger.create_account("Loja").id)
-    automation, at = str(uuid4()), "2026-01-01T00:00:00.000000Z"
-    sql(empty_url, "INSERT INTO automations (account_id, id, name, status, trigger_metric, "
-        "spec, created_at, updated_at) VALUES (?, ?, 'a', 'active', 'Ping', '{}', ?, ?)",
-        account, automation, at, at)  # fmt: skip
-    sql(empty_url, "INSERT INTO executions (account_id, id, automation_id, event_id, "
-        "contact_id, status, run_at, created_at, updated_at) "
-        "VALUES (?, ?, ?, ?, ?, 'waiting', ?, ?, ?)",
-        account, str(uuid4()), automation, str(uuid4()), str(uuid4()), at, at, at)  # fmt: skip
-
-    with connect(empty_url) as ledger:
-        assert ledger.migrate() == [v for v, _, _ in read_migrations("sqlite") if v > 25]
+    _migrate_past_an_execution(empty_url, 25, "waiting")
 
     assert sql(empty_url, "SELECT version FROM automations") == [(1,)]
     assert sql(empty_url, "SELECT automation_version FROM executions") == [(1,)]
