@@ -19,9 +19,10 @@ import pytest
 
 from sinal import Ledger, connect, webhooks
 from sinal.automations.service import Automations
-from sinal.commerce import derive_all_abandoned
+from sinal.commerce import _abandonment_of, commerce_store, derive_all_abandoned
+from sinal.events import PreparedEvent
 from sinal.store.automations import Advance, Claim, Integration
-from sinal.store.commerce import STOPPED_BY_RECOVERY
+from sinal.store.commerce import STOPPED_BY_RECOVERY, Checkout
 from sinal.store.erasure import erase_in
 from sinal.store.postgres_erasure import _ERASE as ERASE
 from sinal.store.postgres_erasure import LOCK_EVENTS, WRITE_EVENTS
@@ -444,3 +445,41 @@ def test_a_yampi_order_placed_before_its_reminder_is_dated_so_whichever_comes_fi
     [(_, recovered_at, properties)] = cart_events(database_url, "Checkout Recovered")[YAMPI_CART]
     assert abandoned_at == datetime(2024, 5, 10, 18, 5, 41, tzinfo=UTC)
     assert (recovered_at, properties["ordered_before_abandonment"]) == (abandoned_at, True)
+
+
+@postgres_only
+def test_a_store_deleted_as_a_pass_abandons_its_checkout_waits_and_withdraws_it(
+    database_url: str, ledgers: list[Ledger], shop: Integration
+) -> None:
+    """PostgreSQL: the store is deleted while a worker's pass records one of its checkouts'
+    abandonment (after the pass found the store connected, before it commits). The delete
+    waits for the pass, then withdraws the abandonment from automations: no cart message.
+    It did not wait: the abandonment, committed after it, fanned out to the automation."""
+    deliver(ledgers[0], shop, "checkouts/update", "checkout-0", body("checkouts_update", 0))
+    build = _abandonment_of(ledgers[1])
+    building, release = threading.Event(), threading.Event()
+
+    def paused(checkout: Checkout) -> PreparedEvent | None:
+        building.set()
+        release.wait(10)
+        return build(checkout)
+
+    def abandon() -> None:
+        now = DUE + timedelta(days=1)
+        commerce_store(ledgers[1]).abandon_checkout(shop.account_id, shop.id, token(0), now, paused)
+
+    abandoning = threading.Thread(target=abandon)
+    abandoning.start()
+    assert building.wait(10)
+    store = Automations(ledgers[2]).store
+    deleting = threading.Thread(target=lambda: store.delete_integration(shop.account_id, shop.id))
+    deleting.start()
+    wait_until(lambda: waiting(database_url) == 1 or not deleting.is_alive())
+    release.set()
+    abandoning.join()
+    deleting.join()
+    fan_out(ledgers[0])
+
+    assert len(cart_events(database_url, "Checkout Abandoned")[token(0)]) == 1
+    assert_no_cart_message(database_url)
+    assert sql(database_url, "SELECT count(*) FROM executions") == [(0,)]

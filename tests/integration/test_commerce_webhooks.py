@@ -33,7 +33,7 @@ from sinal.integrations import sign_shopify, sign_yampi, yampi
 from sinal.ledger import Ledger
 from sinal.store.automations import Advance
 from sinal.store.base import EventQuery, StoredEvent
-from sinal.store.commerce import STOPPED_BY_ORDER, STOPPED_BY_RECOVERY
+from sinal.store.commerce import STOPPED_BY_DISCONNECT, STOPPED_BY_ORDER, STOPPED_BY_RECOVERY
 from sinal.store.sqlite import SQLiteStore
 from sinal.worker import start_worker_thread
 from tests.helpers import DrivenClock, count, settle, sql
@@ -932,6 +932,32 @@ async def test_a_cart_execution_a_worker_holds_starts_no_step_once_the_order_cam
     assert store.start_step(claim, 0, "wait") == "stopped"
     assert store.advance(claim, Advance("completed", 2))  # as the worker leaves it: it stays
     assert executions(api) == [("stopped", STOPPED_BY_ORDER)]
+
+
+@pytest.mark.parametrize("dispatched", [True, False], ids=["executions-made", "not-yet"])
+async def test_deleting_a_store_stops_the_cart_automations_its_abandonments_have_to_run(
+    api: Api, shopify: Shop, yampi_shop: Shop, dispatched: bool
+) -> None:
+    """A disconnected store sends no order any more to stop a "wait 1 h, then message" for
+    a customer who bought: its abandonments' executions still to run stop (or are never
+    made), in the delete's transaction. Another store's go on."""
+    abandoned = await abandoned_with_automation(api, shopify, dispatched=dispatched)
+    await yampi_shop.deliver(fixture("yampi", "cart_reminder"))  # the other store's cart
+    if dispatched:
+        run_automations(api)
+
+    deleted = await api.client.delete(f"/v1/integrations/{shopify.id}")
+    run_automations(api)
+
+    assert deleted.status_code == 204, deleted.text
+    assert sorted(executions(api)) == [
+        *([("stopped", STOPPED_BY_DISCONNECT)] if dispatched else []),
+        ("waiting", None),  # Yampi's cart: its store is connected
+    ]
+    [traced] = (await api.client.get(f"/v1/events/{abandoned.id}/trace")).json()["automations"]
+    assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
+    assert traced["message"].endswith(STOPPED_BY_DISCONNECT)
+    assert ("execution" in traced) is dispatched
 
 
 @pytest.mark.parametrize("dispatched", [True, False], ids=["executions-made", "not-yet"])

@@ -42,12 +42,13 @@ from sinal.store.automations import (
     stopped_too_deep,
 )
 from sinal.store.base import EventQuery, StoredEvent
-from sinal.store.commerce import STOPPED_BY_ORDER, STOPPED_BY_RECOVERY
+from sinal.store.commerce import STOPPED_BY_DISCONNECT, STOPPED_BY_ORDER, STOPPED_BY_RECOVERY
 from sinal.urls import base_url_problem
 from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
 
-# A trace's reasons for an automation a Checkout Abandoned its order withdrew did not run
-# (through): withdrawn before fan-out, recorded with its order, or its execution stopped.
+# A trace's reasons for an automation a Checkout Abandoned its order (or its store's
+# disconnection) withdrew did not run (through): withdrawn before fan-out, recorded with its
+# order, or its execution stopped.
 _BEFORE_FAN_OUT = "the event was withdrawn from automations before they ran: "
 _RECORDED_WITH_ORDER = _BEFORE_FAN_OUT + (
     "the checkout's order, placed after the checkout counted as abandoned, came before a "
@@ -58,7 +59,7 @@ _STOPPED = (
     "the event was withdrawn from automations after its execution was made: the execution "
     "was stopped (steps it had run stay done): "
 )
-_BY_ITS_ORDER = (STOPPED_BY_ORDER, STOPPED_BY_RECOVERY)
+_WITHDRAWN = (STOPPED_BY_ORDER, STOPPED_BY_RECOVERY, STOPPED_BY_DISCONNECT)
 
 # Per kind: (required settings, optional settings with defaults, secret fields).
 _KINDS: dict[str, tuple[tuple[str, ...], dict[str, Any], tuple[str, ...]]] = {
@@ -171,7 +172,7 @@ class Automations:
                 if stopped_too_deep(execution):  # matched, but its execution never ran
                     why = execution.last_error
                     entry |= {"triggered": False, "outcome": "chain_too_deep", "message": why}
-                elif execution.status == "stopped" and execution.last_error in _BY_ITS_ORDER:
+                elif execution.status == "stopped" and execution.last_error in _WITHDRAWN:
                     why = _STOPPED + execution.last_error
                     entry |= {"triggered": False, "outcome": "withdrawn", "message": why}
                 entry["execution"] = execution_summary(execution)
@@ -179,8 +180,9 @@ class Automations:
         return answer
 
     def _withdrawal(self, event: StoredEvent) -> str | None:
-        """Why `event`, a Checkout Abandoned withdrawn from automations before fan-out
-        (`CommerceStore.save_order`), made no execution; None for any other event."""
+        """Why `event`, a Checkout Abandoned withdrawn from automations before fan-out (by
+        its order, `CommerceStore.save_order`, or its integration's delete), made no
+        execution; None for any other event."""
         token = event.properties.get("checkout_token")
         if (
             event.metric_name != METRIC_CHECKOUT_ABANDONED
@@ -192,9 +194,17 @@ class Automations:
             return _RECORDED_WITH_ORDER
         recovered = self._recovery(event, token)
         if recovered is None:
-            return None
+            return self._disconnection(event)
         ordered_before = recovered.properties.get("ordered_before_abandonment") is True
         return _BEFORE_FAN_OUT + (STOPPED_BY_ORDER if ordered_before else STOPPED_BY_RECOVERY)
+
+    def _disconnection(self, event: StoredEvent) -> str | None:
+        """Why a Checkout Abandoned of a deleted integration made no execution (its delete
+        took its outbox row); None while the integration is connected."""
+        ident = event.integration_id
+        if ident is None or self.store.get_integration(event.account_id, ident) is not None:
+            return None
+        return _BEFORE_FAN_OUT + STOPPED_BY_DISCONNECT
 
     def _recovery(self, event: StoredEvent, token: str) -> StoredEvent | None:
         """The Checkout Recovered of the Checkout Abandoned `event`, recorded in the

@@ -453,7 +453,10 @@ class AutomationStore(Protocol):
         ...
 
     def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
-        """Soft-delete; False when there was none."""
+        """Soft-delete; False when there was none. In the same transaction, its Checkout
+        Abandoned events leave the outbox if still there and their executions still pending
+        or waiting stop (`sinal.store.commerce.STOPPED_BY_DISCONNECT`): with the store
+        disconnected, no order can come to stop a cart message to a customer who bought."""
         ...
 
     def count_secrets(self) -> dict[str, int]:

@@ -10,8 +10,9 @@ functions both backends call (`merge_order`, `merge_checkout`):
 - a refund adds to the refunded amount only when its event was new (a redelivery adds
   nothing);
 - a checkout is due for abandonment at `due_at` unless an order completed it first or its
-  integration was deleted (it then stops being due), and a reminder (Yampi's
-  cart.reminder) of a checkout an order completed first abandons nothing
+  integration was deleted (it then stops being due; the delete also stops the executions
+  of the integration's Checkout Abandoned still to run: `STOPPED_BY_DISCONNECT`), and a
+  reminder (Yampi's cart.reminder) of a checkout an order completed first abandons nothing
   (`checkout_events`);
 - an order carrying an abandoned checkout's token recovers it once, never before it was
   abandoned, and withdraws the abandonment from automations (`recovery_events`);
@@ -37,7 +38,10 @@ from sinal.store.base import Outcome
 
 __all__ = [
     "CHECKOUT_COLUMNS",
+    "DISCONNECT_EXECUTIONS_SQL",
+    "DISCONNECT_OUTBOX_SQL",
     "ORDER_COLUMNS",
+    "STOPPED_BY_DISCONNECT",
     "STOPPED_BY_ORDER",
     "STOPPED_BY_RECOVERY",
     "Abandonment",
@@ -78,6 +82,33 @@ STOPPED_BY_ORDER = (
 STOPPED_BY_RECOVERY = (
     "the checkout was recovered: its order was placed after the checkout counted as "
     "abandoned, and a customer who bought gets no abandoned-cart message"
+)
+# The `last_error` of an execution of a Checkout Abandoned stopped because the checkout's
+# integration was deleted (`DISCONNECT_EXECUTIONS_SQL`).
+STOPPED_BY_DISCONNECT = (
+    "the checkout's store was disconnected (its integration deleted): no order of it can "
+    "reach sinal any more to stop an abandoned-cart message to a customer who bought"
+)
+# An integration deleted, in its delete's transaction: its Checkout Abandoned events run no
+# more automation steps. Their outbox rows not fanned out yet go first (a worker fanning one
+# out now is waited for, on PostgreSQL, and the executions it made stop next), then their
+# executions still to run stop, as an order's recovery stops them: with no store left to
+# send the order, nothing else would stop a "wait 1 h, then message" for a buyer. Scoped to
+# the account's outbox and its executions still to run, each one's event looked up by its
+# key (not every abandonment the integration ever recorded: the statuses repeat the partial
+# index's predicate of 0028, so a planner may use it). `{p}`: the backend's placeholder;
+# `{now}`: its current time.
+DISCONNECT_OUTBOX_SQL = (
+    "DELETE FROM outbox WHERE account_id = {p} AND metric_name = {p} AND EXISTS ("
+    "SELECT 1 FROM events e WHERE e.account_id = outbox.account_id "
+    "AND e.id = outbox.event_id AND e.integration_id = {p})"
+)
+DISCONNECT_EXECUTIONS_SQL = (
+    "UPDATE executions SET status = 'stopped', last_error = {p}, updated_at = {now} "
+    "WHERE account_id = {p} AND status NOT IN ('completed', 'stopped') "
+    "AND status IN ('pending', 'waiting') AND EXISTS (SELECT 1 FROM events e "
+    "WHERE e.account_id = executions.account_id AND e.id = executions.event_id "
+    "AND e.integration_id = {p} AND e.metric_name = {p})"
 )
 
 

@@ -23,6 +23,7 @@ import psycopg
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
+from sinal.catalog import METRIC_CHECKOUT_ABANDONED
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.keyring import Keyring
@@ -68,6 +69,11 @@ from sinal.store.automations import (
     too_deep,
 )
 from sinal.store.base import CONTACT_COLUMNS, Contact, StoredEvent, qualified
+from sinal.store.commerce import (
+    DISCONNECT_EXECUTIONS_SQL,
+    DISCONNECT_OUTBOX_SQL,
+    STOPPED_BY_DISCONNECT,
+)
 from sinal.store.libpq import network_defaults
 from sinal.store.postgres_erasure import WRITE_EVENTS
 
@@ -381,14 +387,27 @@ class PostgresAutomations:
         return [opened_integration(self.keyring, Integration(*r)) for r in rows]
 
     def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
-        """Soft-delete an integration."""
-        with self._conn() as conn:
+        """Soft-delete an integration, and withdraw its Checkout Abandoned from automations
+        (`DISCONNECT_OUTBOX_SQL`) in the same transaction. A pass abandoning one of its
+        checkouts now (`abandon_checkout`, which reads the integration `FOR SHARE`) is
+        waited for, so its abandonment is withdrawn too."""
+        with self._tx() as conn:
             cur = conn.execute(
                 "UPDATE integrations SET deleted_at = now() "
                 "WHERE account_id = %s AND id = %s AND deleted_at IS NULL",
                 (account_id, integration_id),
             )
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            abandoned = METRIC_CHECKOUT_ABANDONED
+            conn.execute(
+                DISCONNECT_OUTBOX_SQL.format(p="%s"), (account_id, abandoned, integration_id)
+            )
+            conn.execute(
+                DISCONNECT_EXECUTIONS_SQL.format(p="%s", now="now()"),
+                (STOPPED_BY_DISCONNECT, account_id, integration_id, abandoned),
+            )
+            return True
 
     def count_secrets(self) -> dict[str, int]:
         """The stored secrets, by the key that sealed them (`PLAINTEXT`: none)."""

@@ -59,8 +59,12 @@ _HAS_ORDER = (
 # erasure detaches them), so an order written while its contact is erased would keep the
 # erased id. FOR KEY SHARE waits for the erasure's lock, then finds no contact.
 _KNOWN_CONTACT = "(SELECT id FROM contacts WHERE account_id = %s AND id = %s FOR KEY SHARE)"
-# Is the checkout's integration still connected (not deleted)?
-_IS_LIVE = "SELECT 1 FROM integrations WHERE account_id = %s AND id = %s AND deleted_at IS NULL"
+# Is the checkout's integration still connected (not deleted)? FOR SHARE: a delete committing
+# meanwhile is waited for (and seen), and a delete that comes after waits for this
+# transaction, so it withdraws the abandonment recorded here (`delete_integration`).
+_IS_LIVE = (
+    "SELECT 1 FROM integrations WHERE account_id = %s AND id = %s AND deleted_at IS NULL FOR SHARE"
+)
 # A cart reminder (the abandonment itself) and the order carrying its token can race with
 # neither row there to lock yet: both lock (account, integration, token) first, so the
 # reminder sees the order, or the order the abandonment it then recovers. (A checkout that

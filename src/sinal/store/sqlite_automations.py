@@ -12,6 +12,7 @@ from uuid import UUID
 
 import orjson
 
+from sinal.catalog import METRIC_CHECKOUT_ABANDONED
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.keyring import Keyring
@@ -58,6 +59,11 @@ from sinal.store.automations import (
     too_deep,
 )
 from sinal.store.base import StoredEvent
+from sinal.store.commerce import (
+    DISCONNECT_EXECUTIONS_SQL,
+    DISCONNECT_OUTBOX_SQL,
+    STOPPED_BY_DISCONNECT,
+)
 
 _HELD = "account_id = ? AND id = ? AND claimed_by = ? AND claimed_until > ?"
 
@@ -140,14 +146,25 @@ class SQLiteAutomations:
         return [_integration(r, self.keyring) for r in rows]
 
     def delete_integration(self, account_id: UUID, integration_id: UUID) -> bool:
-        """Soft-delete an integration."""
+        """Soft-delete an integration, and withdraw its Checkout Abandoned from automations
+        (`DISCONNECT_OUTBOX_SQL`) in the same transaction."""
+        now = _ts(_now())
+        account, ident = str(account_id), str(integration_id)
         with self._write() as conn:
             cur = conn.execute(
                 "UPDATE integrations SET deleted_at = ? "
                 "WHERE account_id = ? AND id = ? AND deleted_at IS NULL",
-                (_ts(_now()), str(account_id), str(integration_id)),
+                (now, account, ident),
             )
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            abandoned = METRIC_CHECKOUT_ABANDONED
+            conn.execute(DISCONNECT_OUTBOX_SQL.format(p="?"), (account, abandoned, ident))
+            conn.execute(
+                DISCONNECT_EXECUTIONS_SQL.format(p="?", now="?"),
+                (STOPPED_BY_DISCONNECT, now, account, ident, abandoned),
+            )
+            return True
 
     def count_secrets(self) -> dict[str, int]:
         """The stored secrets, by the key that sealed them (`PLAINTEXT`: none)."""

@@ -355,8 +355,8 @@ async def trace(request: Request, event_id: str) -> Response:
     own_message (a status of a message this automation sent), created_after_event,
     invalid_definition (stored before a check it fails was added), chain_too_deep (matched,
     but its execution was stopped unrun: too deep a chain of automations), withdrawn (matched,
-    but a Checkout Abandoned was withdrawn by its order: before any execution was made, or
-    its execution stopped)."""
+    but a Checkout Abandoned was withdrawn by its order or its store's disconnection: before
+    any execution was made, or its execution stopped)."""
     svc = service(request)
     key = await svc.authorize(request, "read")
     event = await _owned(request, svc.ledger.get_event, key.account_id, event_id, "event")
