@@ -33,7 +33,9 @@ Abandoned for every checkout with no order `abandon_after_minutes` (per integrat
 default 60) after its last update (one of a deleted integration stops being due instead);
 every worker calls it through `derive_all_abandoned`, a `sinal.housekeeping` task, and
 any number may at once (the store abandons each checkout once, under its row lock).
-Yampi's `cart.reminder` is the abandonment itself, unless an order carrying its token came first.
+Yampi's `cart.reminder` is the abandonment itself; when an order carrying its token came
+first, it is one only if the order was placed after the reminder's time: then recorded
+withdrawn from automations and recovered by that order (`sinal.store.commerce.late_reminder`).
 An order carrying an abandoned checkout's token records Checkout Recovered, with the
 order's value, once, never dated before the abandonment: an order placed before it (its
 webhook came after the abandonment was recorded) dates it at the abandonment and says
@@ -64,7 +66,7 @@ from sinal.errors import (
     StoreUnavailable,
     UnstorableInput,
 )
-from sinal.events import PreparedEvent, fits_value, prepare
+from sinal.events import PreparedEvent, decimal_text, fits_value, prepare
 from sinal.integrations import _read as r
 from sinal.integrations.base import (
     CheckoutRef,
@@ -72,12 +74,15 @@ from sinal.integrations.base import (
     DeliveryDeferred,
     Mapped,
     Normalized,
+    OrderRef,
+    OrderStatus,
     Provider,
     UnmappablePayload,
 )
 from sinal.integrations.checkouts import (
     DEFAULT_ABANDON_DELAY,
     abandoned_checkout,
+    order_recovery,
     recovered_checkout,
 )
 from sinal.integrations.shopify import normalize_shopify
@@ -86,6 +91,7 @@ from sinal.ledger import Ledger
 from sinal.store.automations import Integration
 from sinal.store.commerce import (
     BuildCheckoutEvent,
+    BuildRecovery,
     Checkout,
     CheckoutUpdate,
     CommerceStore,
@@ -313,7 +319,9 @@ def _store_checkout(
     )
     # a pass abandons a Shopify checkout; so does its update, if it was due before it
     abandon = None if is_reminder else _abandonment_of(ledger)
-    commerce_store(ledger).save_checkout(update, prepared, abandon)
+    # a reminder coming after an order placed after it: the order recovers the cart
+    recover = _recovery_of(ledger) if is_reminder else None
+    commerce_store(ledger).save_checkout(update, prepared, abandon, recover)
 
 
 def _check_abandonment(ledger: Ledger, integration: Integration, checkout: CheckoutRef) -> None:
@@ -444,6 +452,41 @@ def _derive_pass(ledger: Ledger, now: datetime, limit: int, failed: set[_Key]) -
         if outcome is not None and outcome.kind == "created":
             recorded += 1
     return _Pass(len(due), recorded)
+
+
+def _recovery_of(ledger: Ledger) -> BuildRecovery:
+    """The build of the Checkout Recovered of a checkout by an order of its cart that came
+    before its reminder (`sinal.store.commerce.late_reminder`), from the order's row, dated
+    when the order was placed; None for one no valid event can say."""
+
+    def build(checkout: Checkout, order: Order) -> PreparedEvent | None:
+        contact_id = order.contact_id or checkout.contact_id
+        if contact_id is None or order.placed_at is None:
+            return None
+        # as text, alike on both backends (PostgreSQL's numeric gives back 297.9000)
+        total = None if order.total is None else Decimal(decimal_text(order.total))
+        ref = OrderRef(
+            provider=cast(Provider, order.provider), external_id=order.external_id,
+            number=order.number, status=cast(OrderStatus, order.status),
+            provider_status=order.provider_status, total=total, currency=order.currency,
+            checkout_token=order.checkout_token, cart_token=order.cart_token,
+            placed_at=order.placed_at,
+        )  # fmt: skip
+        contact = ContactRef(external_id=f"sinal:contact:{contact_id}")
+        event = order_recovery(
+            ref, checkout.token, contact=contact, occurred_at=order.placed_at,
+            order_number=order.number,
+        )  # fmt: skip
+        emit = event.to_emit(
+            account_id=order.account_id, contact_id=contact_id, integration_id=order.integration_id
+        )
+        try:
+            return prepare(emit, ledger.clock())
+        except InvalidEvent as exc:  # the reminder records nothing, as before
+            log.warning("order %s cannot recover checkout %s: %s", order.id, checkout.token, exc)
+            return None
+
+    return build
 
 
 def _no_event(checkout: Checkout) -> None:

@@ -447,6 +447,48 @@ def test_a_yampi_order_placed_before_its_reminder_is_dated_so_whichever_comes_fi
     assert (recovered_at, properties["ordered_before_abandonment"]) == (abandoned_at, True)
 
 
+def yampi_order(event: str, *, placed: str, time: str) -> bytes:
+    """The Yampi order fixture `event`, for an order placed at `placed` (São Paulo time)
+    whose webhook was sent at `time`."""
+    payload = json.loads((SHOPIFY.parent / "yampi" / f"{event}.json").read_text())
+    payload["time"] = time
+    payload["resource"]["created_at"]["date"] = f"{placed}.000000"
+    return json.dumps(payload).encode()
+
+
+@pytest.mark.parametrize("first", ["order_created", "order_paid"])
+def test_a_yampi_reminder_after_an_order_placed_after_it_abandons_then_recovers_the_cart(
+    database_url: str, ledgers: list[Ledger], first: str
+) -> None:
+    """Yampi reminded at 18:05:41 of a cart whose order was placed at 18:40 and paid at
+    18:45, and the order's webhook (order.created, or order.paid alone) came before the
+    reminder's: the cart was abandoned, recorded with the order (no cart automation runs
+    for a customer who bought), and recovered when the order was placed. Before, such a
+    reminder recorded nothing: the count hung on which webhook came first."""
+    account = ledgers[0].create_account("Loja")
+    automations = Automations(ledgers[0])
+    automations.create(account.id, CART)
+    shop = automations.create_integration(account.id, {"kind": "yampi", "secret": "s"})
+    placed = "2024-05-10 15:40:00"  # 18:40 UTC
+    paid_at = "2024-05-10 15:45:00"
+    sent = {"order_created": yampi_order("order_created", placed=placed, time=placed),
+            "order_paid": yampi_order("order_paid", placed=placed, time=paid_at)}  # fmt: skip
+
+    deliver(ledgers[0], shop, "", first, sent[first])
+    deliver(ledgers[0], shop, "", "reminder", yampi("cart_reminder"))
+    fan_out(ledgers[0])
+
+    [(_, abandoned_at, abandoned)] = cart_events(database_url, "Checkout Abandoned")[YAMPI_CART]
+    [(_, recovered_at, recovered)] = cart_events(database_url, "Checkout Recovered")[YAMPI_CART]
+    assert (abandoned_at, abandoned["recorded_after_order"]) == (
+        datetime(2024, 5, 10, 18, 5, 41, tzinfo=UTC), True,
+    )  # fmt: skip
+    assert recovered_at == datetime(2024, 5, 10, 18, 40, tzinfo=UTC)
+    assert recovered["ordered_before_abandonment"] is False
+    assert_no_cart_message(database_url)
+    assert sql(database_url, "SELECT count(*) FROM executions") == [(0,)]
+
+
 @postgres_only
 def test_a_store_deleted_as_a_pass_abandons_its_checkout_waits_and_withdraws_it(
     database_url: str, ledgers: list[Ledger], shop: Integration

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 import sinal
+from sinal.commerce import commerce_store
 from sinal.errors import ConfigurationError, SchemaOutOfDate
 from sinal.ledger import connect
 from sinal.store.base import (
@@ -238,6 +239,35 @@ def test_migration_0026_gives_automations_and_their_executions_made_before_it_ve
     assert sql(empty_url, "SELECT version FROM automations") == [(1,)]
     assert sql(empty_url, "SELECT automation_version FROM executions") == [(1,)]
     assert sql(empty_url, "SELECT count(*) FROM automation_versions") == [(0,)]
+
+
+def test_migration_0029_dates_the_yampi_orders_kept_before_it_by_their_order_placed(
+    empty_url: str,
+) -> None:
+    """A Yampi order kept before 0029 is placed when its Order Placed says (a cart reminder
+    coming after it tells by that whether the cart was abandoned first); one whose Order
+    Placed never came stays unknown."""
+    _migrate_up_to(empty_url, 28)
+    placed = datetime(2024, 5, 11, 13, 0, tzinfo=UTC)
+    shop, at = str(uuid4()), "2026-01-01T00:00:00.000000Z"
+    with connect(empty_url) as ledger:
+        account = ledger.create_account("Loja").id
+        ana = ledger.create_contact(account, email="ana@loja.com").id
+        ledger.emit_event(
+            account_id=account, contact_id=ana, metric_name="Order Placed", source="yampi",
+            source_id="318", entity_type="order_placed", occurred_at=placed,
+        )  # fmt: skip
+    for order in ("318", "319"):  # 319: its Order Placed never came (only order.paid did)
+        sql(empty_url, "INSERT INTO orders (account_id, id, provider, integration_id, "
+            "external_id, status, refunded, cart_token, created_at, updated_at) "
+            "VALUES (?, ?, 'yampi', ?, ?, 'paid', '0', 'cart', ?, ?)",
+            str(account), str(uuid4()), shop, order, at, at)  # fmt: skip
+
+    with connect(empty_url) as ledger:
+        backend = "sqlite" if empty_url.startswith("sqlite:") else "postgres"
+        assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v > 28]
+        found = [commerce_store(ledger).find_order(account, UUID(shop), o) for o in ("318", "319")]
+    assert [o.placed_at if o else "gone" for o in found] == [placed, None]
 
 
 def test_check_schema_refuses_a_database_behind_this_code(empty_url: str) -> None:

@@ -1260,6 +1260,50 @@ async def test_a_yampi_cart_reminder_after_its_order_records_no_abandonment(
 
 
 @pytest.mark.parametrize("first", ["order", "reminder"])
+async def test_a_yampi_cart_reminded_before_its_order_is_abandoned_then_recovered_either_way(
+    api: Api, yampi_shop: Shop, first: str
+) -> None:
+    """Yampi reminded of the cart at 15:05:41 (its time) and the customer ordered the next
+    day: abandoned, then recovered, whichever webhook came first (a reminder retried, sinal
+    down for a while). Its customer bought: no cart automation runs."""
+    made = await api.post("/v1/automations", CART_AUTOMATION)
+    assert made.status_code == 201, made.text
+    sent = {
+        "reminder": fixture("yampi", "cart_reminder"),
+        "order": fixture("yampi", "order_created"),
+    }
+    sent["order"]["time"] = "2024-05-11 10:00:05"
+    sent["order"]["resource"]["created_at"]["date"] = "2024-05-11 10:00:00.000000"
+    second = "reminder" if first == "order" else "order"
+
+    answers = [await yampi_shop.deliver(sent[first]), await yampi_shop.deliver(sent[second])]
+    await yampi_shop.deliver(sent["reminder"])  # Yampi retries: the same body
+    run_automations(api)
+
+    assert [a["status"] for a in answers] == ["processed"] * 2
+    [abandoned] = events(api, "Checkout Abandoned")
+    [recovered] = events(api, "Checkout Recovered")
+    assert abandoned.occurred_at == datetime(2024, 5, 10, 18, 5, 41, tzinfo=UTC)
+    assert abandoned.properties["recorded_after_order"] is (first == "order")
+    assert recovered.occurred_at == datetime(2024, 5, 11, 13, 0, tzinfo=UTC)  # when ordered
+    assert recovered.contact_id == abandoned.contact_id
+    said = recovered.properties
+    assert (recovered.value, Decimal(said.pop("total"))) == (Decimal("297.90"),) * 2
+    assert said == {
+        "checkout_token": "c8a2f1e0-93b4-4d7c-8e5a-0b1c2d3e4f50", "order_id": "31874526",
+        "order_number": "1000417", "ordered_before_abandonment": False,
+    }  # fmt: skip
+    assert executions(api) == []  # withdrawn: recorded with the order, or recovered unrun
+    [traced] = (await api.client.get(f"/v1/events/{abandoned.id}/trace")).json()["automations"]
+    assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
+    assert checkout_state(api) == (True, True)
+    assert metrics(api) == {
+        "Order Placed": 1, "Checkout Abandoned": 1, "Checkout Recovered": 1,
+        "Contact Created": 1,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("first", ["order", "reminder"])
 async def test_a_yampi_order_racing_its_cart_reminder_ends_recovered_or_never_abandoned(
     api: Api, yampi_shop: Shop, monkeypatch: pytest.MonkeyPatch, first: str
 ) -> None:

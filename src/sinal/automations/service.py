@@ -51,8 +51,9 @@ from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
 # order, or its execution stopped.
 _BEFORE_FAN_OUT = "the event was withdrawn from automations before they ran: "
 _RECORDED_WITH_ORDER = _BEFORE_FAN_OUT + (
-    "the checkout's order, placed after the checkout counted as abandoned, came before a "
-    "worker recorded the abandonment, so it was recorded with the order "
+    "the checkout's order, placed after the checkout counted as abandoned, came before "
+    "the abandonment was recorded (a worker's pass, or Yampi's cart.reminder), so it was "
+    "recorded with the order "
     "(recorded_after_order): a customer who bought gets no abandoned-cart message"
 )
 _STOPPED = (

@@ -18,7 +18,7 @@ from typing import Final
 from sinal.catalog import METRIC_CHECKOUT_ABANDONED, METRIC_CHECKOUT_RECOVERED
 from sinal.events import build_unique_event_id, decimal_text, fits_value
 from sinal.integrations import _read as r
-from sinal.integrations.base import CheckoutRef, Mapped, UnmappablePayload
+from sinal.integrations.base import CheckoutRef, ContactRef, Mapped, OrderRef, UnmappablePayload
 
 __all__ = [
     "DEFAULT_ABANDON_DELAY",
@@ -27,6 +27,7 @@ __all__ = [
     "abandonment_due",
     "abandonment_id",
     "checkout_event",
+    "order_recovery",
     "recovered_checkout",
     "recovery_id",
 ]
@@ -118,11 +119,33 @@ def recovered_checkout(order_event: Mapped, checkout_token: str) -> Mapped:
     # the number and name as the order's own events say them (Shopify's row keeps the
     # name, "#1042", as its number; its events' order_number is "1042")
     said = order_event.properties
+    return order_recovery(
+        order,
+        checkout_token,
+        contact=order_event.contact,
+        occurred_at=order.placed_at or order_event.occurred_at,
+        order_number=said.get("order_number", order.number),
+        order_name=said.get("order_name"),
+    )
+
+
+def order_recovery(
+    order: OrderRef,
+    checkout_token: str,
+    *,
+    contact: ContactRef,
+    occurred_at: datetime,
+    order_number: object,
+    order_name: object = None,
+) -> Mapped:
+    """Checkout Recovered of checkout `checkout_token` by `order`, at `occurred_at`: from an
+    order event (`recovered_checkout`), or from the order's row when the checkout's
+    abandonment came after it (a Yampi cart.reminder: `sinal.store.commerce.late_reminder`)."""
     properties = {
         "checkout_token": checkout_token,
         "order_id": order.external_id,
-        "order_number": said.get("order_number", order.number),
-        "order_name": said.get("order_name"),
+        "order_number": order_number,
+        "order_name": order_name,
         "total": r.money_text(order.total),
         # True when the store finds the order placed before the checkout counted as
         # abandoned (`sinal.store.commerce.recovery_events`)
@@ -130,12 +153,12 @@ def recovered_checkout(order_event: Mapped, checkout_token: str) -> Mapped:
     }
     return Mapped(
         metric_name=METRIC_CHECKOUT_RECOVERED,
-        contact=order_event.contact,
+        contact=contact,
         source=order.provider,
         source_id=checkout_token,
         entity_type=_RECOVERED,
         entity_id=order.external_id,
-        occurred_at=order.placed_at or order_event.occurred_at,
+        occurred_at=occurred_at,
         properties=r.compact(properties),
         value=order.total,
         currency=order.currency,

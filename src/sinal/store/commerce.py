@@ -11,9 +11,11 @@ functions both backends call (`merge_order`, `merge_checkout`):
   nothing);
 - a checkout is due for abandonment at `due_at` unless an order completed it first or its
   integration was deleted (it then stops being due; the delete also stops the executions
-  of the integration's Checkout Abandoned still to run: `STOPPED_BY_DISCONNECT`), and a
-  reminder (Yampi's cart.reminder) of a checkout an order completed first abandons nothing
-  (`checkout_events`);
+  of the integration's Checkout Abandoned still to run: `STOPPED_BY_DISCONNECT`);
+- a reminder (Yampi's cart.reminder) of a checkout an order completed first abandons
+  nothing if the order was placed before the reminder's time (`checkout_events`), and
+  records the abandonment, withdrawn from automations, and its recovery if it was placed
+  after (`late_reminder`);
 - an order carrying an abandoned checkout's token recovers it once, never before it was
   abandoned, and withdraws the abandonment from automations (`recovery_events`);
 - an order placed after its checkout became due, whose webhook came before a pass recorded
@@ -48,6 +50,7 @@ __all__ = [
     "Checkout",
     "CheckoutUpdate",
     "CommerceStore",
+    "LateReminder",
     "Order",
     "OrderSaved",
     "OrderUpdate",
@@ -55,6 +58,7 @@ __all__ = [
     "checkout_events",
     "is_due",
     "lapsed_abandonment",
+    "late_reminder",
     "merge_checkout",
     "merge_order",
     "overdue_abandonment",
@@ -65,7 +69,7 @@ __all__ = [
 ORDER_COLUMNS = (
     "account_id, id, provider, integration_id, external_id, number, status, provider_status, "
     "total, refunded, currency, checkout_token, cart_token, contact_id, source_updated_at, "
-    "created_at, updated_at"
+    "created_at, updated_at, placed_at"
 )
 CHECKOUT_COLUMNS = (
     "account_id, integration_id, token, provider, contact_id, recovery_url, total, currency, "
@@ -133,6 +137,7 @@ class Order:
     source_updated_at: datetime | None  # the provider's updated_at of the snapshot kept
     created_at: datetime
     updated_at: datetime
+    placed_at: datetime | None  # the provider's created_at (None: no snapshot said it)
 
     @property
     def tokens(self) -> tuple[str, ...]:
@@ -214,6 +219,20 @@ class Abandonment:
 
 # None: no valid event can say this checkout is abandoned (the row stops being due).
 BuildCheckoutEvent = Callable[[Checkout], PreparedEvent | None]
+# The Checkout Recovered of a checkout by an order carrying its token (`late_reminder`);
+# None: no valid event can say it.
+BuildRecovery = Callable[[Checkout, Order], PreparedEvent | None]
+
+
+@dataclass(frozen=True, slots=True)
+class LateReminder:
+    """What a reminder that came after its cart's order records (`late_reminder`): the
+    checkout abandoned and recovered, its abandonment (withdrawn from automations), then
+    its recovery."""
+
+    checkout: Checkout
+    abandoned: PreparedEvent
+    recovered: PreparedEvent
 
 
 class CommerceStore(Protocol):
@@ -245,12 +264,15 @@ class CommerceStore(Protocol):
         update: CheckoutUpdate,
         events: Sequence[PreparedEvent],
         abandon: BuildCheckoutEvent | None = None,
+        recover: BuildRecovery | None = None,
     ) -> list[Outcome]:
         """Upsert the checkout row (see `merge_checkout`) and record `events`, together;
         `ContactNotFound`, nothing written, when the update names a contact the account no
         longer has (erased since it was found: the row would keep its identities). A
         checkout the update finds due before it (`lapsed_abandonment`) is abandoned first,
-        with `abandon`'s event."""
+        with `abandon`'s event. A reminder that comes after an order of its cart placed
+        after it (`late_reminder`) records its abandonment, which leaves the outbox at
+        once, and the recovery `recover` builds."""
         ...
 
     def due_checkouts(self, now: datetime, limit: int = 500) -> list[Checkout]:
@@ -294,7 +316,7 @@ def merge_order(
             number=None, status=snap.status, provider_status=None, total=None,
             refunded=Decimal(0), currency=None, checkout_token=None, cart_token=None,
             contact_id=update.contact_id, source_updated_at=None, created_at=now,
-            updated_at=now,
+            updated_at=now, placed_at=None,
         )  # fmt: skip
     merged = _with_snapshot(current, snap) if snap is not None else current
     status = merged.status
@@ -337,6 +359,7 @@ def _with_snapshot(current: Order, snap: OrderRef) -> Order:
         checkout_token=pick(current.checkout_token, snap.checkout_token),
         cart_token=pick(current.cart_token, snap.cart_token),
         source_updated_at=pick(current.source_updated_at, snap.updated_at),
+        placed_at=current.placed_at or snap.placed_at,  # an order is placed once
     )
 
 
@@ -367,6 +390,44 @@ def merge_checkout(
     if completed_at or abandoned_at or base.contact_id is None:
         due_at = None
     return replace(base, completed_at=completed_at, abandoned_at=abandoned_at, due_at=due_at)
+
+
+def late_reminder(
+    checkout: Checkout,
+    update: CheckoutUpdate,
+    events: Sequence[PreparedEvent],
+    orders: Sequence[Order],
+    recover: BuildRecovery | None,
+    *,
+    now: datetime,
+) -> LateReminder | None:
+    """What a reminder (`update.abandoned`, its Checkout Abandoned the one of `events`) of
+    `checkout` (merged from it) records when `orders` carrying its token came first; None:
+    nothing (`checkout_events`).
+
+    Yampi reminds of a cart when it counts it abandoned (the reminder's time), and its
+    webhooks come out of order (a retry, sinal down for a while): the order's may come
+    first. Placed after the reminder's time, the order is a recovery proper: the cart was
+    abandoned, as the reminder says, and recovered at the order's time, whichever webhook
+    came first, as a Shopify checkout due before its order is (`overdue_abandonment`); its
+    customer has bought, so the abandonment is withdrawn from automations and says
+    ``recorded_after_order``. Placed at or before it (Yampi reminded of a cart already
+    ordered), or when an order was placed is not known (an order kept before
+    migration 0029 with no Order Placed), the cart was never abandoned: nothing."""
+    if recover is None or not update.abandoned or checkout.abandoned_at is not None:
+        return None
+    placed = [order.placed_at for order in orders]
+    if len(events) != 1 or not placed or None in placed:
+        return None
+    [reminder] = events
+    first = min(orders, key=lambda order: order.placed_at or now)
+    if first.placed_at is None or first.placed_at <= reminder.occurred_at:
+        return None
+    recovered = recover(checkout, first)
+    if recovered is None:
+        return None
+    won_back = replace(checkout, abandoned_at=now, recovered_at=now)
+    return LateReminder(won_back, _recorded_after_order(reminder), recovered)
 
 
 def checkout_events(
@@ -427,8 +488,11 @@ def overdue_abandonment(
     if not is_due(checkout, min(recovery.occurred_at, recovery.received_at)):
         return None
     event = abandon(checkout)
-    if event is None:
-        return None
+    return None if event is None else _recorded_after_order(event)
+
+
+def _recorded_after_order(event: PreparedEvent) -> PreparedEvent:
+    """A Checkout Abandoned recorded once its order had come: no automation runs for it."""
     properties = {**event.properties, RECORDED_AFTER_ORDER: True}
     return event._replace(properties_json=dumps_json(properties))
 

@@ -29,8 +29,10 @@ from sinal.store.commerce import (
     ORDER_COLUMNS,
     Abandonment,
     BuildCheckoutEvent,
+    BuildRecovery,
     Checkout,
     CheckoutUpdate,
+    LateReminder,
     Order,
     OrderSaved,
     OrderUpdate,
@@ -38,6 +40,7 @@ from sinal.store.commerce import (
     checkout_events,
     is_due,
     lapsed_abandonment,
+    late_reminder,
     merge_checkout,
     merge_order,
     overdue_abandonment,
@@ -54,6 +57,11 @@ _CHECKOUT_KEY = "account_id = %s AND integration_id = %s AND token = %s"
 _HAS_ORDER = (
     "SELECT 1 FROM orders WHERE account_id = %s AND integration_id = %s "
     "AND (checkout_token = %s OR cart_token = %s) LIMIT 1"
+)
+# The orders of the integration carrying this token (they completed the checkout).
+_ORDERS_OF = (
+    f"SELECT {ORDER_COLUMNS} FROM orders WHERE account_id = %s AND integration_id = %s "
+    "AND (checkout_token = %s OR cart_token = %s)"
 )
 # An order's contact, NULL when there is none: orders have no foreign key to contacts (an
 # erasure detaches them), so an order written while its contact is erased would keep the
@@ -142,6 +150,7 @@ class PostgresCommerce:
         update: CheckoutUpdate,
         events: Sequence[PreparedEvent],
         abandon: BuildCheckoutEvent | None = None,
+        recover: BuildRecovery | None = None,
     ) -> list[Outcome]:
         """Checkout row and its events in one transaction; `ContactNotFound` when the
         update's contact is not in the account (an erasure deleted it since it was found)."""
@@ -161,14 +170,20 @@ class PostgresCommerce:
                 f"SELECT {CHECKOUT_COLUMNS} FROM checkouts WHERE {_CHECKOUT_KEY} FOR UPDATE", key
             ).fetchone()
             current = None if found is None else Checkout(*found)
-            has_order = conn.execute(_HAS_ORDER, (*key, u.token)).fetchone() is not None
+            orders = [Order(*r) for r in conn.execute(_ORDERS_OF, (*key, u.token)).fetchall()]
+            has_order = bool(orders)
             now = datetime.now(UTC)
             before, late = lapsed_abandonment(current, u, abandon, now=now, has_order=has_order)
             if late is not None:
                 _record_in(conn, [late])
             checkout = merge_checkout(before, u, now=now, has_order=has_order)
+            reminded = late_reminder(checkout, u, events, orders, recover, now=now)
+            if reminded is not None:
+                checkout = reminded.checkout
             if checkout != current:
                 _write_checkout(conn, checkout, is_new=current is None)
+            if reminded is not None:
+                return _record_late_reminder(conn, reminded, _record_in)
             recorded = checkout_events(checkout, u, events)
             return _record_in(conn, recorded) if recorded else []
 
@@ -242,21 +257,21 @@ def _write_order(conn: Conn, order: Order, *, is_new: bool) -> None:
         conn.execute(
             f"INSERT INTO orders ({ORDER_COLUMNS}) VALUES "
             "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-            f"{_KNOWN_CONTACT}, %s, %s, %s)",
+            f"{_KNOWN_CONTACT}, %s, %s, %s, %s)",
             (o.account_id, o.id, o.provider, o.integration_id, o.external_id, o.number,
              o.status, o.provider_status, o.total, o.refunded, o.currency, o.checkout_token,
              o.cart_token, o.account_id, o.contact_id, o.source_updated_at, o.created_at,
-             o.updated_at),
+             o.updated_at, o.placed_at),
         )  # fmt: skip
         return
     conn.execute(
         "UPDATE orders SET number = %s, status = %s, provider_status = %s, total = %s, "
         "refunded = %s, currency = %s, checkout_token = %s, cart_token = %s, "
-        f"contact_id = {_KNOWN_CONTACT}, source_updated_at = %s, updated_at = %s "
-        "WHERE account_id = %s AND id = %s",
+        f"contact_id = {_KNOWN_CONTACT}, source_updated_at = %s, updated_at = %s, "
+        "placed_at = %s WHERE account_id = %s AND id = %s",
         (o.number, o.status, o.provider_status, o.total, o.refunded, o.currency,
          o.checkout_token, o.cart_token, o.account_id, o.contact_id, o.source_updated_at,
-         o.updated_at, o.account_id, o.id),
+         o.updated_at, o.placed_at, o.account_id, o.id),
     )  # fmt: skip
 
 
@@ -355,6 +370,19 @@ def _abandon_overdue(
         "AND integration_id = %s AND token = ANY(%s)",
         (order.account_id, order.integration_id, list(late)),
     )
+
+
+def _record_late_reminder(
+    conn: Conn,
+    reminded: LateReminder,
+    record_in: Callable[[Conn, Sequence[PreparedEvent]], list[Outcome]],
+) -> list[Outcome]:
+    """Record a late reminder's abandonment, withdrawn from automations (its customer has
+    bought: nothing fanned it out yet, its row is new), then its recovery (`late_reminder`)."""
+    [abandoned] = record_in(conn, [reminded.abandoned])
+    if abandoned.kind == "created":
+        conn.execute(_WITHDRAW_OUTBOX, (reminded.checkout.account_id, [reminded.abandoned.id]))
+    return [abandoned, *record_in(conn, [reminded.recovered])]
 
 
 def _abandonments(conn: Conn, order: Order, tokens: Sequence[str]) -> dict[str, Abandonment]:

@@ -22,8 +22,10 @@ from sinal.store.commerce import (
     STOPPED_BY_RECOVERY,
     Abandonment,
     BuildCheckoutEvent,
+    BuildRecovery,
     Checkout,
     CheckoutUpdate,
+    LateReminder,
     Order,
     OrderSaved,
     OrderUpdate,
@@ -31,6 +33,7 @@ from sinal.store.commerce import (
     checkout_events,
     is_due,
     lapsed_abandonment,
+    late_reminder,
     merge_checkout,
     merge_order,
     overdue_abandonment,
@@ -43,6 +46,11 @@ _CHECKOUT_KEY = "account_id = ? AND integration_id = ? AND token = ?"
 _HAS_ORDER = (
     "SELECT 1 FROM orders WHERE account_id = ? AND integration_id = ? "
     "AND (checkout_token = ? OR cart_token = ?) LIMIT 1"
+)
+# The orders of the integration carrying this token (they completed the checkout).
+_ORDERS_OF = (
+    f"SELECT {ORDER_COLUMNS} FROM orders WHERE account_id = ? AND integration_id = ? "
+    "AND (checkout_token = ? OR cart_token = ?)"
 )
 # An order's contact, NULL when the account does not have it: orders have no foreign key to
 # contacts, and one whose buyer was found before an erasure deleted it would keep its id.
@@ -103,6 +111,7 @@ class SQLiteCommerce:
         update: CheckoutUpdate,
         events: Sequence[PreparedEvent],
         abandon: BuildCheckoutEvent | None = None,
+        recover: BuildRecovery | None = None,
     ) -> list[Outcome]:
         """Checkout row and its events in one transaction; `ContactNotFound` when the
         update's contact is not in the account (an erasure deleted it since it was found)."""
@@ -114,14 +123,20 @@ class SQLiteCommerce:
             if u.contact_id is not None:  # erased meanwhile: nothing written, not its details
                 require_contact(conn, u.account_id, u.contact_id)
             current = _find_checkout(conn, key)
-            has_order = conn.execute(_HAS_ORDER, (*key, u.token)).fetchone() is not None
+            orders = [_order(r) for r in conn.execute(_ORDERS_OF, (*key, u.token)).fetchall()]
+            has_order = bool(orders)
             now = datetime.now(UTC)
             before, late = lapsed_abandonment(current, u, abandon, now=now, has_order=has_order)
             if late is not None:
                 _record_in(conn, [late])
             checkout = merge_checkout(before, u, now=now, has_order=has_order)
+            reminded = late_reminder(checkout, u, events, orders, recover, now=now)
+            if reminded is not None:
+                checkout = reminded.checkout
             if checkout != current:
                 _write_checkout(conn, checkout)
+            if reminded is not None:
+                return _record_late_reminder(conn, reminded, now)
             recorded = checkout_events(checkout, u, events)
             return _record_in(conn, recorded) if recorded else []
 
@@ -192,18 +207,18 @@ def _write_order(conn: sqlite3.Connection, order: Order) -> None:
     o = order
     conn.execute(
         f"INSERT INTO orders ({ORDER_COLUMNS}) VALUES "
-        f"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {_KNOWN_CONTACT}, ?, ?, ?) "
+        f"(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {_KNOWN_CONTACT}, ?, ?, ?, ?) "
         "ON CONFLICT (account_id, id) DO UPDATE SET number = excluded.number, "
         "status = excluded.status, provider_status = excluded.provider_status, "
         "total = excluded.total, refunded = excluded.refunded, currency = excluded.currency, "
         "checkout_token = excluded.checkout_token, cart_token = excluded.cart_token, "
         "contact_id = excluded.contact_id, source_updated_at = excluded.source_updated_at, "
-        "updated_at = excluded.updated_at",
+        "updated_at = excluded.updated_at, placed_at = excluded.placed_at",
         (str(o.account_id), str(o.id), o.provider, str(o.integration_id), o.external_id,
          o.number, o.status, o.provider_status, _text(o.total), str(o.refunded), o.currency,
          o.checkout_token, o.cart_token, str(o.account_id), _text(o.contact_id),
          _opt_ts(o.source_updated_at),
-         _ts(o.created_at), _ts(o.updated_at)),
+         _ts(o.created_at), _ts(o.updated_at), _opt_ts(o.placed_at)),
     )  # fmt: skip
 
 
@@ -262,6 +277,20 @@ def _complete_checkouts(
     return won_back
 
 
+def _record_late_reminder(
+    conn: sqlite3.Connection, reminded: LateReminder, now: datetime
+) -> list[Outcome]:
+    """Record a late reminder's abandonment, withdrawn from automations (its customer has
+    bought), then its recovery (`late_reminder`)."""
+    from sinal.store.sqlite import _record_in
+
+    [abandoned] = _record_in(conn, [reminded.abandoned])
+    if abandoned.kind == "created":
+        withdrawn = [(reminded.abandoned.id, STOPPED_BY_RECOVERY)]
+        _withdraw(conn, reminded.checkout.account_id, withdrawn, now)
+    return [abandoned, *_record_in(conn, [reminded.recovered])]
+
+
 def _abandonments(
     conn: sqlite3.Connection, order: Order, tokens: Sequence[str]
 ) -> dict[str, Abandonment]:
@@ -300,7 +329,7 @@ def _order(r: Sequence[Any]) -> Order:
     return Order(
         UUID(r[0]), UUID(r[1]), r[2], UUID(r[3]), r[4], r[5], r[6], r[7], _decimal(r[8]),
         Decimal(r[9]), r[10], r[11], r[12], _uuid(r[13]), _opt_parse(r[14]), _parse(r[15]),
-        _parse(r[16]),
+        _parse(r[16]), _opt_parse(r[17]),
     )  # fmt: skip
 
 
