@@ -29,6 +29,7 @@ from sinal.automations.steps import MAX_ANSWER, refuse_private_target
 from sinal.errors import InvalidIntegration, StoreError
 from sinal.events import utcnow
 from sinal.store.automations import (
+    STEP_EVENT_REFUSED,
     Advance,
     Claim,
     Integration,
@@ -1642,6 +1643,109 @@ def test_a_sent_message_whose_event_is_refused_keeps_its_wamid(world: World) -> 
     assert "entity_id" in (sent.error or "")
     assert sent.event_id is None
     assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+
+
+# What the database refuses of a step's event of one metric that no validation foresaw:
+# its data (a constraint), or sinal's own statement (a schema changed under it: a trigger
+# naming a column that is not there, or leaving a NOT NULL column empty).
+_REFUSE_METRIC = {
+    ("sqlite", "data"): ["CREATE TRIGGER refuse_metric BEFORE INSERT ON events "
+                         "WHEN NEW.metric_name = '{metric}' "
+                         "BEGIN SELECT RAISE(ABORT, 'refused'); END"],
+    ("sqlite", "schema"): ["CREATE TABLE audit (note TEXT NOT NULL)",
+                           "CREATE TRIGGER refuse_metric BEFORE INSERT ON events "
+                           "WHEN NEW.metric_name = '{metric}' "
+                           "BEGIN INSERT INTO audit VALUES (NULL); END"],
+    ("postgres", "data"): ["ALTER TABLE events ADD CONSTRAINT refuse_metric "
+                           "CHECK (metric_name <> '{metric}') NOT VALID"],
+    ("postgres", "schema"): ["CREATE FUNCTION refuse_metric() RETURNS trigger LANGUAGE plpgsql "
+                             "AS $$ BEGIN IF NEW.metric_name = '{metric}' THEN "
+                             "RAISE EXCEPTION 'no column x' USING ERRCODE = 'undefined_column';"
+                             " END IF; RETURN NEW; END $$",
+                             "CREATE TRIGGER refuse_metric BEFORE INSERT ON events "
+                             "FOR EACH ROW EXECUTE FUNCTION refuse_metric()"],
+}  # fmt: skip
+_ALLOW_METRIC = {
+    "sqlite": ["DROP TRIGGER refuse_metric"],
+    "postgres": ["ALTER TABLE events DROP CONSTRAINT IF EXISTS refuse_metric",
+                 "DROP TRIGGER IF EXISTS refuse_metric ON events"],
+}  # fmt: skip
+
+
+def _backend(world: World) -> str:
+    return "sqlite" if world.url.startswith("sqlite") else "postgres"
+
+
+def _refuse_metric(world: World, metric: str, refusal: str = "data") -> None:
+    """Have the world's database refuse every event of `metric` (see `_REFUSE_METRIC`)."""
+    for statement in _REFUSE_METRIC[_backend(world), refusal]:
+        sql(world.url, statement.replace("{metric}", metric))
+
+
+@pytest.mark.parametrize("refusal", ["data", "schema"])
+def test_a_sent_message_whose_event_the_database_refuses_is_recorded_and_kept(
+    world: World, refusal: str
+) -> None:
+    """The database refuses the Message Sent of a message that went out: the step is
+    recorded completed all the same, its WAMID kept, its error saying where the event
+    went; the event is kept as a rejection (reason "refused") and the execution goes on
+    (the tag step runs). Nothing is sent twice, and replaying the rejection once the cause
+    is fixed records the event, still marked as the execution's."""
+    _refuse_metric(world, "Message Sent", refusal)
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+
+    world.drain(world.dispatcher())
+    world.drain(world.dispatcher())
+
+    assert len(world.whatsapp.bodies()) == 1
+    [execution] = world.executions()
+    assert (execution.status, execution.last_error) == ("completed", None)
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+    detail = world.automations.store.get_execution(world.account.id, execution.id)
+    assert detail is not None
+    sent = detail.steps[0]
+    assert (sent.status, sent.event_id) == ("completed", None)
+    assert sent.result is not None
+    assert sent.result["wamid"] == "wamid.LOCAL00000000"
+    [rejection] = world.ledger.list_rejections(world.account.id)
+    assert (rejection.reason, rejection.message) == ("refused", STEP_EVENT_REFUSED)
+    assert sent.error == (
+        "the step's Message Sent event was not recorded (the database refused it); kept as "
+        f"rejection {rejection.id}, to replay once the cause is fixed"
+    )
+    assert rejection.payload["entity_id"] == "wamid.LOCAL00000000"
+    assert rejection.payload["automation_execution_id"] == str(execution.id)
+    query = EventQuery(world.account.id, metric_name="Message Sent")
+    assert world.ledger.list_events(query) == []
+
+    for statement in _ALLOW_METRIC[_backend(world)]:
+        sql(world.url, statement)
+    replay = world.ledger.replay_rejection(world.account.id, rejection.id)
+
+    assert replay is not None
+    assert replay.outcome is not None
+    [event] = world.ledger.list_events(query)
+    assert (event.id, event.entity_id) == (replay.outcome.event_id, "wamid.LOCAL00000000")
+    assert event.automation_execution_id == execution.id
+    assert count(world.url, "outbox") == 0  # a step's event, replayed, triggers nothing
+
+
+def test_a_tag_step_whose_event_the_database_refuses_ends_dead_at_once(world: World) -> None:
+    """The database refuses a tag step's Tag Added, written with the tag in one transaction:
+    nothing was written, and nothing would be on another attempt. The step fails for good
+    at its first attempt (dead, saying why), the message before it sent once."""
+    _refuse_metric(world, "Tag Added")
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+
+    world.drain(world.dispatcher())
+
+    [execution] = world.executions()
+    assert (execution.status, execution.attempts, execution.next_step) == ("dead", 1, 1)
+    assert (execution.last_error or "").startswith("the database refused what the step records")
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == []
+    assert len(world.whatsapp.bodies()) == 1
 
 
 def test_a_step_whose_worker_dies_every_time_ends_dead(world: World) -> None:

@@ -22,7 +22,12 @@ Failures are sorted by what happened, then by whether sending again is safe:
 
 Whatever else goes wrong in a step (a host name IDNA refuses, a header value that is not
 ASCII, a database error, a bug) happened before its request could leave, or `_post` says
-otherwise: `run_step` raises it as `StepFailed(retry=True)`, an attempt like any other.
+otherwise: `run_step` raises it as `StepFailed(retry=True)`, an attempt like any other;
+but the database refusing what a step records (`UnstorableInput`: a tag with its event,
+say) fails alike on every attempt, and is `StepFailed(retry=False)`. A step's own event
+(a send's Message Sent, recorded with the step's outcome) the database refuses fails
+nothing: the step is recorded completed, and the event kept as a rejection
+(`AutomationStore.finish_steps`).
 
 Sending steps with ``track_links`` replace the URLs of their text with tracked short links
 before the send, through the context's `links` (`sinal.links.StepLinks`): keyed by
@@ -73,6 +78,7 @@ from sinal.errors import (
     SecretUnreadable,
     SinalError,
     StoreError,
+    UnstorableInput,
 )
 from sinal.events import EmitEvent, build_unique_event_id, decimal_text, stamp
 from sinal.integrations.links import rewrite_urls
@@ -215,6 +221,13 @@ def run_step(step: Step, ctx: StepContext) -> StepOutcome:
         raise
     except SecretUnreadable as exc:  # SINAL_SECRET_KEYS lacks a key: retried, may be fixed
         raise StepFailed(str(exc), retry=True) from exc
+    except UnstorableInput as exc:
+        # The database refused what the step writes with its event (a tag and its Tag
+        # Added, a close and its Conversation Closed, in one transaction): nothing was
+        # written, and would not be on any attempt. Dead, saying why, for an operator to
+        # fix the cause and revive it (`retry_dead`).
+        raise StepFailed(f"the database refused what the step records: {exc}",
+                         retry=False) from exc  # fmt: skip
     except Exception as exc:  # before any request left: `_post` sorts what happens after
         log.warning("step %d of execution %s failed unexpectedly", ctx.index,
                     ctx.claim.execution.id, exc_info=True)  # fmt: skip

@@ -7,6 +7,7 @@ its aggregate recorder): the same backend classes implement both, through mixins
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -14,7 +15,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from sinal.errors import ConfigurationError
+from sinal.errors import ConfigurationError, StoreError
 from sinal.events import PreparedEvent
 from sinal.integrations.whatsapp import SENT_BY_EXECUTION
 from sinal.keyring import (
@@ -30,7 +31,9 @@ from sinal.keyring import (
     webhook_header_place,
     webhook_secret_place,
 )
-from sinal.store.base import Contact, StoredEvent
+from sinal.store.base import Contact, Outcome, StoredEvent, refused
+
+log = logging.getLogger("sinal.store")
 
 # Column lists both backends select, in the order the records' fields take them.
 EXECUTION_COLUMNS = (
@@ -553,7 +556,13 @@ class AutomationStore(Protocol):
         ...
 
     def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
-        """`finish_step` for many at once: one transaction; whether each claim held."""
+        """`finish_step` for many at once: one transaction; whether each claim held.
+
+        A step's event the database refuses to record, for its data or its schema
+        (`UnstorableInput`, `SchemaViolation`), fails no record: the step is recorded as
+        given, without the event's id, its `error` saying so (`unrecorded_event_error`),
+        and the event is kept as a rejection, reason "refused" (`STEP_EVENT_REFUSED`), its
+        id the event's, to replay once the cause is fixed."""
         ...
 
     def finish_step(
@@ -642,6 +651,49 @@ class Notices(Protocol):
         not has committed. Call it before each look at the outbox that may be followed by
         waiting for a NOTIFY."""
         ...
+
+
+# The `message` of a kept rejection of a step's event that the database refused to record,
+# for its data or for its schema (`AutomationStore.finish_steps`): the step happened.
+STEP_EVENT_REFUSED = (
+    "the database refused to record this event of an automation step (a value, a text, a "
+    "constraint or a schema sinal's validation did not foresee); the step itself happened "
+    "(a message was sent, say) and is recorded completed. Replay it once the cause is fixed"
+)
+
+
+def unrecorded_event_error(event: PreparedEvent, outcome: Outcome) -> str:
+    """The `error` of a step that happened but whose event was not recorded (`outcome`
+    rejected): why, and where the event was kept, if it was."""
+    why = "the database refused it" if outcome.reason == "refused" else outcome.message
+    if outcome.rejection_id is None:
+        kept = "it could not be kept as a rejection either (the worker's log says why)"
+    else:
+        kept = f"kept as rejection {outcome.rejection_id}, to replay once the cause is fixed"
+    return f"the step's {event.metric_name} event was not recorded ({why}); {kept}"
+
+
+def refusal_outcome(
+    event: PreparedEvent, cause: StoreError, unkept: StoreError | None = None
+) -> Outcome:
+    """The outcome of a step's event the database refused (`cause`), logged with the
+    database's reason: kept as a rejection (`refusal_row`), unless the database refused
+    that too (`unkept`)."""
+    outcome = refused(event, cause.__cause__ or cause)
+    if unkept is not None:
+        log.warning("the refused event %s of account %s could not be kept either: %s",
+                    event.unique_event_id, event.account_id, unkept)  # fmt: skip
+        return outcome
+    return outcome._replace(message=STEP_EVENT_REFUSED, rejection_id=event.id)
+
+
+def refusal_row(event: PreparedEvent) -> tuple[Any, ...]:
+    """A rejection row's (account_id, id, contact_id, message, source, payload) for a step's
+    event the database refused, its id the event's: the payload cleaned as a step's result
+    is (`storable_json`), since what was refused may be in it."""
+    payload = storable_json(event.as_input())
+    return (event.account_id, event.id, event.contact_id, STEP_EVENT_REFUSED, event.source,
+            payload)  # fmt: skip
 
 
 # What a text column cannot hold alike on both backends: NUL (PostgreSQL refuses it, in

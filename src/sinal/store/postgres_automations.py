@@ -24,6 +24,7 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from sinal.catalog import METRIC_CHECKOUT_ABANDONED
+from sinal.errors import SchemaViolation, StoreError, UnstorableInput
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.keyring import Keyring
@@ -59,6 +60,8 @@ from sinal.store.automations import (
     chain_parent,
     opened_integration,
     pinned,
+    refusal_outcome,
+    refusal_row,
     resealed_rows,
     sealed_secrets,
     sealed_spec,
@@ -67,8 +70,9 @@ from sinal.store.automations import (
     storable_json,
     storable_text,
     too_deep,
+    unrecorded_event_error,
 )
-from sinal.store.base import CONTACT_COLUMNS, Contact, StoredEvent, qualified
+from sinal.store.base import CONTACT_COLUMNS, Contact, Outcome, StoredEvent, qualified
 from sinal.store.commerce import (
     DISCONNECT_EXECUTIONS_SQL,
     DISCONNECT_OUTBOX_SQL,
@@ -287,9 +291,17 @@ WITH req AS (
 )
 SELECT ord FROM held
 """
+# A step whose event went otherwise than planned: recorded before (a duplicate: that
+# event's id), or not recorded (no id; the error says why: `unrecorded_event_error`).
 _SET_STEP_EVENT = (
-    "UPDATE execution_steps SET event_id = %s "
+    "UPDATE execution_steps SET event_id = %s, error = coalesce(%s, error) "
     "WHERE account_id = %s AND execution_id = %s AND step_index = %s"
+)
+# A step's event the database refused, kept (`refusal_row`); once, should the step's
+# record be made again.
+_KEEP_REFUSED = (
+    "INSERT INTO rejections (account_id, id, contact_id, reason, message, source, payload) "
+    "VALUES (%s, %s, %s, 'refused', %s, %s, %s) ON CONFLICT DO NOTHING"
 )
 
 Conn = psycopg.Connection[TupleRow]
@@ -655,7 +667,7 @@ class PostgresAutomations:
                 held[ord_] = True
             return held
 
-        def work(conn: Conn) -> list[bool]:
+        def work(conn: Conn, record: _Recorder) -> list[bool]:
             with conn.pipeline():  # one round trip, in the transaction of `_retrying`
                 conn.execute(_BY_KEY)
                 cur = conn.execute(_FINISH_STEPS_SQL, params)
@@ -665,18 +677,26 @@ class PostgresAutomations:
             if kept:
                 # recorded even where a claim was lost: the steps did happen. Last, so the
                 # contacts' summary rows stay locked only until the commit right after.
-                outcomes = _record_in(conn, [e for _, e in kept])
+                outcomes = record(conn, [e for _, e in kept])
                 for (i, emit), outcome in zip(kept, outcomes, strict=True):
                     if held[i] and outcome.event_id != emit.id:  # recorded before, rejected
                         e = finishes[i].claim.execution
-                        conn.execute(_SET_STEP_EVENT, (outcome.event_id, e.account_id, e.id,
-                                                       finishes[i].step_index))  # fmt: skip
+                        error = None
+                        if outcome.kind == "rejected":
+                            error = storable_text(unrecorded_event_error(emit, outcome))
+                        conn.execute(_SET_STEP_EVENT, (outcome.event_id, error, e.account_id,
+                                                       e.id, finishes[i].step_index))  # fmt: skip
             return held
 
         if not emits:  # one statement
             with self._conn() as conn:
                 return held_of(_by_key(conn, _FINISH_STEPS_SQL, params))
-        return self._retrying(work)
+        try:
+            return self._retrying(lambda conn: work(conn, _record_in))
+        except (UnstorableInput, SchemaViolation):
+            # An event the database refuses fails no step's record: again, each event on
+            # its own (`_record_step_events`). Rare: it costs round trips.
+            return self._retrying(lambda conn: work(conn, _record_step_events))
 
     def finish_step(
         self,
@@ -1045,6 +1065,42 @@ def _of_live_executions(
         ([x.account_id for x in lost], [x.id for x in lost]),
     )}  # fmt: skip
     return [(i, e) for i, e in emits if held[i] or finishes[i].claim.execution.id in live]
+
+
+# Records events inside the caller's transaction: `_record_in`, or `_record_step_events`.
+_Recorder = Callable[[Conn, Sequence[PreparedEvent]], list[Outcome]]
+
+
+def _record_step_events(conn: Conn, events: Sequence[PreparedEvent]) -> list[Outcome]:
+    """Steps' events, each under a savepoint: one the database refuses to record, for its
+    data or its schema (`UnstorableInput`, `SchemaViolation`), is kept as a rejection
+    instead (`_keep_refused`): the step it records happened, and its record must not fail
+    with it (left `started`, a send would end `unknown`, its WAMID lost)."""
+    from sinal.store.postgres import _record_in, translated_errors
+
+    outcomes: list[Outcome] = []
+    for event in events:
+        try:
+            with translated_errors(), conn.transaction():
+                outcomes += _record_in(conn, [event])
+        except (UnstorableInput, SchemaViolation) as exc:
+            outcomes.append(_keep_refused(conn, event, exc))
+    return outcomes
+
+
+def _keep_refused(conn: Conn, event: PreparedEvent, cause: StoreError) -> Outcome:
+    """Keep a step's event the database refused as a rejection (reason "refused"), under a
+    savepoint: one refused too (what was refused may be in its payload) is only logged."""
+    from sinal.store.postgres import translated_errors
+
+    account, ident, contact, message, source, payload = refusal_row(event)
+    try:
+        with translated_errors(), conn.transaction():
+            conn.execute(_KEEP_REFUSED, (account, ident, contact, message, source,
+                                         Jsonb(payload)))  # fmt: skip
+    except (UnstorableInput, SchemaViolation) as exc:
+        return refusal_outcome(event, cause, exc)
+    return refusal_outcome(event, cause)
 
 
 def _by_key(

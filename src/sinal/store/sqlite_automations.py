@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +13,7 @@ from uuid import UUID
 import orjson
 
 from sinal.catalog import METRIC_CHECKOUT_ABANDONED
+from sinal.errors import SchemaViolation, StoreError, UnstorableInput
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.keyring import Keyring
@@ -49,6 +50,8 @@ from sinal.store.automations import (
     chain_parent,
     opened_integration,
     pinned,
+    refusal_outcome,
+    refusal_row,
     resealed_rows,
     sealed_secrets,
     sealed_spec,
@@ -57,8 +60,9 @@ from sinal.store.automations import (
     storable_json,
     storable_text,
     too_deep,
+    unrecorded_event_error,
 )
-from sinal.store.base import StoredEvent
+from sinal.store.base import Outcome, StoredEvent
 from sinal.store.commerce import (
     DISCONNECT_EXECUTIONS_SQL,
     DISCONNECT_OUTBOX_SQL,
@@ -402,20 +406,21 @@ class SQLiteAutomations:
 
     def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
         """Record steps' outcomes, their events and advances (one transaction)."""
-        from sinal.store.sqlite import _record_in
-
         if not finishes:
             return []
         now = _ts(_now())
         with self._write() as conn:
             held = []
             for f in finishes:
-                event_id = f.event_id
+                event_id, error = f.event_id, f.error
                 # recorded even if the claim was lost: it happened; but not once the
                 # execution went with its contact's erasure (a rejection would keep its data)
                 if f.emit is not None and _exists(conn, f.claim.execution):
-                    event_id = _record_in(conn, [f.emit])[0].event_id
-                held.append(_finish(conn, replace(f, event_id=event_id), now))
+                    outcome = _record_step_event(conn, f.emit)
+                    event_id = outcome.event_id
+                    if outcome.kind == "rejected":
+                        error = unrecorded_event_error(f.emit, outcome)
+                held.append(_finish(conn, replace(f, event_id=event_id, error=error), now))
             return held
 
     def finish_step(
@@ -604,6 +609,52 @@ def _start(conn: sqlite3.Connection, start: StepStart, now: datetime) -> StepSta
         key,
     ).fetchone()
     return _step(existing), False
+
+
+def _record_step_event(conn: sqlite3.Connection, event: PreparedEvent) -> Outcome:
+    """A step's event, under a savepoint: one the database refuses to record, for its data
+    or its schema (`UnstorableInput`, `SchemaViolation`), is kept as a rejection instead
+    (`_keep_refused`): the step it records happened, and its record must not fail with it
+    (left `started`, a send would end `unknown`, its WAMID lost)."""
+    from sinal.store.sqlite import _record_in, translated_errors
+
+    try:
+        with translated_errors(), _savepoint(conn, "step_event"):
+            return _record_in(conn, [event])[0]
+    except (UnstorableInput, SchemaViolation) as exc:
+        return _keep_refused(conn, event, exc)
+
+
+def _keep_refused(conn: sqlite3.Connection, event: PreparedEvent, cause: StoreError) -> Outcome:
+    """Keep a step's event the database refused as a rejection (reason "refused"), under a
+    savepoint: one refused too is only logged."""
+    from sinal.store.sqlite import translated_errors
+
+    account, ident, contact, message, source, payload = refusal_row(event)
+    try:
+        with translated_errors(), _savepoint(conn, "refusal_kept"):
+            conn.execute(
+                "INSERT OR IGNORE INTO rejections (account_id, id, contact_id, reason, "
+                "message, source, payload, created_at) VALUES (?, ?, ?, 'refused', ?, ?, ?, ?)",
+                (str(account), str(ident), None if contact is None else str(contact), message,
+                 source, dumps_json(payload), _ts(_now())),
+            )  # fmt: skip
+    except (UnstorableInput, SchemaViolation) as exc:
+        return refusal_outcome(event, cause, exc)
+    return refusal_outcome(event, cause)
+
+
+@contextmanager
+def _savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
+    """A savepoint for the block: rolled back to, then released, if it raises."""
+    conn.execute(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        conn.execute(f"ROLLBACK TO {name}")
+        conn.execute(f"RELEASE {name}")
+        raise
+    conn.execute(f"RELEASE {name}")
 
 
 def _exists(conn: sqlite3.Connection, execution: Execution) -> bool:
