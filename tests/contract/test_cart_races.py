@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import psycopg
 import pytest
@@ -21,7 +22,7 @@ from sinal import Ledger, connect, webhooks
 from sinal.automations.service import Automations
 from sinal.commerce import _abandonment_of, commerce_store, derive_all_abandoned
 from sinal.events import PreparedEvent
-from sinal.store.automations import Advance, Claim, Integration
+from sinal.store.automations import Advance, Claim, Integration, StepFinish, StepStart
 from sinal.store.commerce import STOPPED_BY_RECOVERY, Checkout
 from sinal.store.erasure import erase_in
 from sinal.store.postgres_erasure import _ERASE as ERASE
@@ -361,6 +362,90 @@ def test_an_order_stopping_executions_as_a_worker_records_a_step_and_an_erasure_
     ]
     assert sql(database_url, "SELECT count(*) FROM executions") == [(0,)]
     assert sql(database_url, "SELECT contact_id FROM orders") == [(None,)]
+
+
+@postgres_only
+@pytest.mark.parametrize("record", ["start", "finish"])
+def test_an_order_stopping_executions_a_worker_records_in_a_batch_does_not_deadlock(
+    database_url: str, ledgers: list[Ledger], shop: Integration, record: str
+) -> None:
+    """PostgreSQL: a worker records steps of three executions in one statement (a batch of
+    starts, or of finishes), two of them the abandonment's that an order then stops, listed
+    in the reverse of the order a scan of the table finds them; another session holds the
+    third, so that the order comes between the worker's first row and its last. The
+    worker's session reports a deadlock at once (`deadlock_timeout` 10 ms): there is none,
+    the order waits for the worker, and both commit, the abandonment's executions stopped
+    with the worker's records kept."""
+    Automations(ledgers[0]).create(shop.account_id, {**CART, "name": "Carrinho 2"})
+    for n in range(2):  # the second checkout's executions made after (UUIDv7: later ids)
+        deliver(ledgers[0], shop, "checkouts/update", f"checkout-{n}", body("checkouts_update", n))
+        assert a_pass(ledgers[0]) == 1
+        assert fan_out(ledgers[0]) == 2
+    claims = {c.execution.id: c for c in Automations(ledgers[0]).store.claim_executions(
+        "w1", 10, 60.0)}  # fmt: skip
+    [abandonment] = cart_events(database_url, "Checkout Abandoned")[token(0)]
+    scanned = [UUID(str(r[0])) for r in sql(
+        database_url, "SELECT id FROM executions WHERE event_id = ? "
+        "AND status IN ('pending', 'waiting')", abandonment[0])]  # fmt: skip
+    other = min(i for i in claims if i not in scanned)
+    batch = [claims[scanned[1]], claims[other], claims[scanned[0]]]
+    sep = "&" if "?" in database_url else "?"
+    done: dict[str, object] = {}
+    quick = f"{database_url}{sep}options=-c%20deadlock_timeout%3D10ms"
+    with ExitStack() as stack:
+        worker = stack.enter_context(connect(quick))
+        store = Automations(worker).store
+        if record == "finish":
+            assert all(isinstance(s, tuple) for s in store.start_steps(
+                [StepStart(c, 0, "wait") for c in batch]))  # fmt: skip
+        holder = stack.enter_context(psycopg.connect(database_url))
+        holder.execute("SELECT 1 FROM executions WHERE account_id = %s AND id = %s FOR UPDATE",
+                       (shop.account_id, other))  # fmt: skip
+
+        def run() -> object:
+            if record == "start":
+                return store.start_steps([StepStart(c, 0, "wait") for c in batch])
+            then = Advance("waiting", 1, run_at=DUE)
+            return store.finish_steps([StepFinish(c, 0, "completed", {}, then=then)
+                                       for c in batch])  # fmt: skip
+
+        recording = threading.Thread(target=_outcome, args=(done, "record", run))
+        recording.start()
+        wait_until(lambda: waiting(database_url) == 1)  # for the third execution's row
+        order = body("orders_create", 0, created_at=PLACED)
+        buy = delivering(shop, "orders/create", "o-0", order)
+        buyer = threading.Thread(target=_outcome, args=(done, "order", lambda: buy(ledgers[1])))
+        buyer.start()
+        wait_until(lambda: waiting(database_url) == 2)
+        assert waiting(database_url) == 2  # the order, for a row the worker holds
+        holder.commit()
+        recording.join()
+        buyer.join()
+
+    recorded = done["record"]
+    assert done["order"] == "processed"
+    if record == "start":
+        assert isinstance(recorded, list)
+        assert all(isinstance(s, tuple) and s[1] for s in recorded)
+    else:
+        assert recorded == [True, True, True]
+    executions = {e.id: e for e in Automations(ledgers[0]).store.list_executions(shop.account_id)}
+    for ident in scanned:
+        assert (executions[ident].status, executions[ident].last_error) == (
+            "stopped", STOPPED_BY_RECOVERY)  # fmt: skip
+    assert executions[other].status == ("pending" if record == "start" else "waiting")
+    steps = sql(database_url, "SELECT execution_id, status FROM execution_steps")
+    expected = "started" if record == "start" else "completed"
+    assert sorted(str(i) for i, s in steps if s == expected) == sorted(
+        str(c.execution.id) for c in batch)  # fmt: skip
+
+
+def _outcome(done: dict[str, object], name: str, call: Callable[[], object]) -> None:
+    """Keep what `call` returns, or the exception it raises, as `done[name]`."""
+    try:
+        done[name] = call()
+    except Exception as exc:  # the test asserts on it
+        done[name] = exc
 
 
 def waiting(url: str) -> int:

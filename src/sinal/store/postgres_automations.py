@@ -5,6 +5,13 @@ Workers on many machines share the work through row locks: the outbox is fanned 
 rows become visible again), and executions are claimed with a lease (`claimed_until`) that
 a dead worker's successor waits out. Every write of a claimed execution is fenced by
 `claimed_by`, so a worker whose lease was taken over cannot move it any more.
+
+A statement that locks many executions and waits for them takes their rows in key order,
+(account_id, id): a batch of steps' starts or finishes, and an order stopping the
+executions of its cart's abandonment (`postgres_commerce`). In any other order two of them
+could each hold a row the other waits for (PostgreSQL then aborts one after
+`deadlock_timeout`, a second by default). The statements that skip locked rows instead
+(claims, lease renewals, an automation's delete or resume) wait for none.
 """
 
 from __future__ import annotations
@@ -122,19 +129,24 @@ _ADVANCE_SET = (
 # this statement's snapshot is seen, and nothing starts. One committed after it is ordered
 # after this start (the statement read none of its writes): the step runs, as if the pause
 # had come a moment later, and the next step's start sees it. A delete also writes the
-# execution's row (`_STOP_DELETED_SQL`): if it committed after the snapshot but before
-# `held` reached the row, the fence is checked again on the row as the delete left it,
-# whose `status` says 'stopped'; if `held` locked the row first, the delete skips it.
+# execution's row (`_STOP_DELETED_SQL`), and so does an order stopping its abandoned cart's
+# executions (`postgres_commerce`): if it committed after the snapshot but before `locked`
+# reached the row, the fence is checked again on the row as it left it, whose `status`
+# says 'stopped'; if `locked` took the row first, the delete skips it (an order waits).
+# The rows are locked before the write, in key order (see the module).
 _START_STEPS_SQL = f"""
 WITH req AS (
     SELECT * FROM json_to_recordset(%(req)s::json) AS r(ord int, account_id uuid, id uuid,
         worker text, lease float8, step_index int, step_type text)
+), locked AS MATERIALIZED (
+    SELECT r.* FROM req r
+    JOIN executions e ON e.account_id = r.account_id AND e.id = r.id
+        AND e.claimed_by = r.worker AND e.claimed_until > now()
+    ORDER BY e.account_id, e.id FOR UPDATE OF e
 ), held AS (
-    UPDATE executions e SET claimed_until = now() + r.lease * interval '1 second'
-    FROM req r
-    WHERE e.account_id = r.account_id AND e.id = r.id AND e.claimed_by = r.worker
-      AND e.claimed_until > now()
-    RETURNING r.ord, r.account_id, r.id, r.step_index, r.step_type, e.status, e.automation_id
+    UPDATE executions e SET claimed_until = now() + l.lease * interval '1 second'
+    FROM locked l WHERE e.account_id = l.account_id AND e.id = l.id
+    RETURNING l.ord, l.account_id, l.id, l.step_index, l.step_type, e.status, e.automation_id
 ), checked AS (
     SELECT h.ord, h.account_id, h.id, h.step_index, h.step_type,
         CASE WHEN h.status NOT IN ('pending', 'waiting') THEN 'stopped'
@@ -255,34 +267,31 @@ FROM (SELECT count(*) AS n, min(created_at) AS oldest FROM outbox) o,
         AND (claimed_until IS NULL OR claimed_until < now())) x
 """
 
-# Many steps' outcomes, fenced: an execution that moves on is updated and released by the
-# fencing statement itself (one stopped by its automation's delete meanwhile stays stopped,
-# as in `_ADVANCE_SET`); one that stays is locked, so no successor claims it between the
-# check and the write. Returns the `ord` of every request whose claim held.
+# Many steps' outcomes, fenced: each execution whose claim holds is locked first, all of
+# them in key order (see the module), so no successor claims one between the check
+# and the write; one that moves on is then updated and released (one stopped meanwhile, by
+# its automation's delete or its checkout's order, stays stopped, as in `_ADVANCE_SET`).
+# Returns the `ord` of every request whose claim held.
 _FINISH_STEPS_SQL = """
 WITH req AS (
     SELECT * FROM json_to_recordset(%(req)s::json) AS r(ord int, account_id uuid, id uuid,
         worker text, step_index int, status text, result jsonb, error text, event_id uuid,
         advance bool, status_to text, next_step int, run_at timestamptz, attempts int,
         last_error text)
-), moved AS (
-    UPDATE executions e SET
-        status = CASE e.status WHEN 'stopped' THEN e.status ELSE r.status_to END,
-        next_step = r.next_step,
-        run_at = coalesce(r.run_at, e.run_at), attempts = coalesce(r.attempts, e.attempts),
-        last_error = CASE e.status WHEN 'stopped' THEN e.last_error ELSE r.last_error END,
-        claimed_by = NULL, claimed_until = NULL, updated_at = now()
-    FROM req r
-    WHERE r.advance AND e.account_id = r.account_id AND e.id = r.id
-      AND e.claimed_by = r.worker AND e.claimed_until > now()
-    RETURNING r.*
-), kept AS (
+), held AS MATERIALIZED (
     SELECT r.* FROM req r
     JOIN executions e ON e.account_id = r.account_id AND e.id = r.id
         AND e.claimed_by = r.worker AND e.claimed_until > now()
-    WHERE NOT r.advance ORDER BY e.account_id, e.id FOR UPDATE OF e
-), held AS (
-    SELECT * FROM moved UNION ALL SELECT * FROM kept
+    ORDER BY e.account_id, e.id FOR UPDATE OF e
+), moved AS (
+    UPDATE executions e SET
+        status = CASE e.status WHEN 'stopped' THEN e.status ELSE h.status_to END,
+        next_step = h.next_step,
+        run_at = coalesce(h.run_at, e.run_at), attempts = coalesce(h.attempts, e.attempts),
+        last_error = CASE e.status WHEN 'stopped' THEN e.last_error ELSE h.last_error END,
+        claimed_by = NULL, claimed_until = NULL, updated_at = now()
+    FROM held h
+    WHERE h.advance AND e.account_id = h.account_id AND e.id = h.id
 ), step AS (
     UPDATE execution_steps s SET status = h.status, result = h.result,
         error = h.error, event_id = h.event_id, finished_at = now()

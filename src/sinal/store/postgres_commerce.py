@@ -86,10 +86,23 @@ _LOCK_TOKENS = (
 # the executions it made stop below), and its executions still to run stop as a deleted
 # automation's do: a step running now is recorded, no other starts.
 _WITHDRAW_OUTBOX = "DELETE FROM outbox WHERE account_id = %s AND event_id = ANY(%s)"
-_STOP_EXECUTIONS = (
-    "UPDATE executions SET status = 'stopped', last_error = %s, updated_at = now() "
-    "WHERE account_id = %s AND event_id = ANY(%s) AND status IN ('pending', 'waiting')"
-)
+#
+# One statement stops them all, taking their rows in key order (account_id, id), as a
+# worker's batch of step records does (`postgres_automations`): a scan's order (the heap's,
+# an index's by event) could take two executions a worker holds in the other order, each
+# of the two then waiting for a row the other holds (a deadlock, reproduced with a
+# worker's batch starting or finishing three executions, two of them the abandonment's:
+# PostgreSQL aborted the worker's statement). One statement, not one per reason: two would
+# take their rows in two passes, out of key order.
+_STOP_EXECUTIONS = """
+UPDATE executions e SET status = 'stopped', last_error = d.reason, updated_at = now()
+FROM (SELECT x.account_id, x.id, w.reason FROM executions x
+      JOIN unnest(%(events)s::uuid[], %(reasons)s::text[]) AS w(event_id, reason)
+        ON x.event_id = w.event_id
+      WHERE x.account_id = %(account)s AND x.status IN ('pending', 'waiting')
+      ORDER BY x.id FOR UPDATE OF x) d
+WHERE e.account_id = d.account_id AND e.id = d.id
+"""
 
 
 class PostgresCommerce:
@@ -324,9 +337,10 @@ def _complete_checkouts(
     won_back, withdrawn = recovery_events(pending, recoveries, found)
     if withdrawn:
         conn.execute(_WITHDRAW_OUTBOX, (order.account_id, [ident for ident, _ in withdrawn]))
-    for reason in sorted({why for _, why in withdrawn}):
-        stopped = [ident for ident, why in withdrawn if why == reason]
-        conn.execute(_STOP_EXECUTIONS, (reason, order.account_id, stopped))
+        conn.execute(_STOP_EXECUTIONS, {
+            "account": order.account_id, "events": [ident for ident, _ in withdrawn],
+            "reasons": [why for _, why in withdrawn],
+        })  # fmt: skip
     outcomes = record_in(conn, won_back)
     conn.execute(
         "UPDATE checkouts SET recovered_at = now() WHERE account_id = %s AND integration_id = %s "
