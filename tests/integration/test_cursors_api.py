@@ -184,9 +184,16 @@ async def test_every_lists_malformed_cursor_is_422_naming_cursor_never_a_500(api
 
 async def test_cursors_of_before_this_release(api: Api) -> None:
     """An events list's ("<occurred_at>|<id>", which no other list had) is still taken,
-    for /v1/events and a timeline alike; an id list's, a bare id that could be any list's,
-    is 422 saying to list again from the first page."""
+    for /v1/events and a timeline alike, and so is the change feed's ("feed|<arrival>|<id>",
+    which named no account); an id list's, a bare id that could be any list's, is 422
+    saying to list again from the first page."""
     paths = await _lists(api)
+    first = (await api.client.get("/v1/events", params={"after": "start", "limit": 1})).json()
+    name, _, *position = _text(first["next_cursor"]).split("|")
+    old = await api.client.get("/v1/events", params={"after": _cursor("|".join([name, *position]))})
+    new = await api.client.get("/v1/events", params={"after": first["next_cursor"]})
+    assert old.status_code == 200, old.text
+    assert old.json() == new.json()  # its next_cursor names the account
     for name in ("events", "timeline"):
         first = (await api.client.get(paths[name], params={"limit": 1})).json()
         [last] = first["data"]
@@ -201,6 +208,71 @@ async def test_cursors_of_before_this_release(api: Api) -> None:
             "a cursor of an earlier release, which names no list: leave cursor out to list "
             "from the first page"
         )
+
+
+async def test_a_bare_id_given_to_a_list_that_never_had_one_says_it_is_another_lists(
+    api: Api,
+) -> None:
+    """The contacts list, new, and the events lists never handed out a bare id: one is an
+    earlier release's cursor of another list, not one of theirs (it said "a cursor of an
+    earlier release" to the contacts list, as if the contacts list had had one)."""
+    paths = await _lists(api)
+    [automation] = (await api.client.get(paths["automations"], params={"limit": 1})).json()["data"]
+    answers = {
+        name: await _answer(api, paths[name], _cursor(automation["id"]))
+        for name in ("contacts", "events", "timeline")
+    }
+    assert answers == {
+        name: _refused(
+            f"a cursor of another list, of an earlier release (the {listed} list's were never "
+            "a bare id): leave cursor out to list from the first page"
+        )
+        for name, listed in (("contacts", "contacts"), ("events", "events"),
+                             ("timeline", "events"))
+    }  # fmt: skip
+
+
+async def test_the_change_feed_cursor_of_another_account_is_422_on_after(api: Api) -> None:
+    """A feed position named no account: another's, read as a place in this account's
+    feed, skipped (or read again) this account's events without a word."""
+    await _lists(api)
+    other = api.ledger.create_account("Outra Loja")
+    theirs = api.auth(await api.key_for("read", account=other))
+    read = await api.client.get("/v1/events", params={"after": "start"}, headers=theirs)
+    assert read.status_code == 200, read.text
+
+    response = await api.client.get("/v1/events", params={"after": read.json()["next_cursor"]})
+
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"] == [{
+        "field": "after", "code": "invalid_cursor",
+        "message": "a next_cursor of the change feed of another account: pass one this "
+                   "account's feed handed out, or 'start'",
+    }]  # fmt: skip
+    ours = await api.client.get("/v1/events", params={"after": "start", "limit": 1})
+    again = await api.client.get("/v1/events", params={"after": ours.json()["next_cursor"]})
+    assert again.status_code == 200, again.text
+
+
+async def test_a_malformed_change_feed_cursor_of_this_account_is_422_on_after(api: Api) -> None:
+    await _lists(api)
+    cursor = (await api.client.get("/v1/events", params={"after": "start"})).json()["next_cursor"]
+    name, digest, arrival, ident = _text(cursor).split("|")
+    broken = {
+        "a negative arrival": [name, digest, "-1", ident],
+        "not a digit": [name, digest, "\u0663", ident],
+        "past SQLite's integers": [name, digest, str(2**63), ident],
+        "another id": [name, digest, arrival, "not-a-uuid"],
+        "a part more": [name, digest, arrival, ident, ident],
+    }
+    answers = {}
+    for case, parts in broken.items():
+        response = await api.client.get("/v1/events", params={"after": _cursor("|".join(parts))})
+        answers[case] = (
+            response.status_code,
+            [(e["field"], e["code"]) for e in response.json()["errors"]],
+        )
+    assert answers == dict.fromkeys(broken, (422, [("after", "invalid_cursor")]))
 
 
 async def test_the_lists_cursor_given_to_the_change_feed_says_where_it_goes(api: Api) -> None:

@@ -13,12 +13,20 @@ may be of any size. A contact's timeline is `GET /v1/events?contact_id=`, one li
 base64url("automations|<digest>|<id>")              # integrations, automations, executions,
                                                     # rejections, conversations, contacts
 base64url("events|<digest>|<occurred_at>|<id>")     # GET /v1/events, a contact's timeline
-base64url("feed|<arrival>|<id>")                    # the change feed's `after`
+base64url("feed|<digest>|<arrival>|<id>")           # the change feed's `after`
 ```
 
-Before, an id list's cursor was its last id alone, and an events list's
-"<occurred_at>|<id>". The events form is still taken: no other list had it (the filters
-it was issued under go unchecked). A bare id is 422: it could be any list's.
+The feed's digest covers the account alone (`after` takes no filter): another account's
+position read as a place in this one's feed, and its poller skipped (or read again) its
+own events without a word.
+
+Before, an id list's cursor was its last id alone, an events list's
+"<occurred_at>|<id>" and the feed's "feed|<arrival>|<id>". The events and feed forms are
+still taken (their filters and account unchecked): no other list had them, and a feed
+poller keeps its cursor across an upgrade. A read is scoped to the caller's account
+whatever the cursor says, so an unchecked one shows nothing of another account; and the
+first page read with it hands out a bound cursor. A bare id is 422: it could be any id
+list's (to the events and contacts lists, which never had one, surely another's).
 """
 
 from __future__ import annotations
@@ -40,8 +48,12 @@ ListName = Literal["events", "integrations", "automations", "executions", "rejec
                    "conversations", "contacts"]  # fmt: skip
 # Where a change feed starts: the `after` of a poller's first read.
 FEED_FROM_START = "start"
-_FEED = "feed"
+_FEED: Literal["feed"] = "feed"
+_CursorName = ListName | Literal["feed"]
 _NAMES = frozenset({_FEED, *get_args(ListName)})
+# The lists whose cursor, before cursors named their list, was a bare id.
+_BARE_ID_LISTS = frozenset({"integrations", "automations", "executions", "rejections",
+                            "conversations"})  # fmt: skip
 _MAX_ARRIVAL = 2**63 - 1  # SQLite's largest integer; PostgreSQL's transaction ids stay below
 _RESTART = "leave cursor out to list from the first page"
 _NOT_OURS = "not a next_cursor of ours"
@@ -51,12 +63,12 @@ _NOT_OURS = "not a next_cursor of ours"
 class Listing:
     """A list's cursors: its name, and the digest of the query they page."""
 
-    name: ListName
+    name: _CursorName
     digest: str
     bound: str  # what the digest covers, for the message of a cursor of another query
 
     @classmethod
-    def of(cls, name: ListName, account_id: UUID, **query: object) -> Listing:
+    def of(cls, name: _CursorName, account_id: UUID, **query: object) -> Listing:
         """The cursors of list `name` for the account's `query`: the path's id and the
         filters, by name (None for one not given)."""
         scope = {"account": str(account_id)} | {
@@ -86,8 +98,8 @@ class Listing:
             return parts[2:]
         if self.name == "events" and len(parts) == size:
             return parts  # an events cursor of before lists named theirs
-        if self.name != "events" and len(parts) == 1 and _is_uuid(parts[0]):
-            _refuse("cursor", f"a cursor of an earlier release, which names no list: {_RESTART}")
+        if len(parts) == 1 and _is_uuid(parts[0]):  # an id list's cursor of before
+            _refuse("cursor", f"{_bare_id(self.name)}: {_RESTART}")
         _refuse("cursor", _NOT_OURS)
 
 
@@ -117,19 +129,25 @@ def decode_event_cursor(cursor: str | None, listing: Listing) -> tuple[datetime,
     return moment, _uuid(ident, "cursor")
 
 
-def encode_feed_cursor(position: FeedPosition) -> str:
-    """The `next_cursor` of a change feed page."""
-    return _encode(_FEED, str(position.arrival), str(position.event_id))
+def encode_feed_cursor(position: FeedPosition, account_id: UUID) -> str:
+    """The `next_cursor` of a page of the account's change feed."""
+    return Listing.of(_FEED, account_id).encode(str(position.arrival), str(position.event_id))
 
 
-def decode_feed_cursor(cursor: str) -> FeedPosition:
-    """The feed position of an `after`; `InvalidQuery` naming `after` if it is neither a
-    feed cursor of ours nor `start`."""
+def decode_feed_cursor(cursor: str, account_id: UUID) -> FeedPosition:
+    """The feed position of an `after` of the account's feed; `InvalidQuery` naming
+    `after` if it is neither a feed cursor of ours for the account nor `start`."""
     if cursor == FEED_FROM_START:
         return FEED_START
     parts = _parts(cursor, "after")
     if parts[0] in _NAMES - {_FEED}:
         _refuse("after", f"{_whose(parts[0])}: pass it as cursor, without after")
+    if parts[0] == _FEED and len(parts) == 4:
+        if parts[1] != Listing.of(_FEED, account_id).digest:
+            _refuse("after", "a next_cursor of the change feed of another account: pass one "
+                    f"this account's feed handed out, or {FEED_FROM_START!r}")  # fmt: skip
+        parts = parts[:1] + parts[2:]
+    # parts is now ["feed", arrival, id]: bound and checked, or of an earlier release
     if len(parts) == 3 and parts[0] == _FEED and _is_arrival(parts[1]):
         return FeedPosition(int(parts[1]), _uuid(parts[2], "after"))
     _refuse("after", f"not a next_cursor of the feed, nor {FEED_FROM_START!r}")
@@ -165,6 +183,16 @@ def _is_uuid(text: str) -> bool:
 def _is_arrival(text: str) -> bool:
     # at most 19 digits before int(): one of thousands raises, past Python's limit
     return text.isascii() and text.isdigit() and len(text) <= 19 and int(text) <= _MAX_ARRIVAL
+
+
+def _bare_id(name: str) -> str:
+    """What a bare id, an id list's cursor from before cursors named their list, is to
+    list `name`: maybe one of its own, or surely another list's."""
+    if name in _BARE_ID_LISTS:
+        return "a cursor of an earlier release, which names no list"
+    return (
+        f"a cursor of another list, of an earlier release (the {name} list's were never a bare id)"
+    )
 
 
 def _whose(name: str) -> str:

@@ -151,11 +151,12 @@ def account_view(account: Account) -> dict[str, Any]:
     }
 
 
-def feed_view(page: FeedPage, locale: str) -> dict[str, Any]:
-    """A change feed page: its events and the cursor to read on from (never null)."""
+def feed_view(page: FeedPage, account_id: UUID, locale: str) -> dict[str, Any]:
+    """A page of the account's change feed: its events and the cursor to read on from
+    (never null)."""
     return {
         "data": [event_view(e, locale) for e in page.events],
-        "next_cursor": encode_feed_cursor(page.next),
+        "next_cursor": encode_feed_cursor(page.next, account_id),
         "has_more": page.has_more,
     }
 

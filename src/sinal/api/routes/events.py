@@ -164,9 +164,9 @@ async def list_events(
         others = {"contact_id": contact_id, "metric": metric, "since": since, "until": until,
                   "cursor": cursor}  # fmt: skip
         _check_alone("after", others)
-        position = decode_feed_cursor(after)
+        position = decode_feed_cursor(after, key.account_id)
         page = await svc.run(svc.ledger.read_feed, key.account_id, position, limit)
-        return json_response(feed_view(page, locale_of(locale, accept_language)))
+        return json_response(feed_view(page, key.account_id, locale_of(locale, accept_language)))
     contact = _query_uuid("contact_id", contact_id)
     metric = _query_text("metric", metric)
     return await event_page(
