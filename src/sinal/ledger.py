@@ -632,6 +632,10 @@ class Ledger:
         """One event of the account, or None (another account's id included)."""
         return self.store.get_event(_uuid(account_id), _uuid(event_id))
 
+    def find_event(self, account_id: UUID | str, unique_event_id: str) -> StoredEvent | None:
+        """The account's event with this `unique_event_id` (a duplicate's key), or None."""
+        return self.store.find_event(_uuid(account_id), unique_event_id)
+
     def list_metrics(self, account_id: UUID | str, name: str | None = None) -> list[MetricInfo]:
         """The account's metrics (or the one named) with their event counts."""
         return self.store.list_metrics(_uuid(account_id), name)

@@ -618,6 +618,27 @@ def test_same_source_id_in_two_accounts_is_two_events(
     assert other_contact.id != contact.id
 
 
+def test_an_event_is_found_by_its_unique_event_id_in_its_account_alone(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    other = ledger.create_account("Outra Loja")
+    ours = ledger.emit(order_paid(account, contact)).event_id
+    theirs = ledger.emit(order_paid(other, ledger.create_contact(other.id, email="a@b.com")))
+    assert ours is not None
+    assert theirs.event_id is not None
+
+    found = ledger.find_event(account.id, "shopify:order:1001")
+
+    assert found is not None
+    assert found == ledger.get_event(account.id, ours)  # the whole event, as read by id
+    assert found.unique_event_id == "shopify:order:1001"
+    assert ledger.find_event(other.id, "shopify:order:1001") == ledger.get_event(
+        other.id, theirs.event_id
+    )
+    assert ledger.find_event(account.id, "shopify:order:1002") is None
+    assert ledger.find_event(uuid.uuid4(), "shopify:order:1001") is None
+
+
 def test_contact_is_matched_by_phone_without_the_ninth_digit(
     ledger: Ledger, account: sinal.Account, contact: sinal.Contact
 ) -> None:

@@ -19,11 +19,11 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from sinal import webhooks
+from sinal import EmitEvent, webhooks
 from sinal.automations.backoff import RetryPolicy
 from sinal.automations.dispatcher import Dispatcher, DispatchSettings
 from sinal.automations.service import Automations
-from sinal.catalog import METRIC_ORDER_CANCELLED
+from sinal.catalog import METRIC_CHECKOUT_RECOVERED, METRIC_ORDER_CANCELLED
 from sinal.cli import app as cli
 from sinal.commerce import commerce_store, derive_abandoned
 from sinal.config import Settings
@@ -895,6 +895,31 @@ async def test_the_trace_of_an_abandonment_an_order_predates_says_it_was_withdra
     else:
         assert "before they ran" in traced["message"]
         assert "execution" not in traced
+
+
+async def test_the_trace_finds_the_recovery_behind_a_thousand_later_ones_of_its_contact(
+    api: Api, shopify: Shop
+) -> None:
+    # it read the contact's newest 1,000 Checkout Recovered since the abandonment and
+    # looked for its own among them: one customer's later recoveries (other carts, or
+    # events a client sent under the metric) hid it, and the trace said "triggered"
+    abandoned = await abandoned_with_automation(api, shopify, dispatched=False)
+    await shopify.deliver(fixture("shopify", "orders_create"), "orders/create")  # placed in time
+    run_automations(api)
+    later = [
+        EmitEvent(
+            account_id=api.account.id, contact_id=abandoned.contact_id,
+            metric_name=METRIC_CHECKOUT_RECOVERED, source="shopify", source_id=f"other-{n}",
+            entity_type="checkout", occurred_at=DUE + timedelta(minutes=n + 1),
+        )
+        for n in range(1000)
+    ]  # fmt: skip
+    assert {r.status for r in api.ledger.emit_many(later)} == {"created"}
+
+    [traced] = (await api.client.get(f"/v1/events/{abandoned.id}/trace")).json()["automations"]
+
+    assert (traced["triggered"], traced["outcome"]) == (False, "withdrawn")
+    assert traced["message"].endswith(STOPPED_BY_ORDER)
 
 
 async def test_the_trace_of_a_withdrawn_abandonment_reads_its_recovery_once(

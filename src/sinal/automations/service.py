@@ -41,7 +41,7 @@ from sinal.store.automations import (
     IntegrationKind,
     stopped_too_deep,
 )
-from sinal.store.base import EventQuery, StoredEvent
+from sinal.store.base import StoredEvent
 from sinal.store.commerce import STOPPED_BY_DISCONNECT, STOPPED_BY_ORDER, STOPPED_BY_RECOVERY
 from sinal.urls import base_url_problem
 from sinal.webhooks import DEFAULT_GRACE, MAX_GRACE_SECONDS
@@ -209,14 +209,17 @@ class Automations:
 
     def _recovery(self, event: StoredEvent, token: str) -> StoredEvent | None:
         """The Checkout Recovered of the Checkout Abandoned `event`, recorded in the
-        transaction that withdrew it, never dated before it; None while not recovered."""
-        query = EventQuery(
-            event.account_id, contact_id=event.contact_id, metric_name=METRIC_CHECKOUT_RECOVERED,
-            since=event.occurred_at, limit=1000,
-        )  # fmt: skip
-        recovered = recovery_id(event.source, token)
-        found = self.ledger.list_events(query)
-        return next((e for e in found if e.unique_event_id == recovered), None)
+        transaction that withdrew it, never dated before it; None while not recovered.
+        Looked up by its unique key: a list of the contact's recoveries since `event`
+        (1,000 at most, newest first) missed it behind a thousand later ones."""
+        found = self.ledger.find_event(event.account_id, recovery_id(event.source, token))
+        is_recovery = (
+            found is not None
+            and found.metric_name == METRIC_CHECKOUT_RECOVERED
+            and found.contact_id == event.contact_id
+            and found.occurred_at >= event.occurred_at
+        )
+        return found if is_recovery else None
 
     def _numbers(self, account_id: UUID) -> list[str]:
         """The phone_number_id of each of the account's live WhatsApp connections."""

@@ -589,6 +589,10 @@ class Store(Protocol):
         """One event of the account, or None (also for another account's id)."""
         ...
 
+    def find_event(self, account_id: UUID, unique_event_id: str) -> StoredEvent | None:
+        """The account's event with this `unique_event_id` (by its unique key), or None."""
+        ...
+
     def list_metrics(self, account_id: UUID, name: str | None = None) -> list[MetricInfo]:
         """The account's metrics (or the one named), by name, with their event counts."""
         ...

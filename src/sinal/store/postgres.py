@@ -1444,10 +1444,18 @@ class PostgresStore(
 
     def get_event(self, account_id: UUID, event_id: UUID) -> StoredEvent | None:
         """One event of the account, or None."""
+        return self._event("id", account_id, event_id)
+
+    def find_event(self, account_id: UUID, unique_event_id: str) -> StoredEvent | None:
+        """The account's event with this `unique_event_id`, or None."""
+        return self._event("unique_event_id", account_id, unique_event_id)
+
+    def _event(self, key: str, account_id: UUID, value: object) -> StoredEvent | None:
+        """The event whose `key` column, a unique key with the account's, is `value`."""
         with self._conn() as conn:
             row = conn.execute(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = %s AND id = %s",
-                (account_id, event_id),
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = %s AND {key} = %s",
+                (account_id, value),
             ).fetchone()
         return None if row is None else StoredEvent(*row)
 

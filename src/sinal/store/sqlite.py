@@ -1005,10 +1005,18 @@ class SQLiteStore(
 
     def get_event(self, account_id: UUID, event_id: UUID) -> StoredEvent | None:
         """One event of the account, or None."""
+        return self._event("id", str(account_id), str(event_id))
+
+    def find_event(self, account_id: UUID, unique_event_id: str) -> StoredEvent | None:
+        """The account's event with this `unique_event_id`, or None."""
+        return self._event("unique_event_id", str(account_id), unique_event_id)
+
+    def _event(self, key: str, account: str, value: str) -> StoredEvent | None:
+        """The event whose `key` column, a unique key with the account's, is `value`."""
         with self._read() as conn:
             row = conn.execute(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = ? AND id = ?",
-                (str(account_id), str(event_id)),
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE account_id = ? AND {key} = ?",
+                (account, value),
             ).fetchone()
         return None if row is None else _stored_event(row)
 
