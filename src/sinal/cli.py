@@ -11,9 +11,10 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import Annotated, Any, cast
+from functools import partial
+from typing import Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -31,7 +32,7 @@ from sinal.errors import (
 )
 from sinal.keyring import Keyring
 from sinal.ledger import Ledger, connect, contact_query
-from sinal.store.base import Account, ContactQuery, ListedContact, latest_schema_version
+from sinal.store.base import ContactQuery, ListedContact, latest_schema_version
 
 app = typer.Typer(
     name="sinal",
@@ -150,6 +151,36 @@ def _echo_json(data: Any) -> None:
     typer.echo(json.dumps(data, ensure_ascii=False))
 
 
+Row = dict[str, Any]
+_T = TypeVar("_T")
+
+
+def _pages(read: Callable[[_T | None], list[_T]], size: int) -> Iterator[list[_T]]:
+    """Every row of a list read by keyset, a page at a time: `read(None)` the first page,
+    `read(its last row)` the next, until one of fewer than `size` rows."""
+    page = read(None)
+    while page:
+        yield page
+        page = read(page[-1]) if len(page) == size else []
+
+
+def _print_pages(name: str, pages: Iterable[list[Row]], line: Callable[[Row], str] | None) -> None:
+    """Print a list's rows as each page (never empty) is read, so that only one page is
+    held: with `line` None, as `_echo_json({name: rows})` prints them all (one JSON
+    object), else `line(row)` for each. A failure past the first page leaves what was
+    printed (and exits 1)."""
+    if line is None:
+        opening, started = f"{{{json.dumps(name)}: [", False
+        for page in pages:
+            rows = ", ".join(json.dumps(row, ensure_ascii=False) for row in page)
+            typer.echo((", " if started else opening) + rows, nl=False)
+            started = True
+        typer.echo(("" if started else opening) + "]}")
+        return
+    for page in pages:  # one print a page: rich's own work per call is most of a row's
+        console.print("\n".join(line(row) for row in page))
+
+
 @accounts_app.command("create")
 def accounts_create(
     name: Annotated[str, typer.Option(help="The account's name.")],
@@ -169,28 +200,23 @@ def accounts_create(
 
 
 # Accounts read per query by `accounts list`, which pages through every one (it stopped,
-# unsaid, at the first 10,000).
+# unsaid, at the first 10,000), printing each page as it is read.
 ACCOUNTS_PAGE = 1000
-
-
-def _every_account(ledger: Ledger) -> Iterator[Account]:
-    """Every account, oldest first, a page at a time."""
-    page = ledger.list_accounts(ACCOUNTS_PAGE)
-    while page:
-        yield from page
-        page = [] if len(page) < ACCOUNTS_PAGE else ledger.list_accounts(ACCOUNTS_PAGE, page[-1])
 
 
 @accounts_app.command("list")
 def accounts_list(as_json: JsonOption = False, database_url: DatabaseOption = None) -> None:
     """List every account, oldest first."""
     with open_ledger(database_url) as ledger:
-        accounts = list(_every_account(ledger))
-    rows = [{"id": str(a.id), "name": a.name, "timezone": a.timezone} for a in accounts]
-    if as_json:
-        _echo_json({"accounts": rows})
-    for row in [] if as_json else rows:
-        console.print(f"{row['id']}  {row['name']}  ({row['timezone']})")
+        pages = (
+            [{"id": str(a.id), "name": a.name, "timezone": a.timezone} for a in page]
+            for page in _pages(partial(ledger.list_accounts, ACCOUNTS_PAGE), ACCOUNTS_PAGE)
+        )
+        _print_pages("accounts", pages, None if as_json else _account_line)
+
+
+def _account_line(row: Row) -> str:
+    return f"{row['id']}  {row['name']}  ({row['timezone']})"
 
 
 @keys_app.command("create")
@@ -268,7 +294,8 @@ contacts_app = typer.Typer(help="Contacts.", no_args_is_help=True)
 app.add_typer(contacts_app, name="contacts")
 
 
-# Contacts read per query by `contacts list`, which pages through every one matching.
+# Contacts read per query by `contacts list`, which pages through every one matching,
+# printing each page as it is read.
 CONTACTS_PAGE = 1000
 
 
@@ -299,22 +326,24 @@ def contacts_list(
         raise typer.BadParameter(str(exc)) from None
     with open_ledger(database_url) as ledger:
         _check_account(ledger, account_id)
-        rows = [contact_view(c.contact, c.tags) for c in _every_contact(ledger, query)]
-    if as_json:
-        _echo_json({"contacts": rows})
-    for row in [] if as_json else rows:
-        fields = [row["name"], row["phone"], row["email"], row["external_id"]]
-        tags = f"  [{', '.join(row['tags'])}]" if row["tags"] else ""
-        console.print("  ".join([row["id"], *(f or "-" for f in fields)]) + tags)
+        pages = (
+            [contact_view(c.contact, c.tags) for c in page]
+            for page in _pages(partial(_contacts_after, ledger, query), query.limit)
+        )
+        _print_pages("contacts", pages, None if as_json else _contact_line)
 
 
-def _every_contact(ledger: Ledger, query: ContactQuery) -> Iterator[ListedContact]:
-    """Every contact `query` matches, a page at a time."""
-    page = ledger.list_contacts(query)
-    while page:
-        yield from page
-        more = len(page) == query.limit
-        page = ledger.list_contacts(replace(query, after=page[-1].id)) if more else []
+def _contacts_after(
+    ledger: Ledger, query: ContactQuery, last: ListedContact | None
+) -> list[ListedContact]:
+    """The page of `query`'s contacts after `last` (None: the first)."""
+    return ledger.list_contacts(replace(query, after=None if last is None else last.id))
+
+
+def _contact_line(row: Row) -> str:
+    fields = [row["name"], row["phone"], row["email"], row["external_id"]]
+    tags = f"  [{', '.join(row['tags'])}]" if row["tags"] else ""
+    return "  ".join([row["id"], *(f or "-" for f in fields)]) + tags
 
 
 @contacts_app.command("erase", short_help="Erase a contact and everything of it, irreversibly.")

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -624,6 +625,86 @@ def test_cli_accounts_list_pages_through_every_account(database_url: str) -> Non
     assert len(names) == len(set(names)) == len(lines) == total
     assert names[:3] == [a.name for a in made]
     assert sorted(names) == sorted(f"Loja {i}" for i in range(total))
+
+
+# A row made while `accounts list` or `contacts list` prints, ordered after every other:
+# an account made in 2999, a contact of the largest id.
+_LAST_ACCOUNT = ("INSERT INTO accounts (id, name, timezone, created_at) VALUES "
+                 "('ffffffff-ffff-4fff-bfff-ffffffffffff', 'Loja depois', 'UTC', ?)")  # fmt: skip
+_LAST_CONTACT = ("INSERT INTO contacts (account_id, id, name, created_at, updated_at) VALUES "
+                 "(?, 'ffffffff-ffff-4fff-bfff-ffffffffffff', 'Depois', ?, ?)")  # fmt: skip
+_LATE = "2999-01-01T00:00:00.000000Z"
+
+
+def _many_rows(url: str, rows: int) -> str:
+    """An account with `rows` contacts, after `rows` other accounts, each row's name 100
+    characters long or more; the account's id."""
+    with connect(url) as ledger:
+        ledger.migrate()
+        account = str(ledger.create_account("Loja").id)
+    if url.startswith("sqlite:"):
+        uuid = ("lower(substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-' || substr(h, 13, 4) "
+                "|| '-' || substr(h, 17, 4) || '-' || substr(h, 21))")  # fmt: skip
+        numbers = ("FROM (SELECT i, hex(randomblob(16)) AS h FROM (WITH RECURSIVE n(i) AS "
+                   f"(SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows}) "
+                   "SELECT i FROM n))")  # fmt: skip
+        name = "printf('%0100d', i)"
+    else:
+        uuid, numbers = "gen_random_uuid()", f"FROM generate_series(1, {rows}) AS i"
+        name = "lpad(i::text, 100, '0')"
+    when = "'2998-01-01T00:00:00.000000Z'"  # before _LATE; the accounts after "Loja"
+    sql(url, f"INSERT INTO accounts (id, name, timezone, created_at) SELECT {uuid}, "
+        f"'Loja ' || {name}, 'UTC', {when} {numbers}")  # fmt: skip
+    sql(url, "INSERT INTO contacts (account_id, id, name, created_at, updated_at) "
+        f"SELECT ?, {uuid}, 'Ana ' || {name}, {when}, {when} {numbers}", account)  # fmt: skip
+    return account
+
+
+def _printed_while(url: str, args: list[str], change: Callable[[], object]) -> str:
+    """What `sinal args` prints, `change()` made once it printed its first byte: into a pipe
+    of 4 KiB, not read meanwhile, which holds far less than a page of the list."""
+    env = {**os.environ, "SINAL_DATABASE_URL": url, "COLUMNS": "200"}
+    with subprocess.Popen(
+        [*SINAL, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        bufsize=0, pipesize=4096,
+    ) as process:  # fmt: skip
+        assert process.stdout is not None
+        first = process.stdout.read(1)  # unbuffered: communicate() reads the rest
+        change()
+        rest, errors = process.communicate(timeout=120)
+    assert process.returncode == 0, errors.decode()
+    return (first + rest).decode()
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("listed", ["accounts", "contacts"])
+def test_cli_lists_print_each_page_as_it_is_read(
+    database_url: str, listed: str, as_json: bool
+) -> None:
+    """`accounts list` and `contacts list` held every row, and printed nothing until they
+    had read the last page: a row made once the first was printed, ordered last, was
+    never listed. Each page is printed as it is read now, and only it is held."""
+    account = _many_rows(database_url, 1001)  # a full page of 1,000 and one more
+    args = (
+        ["accounts", "list"] if listed == "accounts" else ["contacts", "list", "--account", account]
+    )
+
+    def make_the_last_row() -> None:
+        if listed == "accounts":
+            sql(database_url, _LAST_ACCOUNT, _LATE)
+        else:
+            sql(database_url, _LAST_CONTACT, account, _LATE, _LATE)
+
+    out = _printed_while(database_url, [*args, *(["--json"] if as_json else [])], make_the_last_row)
+
+    names = (
+        [row["name"] for row in json.loads(out)[listed]]
+        if as_json
+        else [line.split("  ")[1] for line in out.splitlines()]
+    )
+    expected = 1001 + (2 if listed == "accounts" else 1)  # "Loja", the contacts' account
+    last = {"accounts": "Loja depois", "contacts": "Depois"}[listed]
+    assert (len(names), names[-1]) == (expected, last)
 
 
 def test_cli_keys_create_with_an_empty_scope_says_the_list_has_one(database_url: str) -> None:
