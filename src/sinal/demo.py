@@ -36,10 +36,7 @@ def run_demo(ledger: Ledger, console: Console) -> None:
     events = ledger.list_events(EventQuery(account.id))
     _print_events(console, events)
     _print_rejections(console, ledger, account.id)
-    # A summary's total is 0 both for a metric whose values add up to 0 and for one that
-    # never carries a value (a message): only the events tell them apart.
-    valued = {(e.contact_id, e.metric_name) for e in events if e.value is not None}
-    _print_summary(console, ledger, account.id, {ana.id: "Ana", bruno.id: "Bruno"}, valued)
+    _print_summary(console, ledger, account.id, {ana.id: "Ana", bruno.id: "Bruno"})
 
 
 def _day(account: uuid.UUID, ana: uuid.UUID, bruno: uuid.UUID) -> list[EmitEvent]:
@@ -131,7 +128,6 @@ def _print_summary(
     ledger: Ledger,
     account: uuid.UUID,
     names: dict[uuid.UUID, str],
-    valued: set[tuple[uuid.UUID, str]],
 ) -> None:
     table = Table(title="contact_metrics_summary (rótulos em pt-BR)")
     for column in ("contato", "métrica", "eventos", "valor total", "primeiro", "último"):
@@ -141,8 +137,8 @@ def _print_summary(
             names.get(s.contact_id, str(s.contact_id)),
             c.get_metric_label(s.metric_name, "pt-BR"),
             str(s.event_count),
-            # the demo's values are all in BRL
-            format_money(s.total_value) if (s.contact_id, s.metric_name) in valued else NO_VALUE,
+            # no total: none of its events had a value (a message); the demo's are all BRL
+            NO_VALUE if s.total_value is None else format_money(s.total_value),
             s.first_event_at.astimezone().strftime("%H:%M"),
             s.last_event_at.astimezone().strftime("%H:%M"),
         )

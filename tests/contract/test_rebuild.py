@@ -37,13 +37,15 @@ def _event(account: sinal.Account, contact: UUID, rnd: random.Random, n: int) ->
 
 
 def _group_by(ledger: Ledger, account: sinal.Account) -> dict[tuple[UUID, str], tuple[object, ...]]:
-    """The oracle: the account's events, added up in Python."""
-    truth: dict[tuple[UUID, str], tuple[int, Decimal, datetime, datetime]] = {}
+    """The oracle: the account's events, added up in Python (a total None while none has a
+    value, as SQL's SUM)."""
+    truth: dict[tuple[UUID, str], tuple[int, Decimal | None, datetime, datetime]] = {}
     for ev in ledger.list_events(EventQuery(account.id, limit=100_000)):
         key = (ev.contact_id, ev.metric_name)
-        n, total, first, last = truth.get(key, (0, Decimal(0), ev.occurred_at, ev.occurred_at))
-        truth[key] = (n + 1, total + (ev.value or 0), min(first, ev.occurred_at),
-                      max(last, ev.occurred_at))  # fmt: skip
+        n, total, first, last = truth.get(key, (0, None, ev.occurred_at, ev.occurred_at))
+        if ev.value is not None:
+            total = ev.value if total is None else total + ev.value
+        truth[key] = (n + 1, total, min(first, ev.occurred_at), max(last, ev.occurred_at))
     return dict(truth)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import closing
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -268,6 +269,50 @@ def test_migration_0029_dates_the_yampi_orders_kept_before_it_by_their_order_pla
         assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v > 28]
         found = [commerce_store(ledger).find_order(account, UUID(shop), o) for o in ("318", "319")]
     assert [o.placed_at if o else "gone" for o in found] == [placed, None]
+
+
+def test_migration_0030_takes_the_total_from_summaries_whose_events_had_no_value(
+    empty_url: str,
+) -> None:
+    """Summaries written as 0 for want of a value lose it; those whose values added up to
+    0, or to anything, keep theirs; and what the migrated database records next adds up
+    as SUM(value) does."""
+    _migrate_up_to(empty_url, 29)
+    with connect(empty_url) as ledger:
+        account = ledger.create_account("Loja")
+        ana = ledger.create_contact(account.id, external_id="ana")
+    at = "2026-01-01T00:00:00.000000Z"
+    # metric: (its events' values, the summary's total as sinal wrote it)
+    written: dict[str, tuple[list[str | None], str]] = {
+        "Message Read": ([None, None], "0"),
+        "Order Refunded": (["5", "-5"], "0"),
+        "Order Paid": ([None, "10.50"], "10.50"),
+        "Quiz Answered": ([None], "7"),
+    }
+    for metric, (values, total) in written.items():
+        for value in values:
+            sql(empty_url, "INSERT INTO events (account_id, id, contact_id, metric_id, "
+                "metric_name, value, source, occurred_at, received_at, schema_version, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, 'api', ?, ?, 1, ?)", str(account.id),
+                str(uuid4()), str(ana.id), str(uuid4()), metric, value, at, at, at)  # fmt: skip
+        sql(empty_url, "INSERT INTO contact_metrics_summary (account_id, contact_id, "
+            "metric_name, id, event_count, total_value, first_event_at, last_event_at, "
+            "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", str(account.id), str(ana.id),
+            metric, str(uuid4()), len(values), total, at, at, at)  # fmt: skip
+
+    with connect(empty_url) as ledger:
+        backend = "sqlite" if empty_url.startswith("sqlite:") else "postgres"
+        assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v > 29]
+        migrated = {s.metric_name: s.total_value for s in ledger.get_summary(account.id)}
+        # the drift ("Quiz Answered": 7 of no value) is left to rebuild-summaries
+        assert migrated == {"Message Read": None, "Order Refunded": 0,
+                            "Order Paid": Decimal("10.50"), "Quiz Answered": 7}  # fmt: skip
+        for metric, value in (("Message Read", None), ("Order Refunded", None),
+                              ("Message Read", "0.25")):  # fmt: skip
+            ledger.emit_event(account_id=account.id, contact_id=ana.id, metric_name=metric,
+                              source="api", value=value)  # fmt: skip
+        totals = {s.metric_name: s.total_value for s in ledger.get_summary(account.id)}
+    assert (totals["Message Read"], totals["Order Refunded"]) == (Decimal("0.25"), Decimal(0))
 
 
 def test_check_schema_refuses_a_database_behind_this_code(empty_url: str) -> None:

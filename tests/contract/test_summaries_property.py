@@ -62,11 +62,13 @@ def test_summaries_equal_group_by_over_events(
     # the oracle: a GROUP BY over what the events table says, computed independently
     in_table = ledger.list_events(EventQuery(account.id, limit=10_000))
     assert len(in_table) == expected_count
-    truth: dict[tuple[UUID, str], tuple[int, Decimal, datetime, datetime]] = {}
+    # SQL's SUM(value): None while no event of the key has a value
+    truth: dict[tuple[UUID, str], tuple[int, Decimal | None, datetime, datetime]] = {}
     for ev in in_table:
         key = (ev.contact_id, ev.metric_name)
-        n, total, first, last = truth.get(key, (0, Decimal(0), ev.occurred_at, ev.occurred_at))
-        total += ev.value or 0
+        n, total, first, last = truth.get(key, (0, None, ev.occurred_at, ev.occurred_at))
+        if ev.value is not None:
+            total = ev.value if total is None else total + ev.value
         truth[key] = (n + 1, total, min(first, ev.occurred_at), max(last, ev.occurred_at))
     summary = {
         (s.contact_id, s.metric_name): (s.event_count, s.total_value, s.first_event_at,

@@ -211,6 +211,31 @@ async def test_timeline_and_metrics_follow_the_locale(api: Api) -> None:
     assert rows["Order Paid"]["label"] == "Pedido Pago"
 
 
+async def test_metrics_give_no_total_to_a_metric_whose_events_had_no_value(api: Api) -> None:
+    """A message is worth nothing, not 0.00: total_value null, as the schema says it may
+    be; orders whose values add up to 0 are "0.00"."""
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    bodies = [{"metric": "Message Read", "source_id": "wamid.1"},
+              {"metric": "Order Paid", "value": "10.5", "source_id": "1"},
+              {"metric": "Order Paid", "value": "-10.50", "source_id": "2"}]  # fmt: skip
+    for body in bodies:
+        sent = await api.post("/v1/events", {**body, "contact_id": contact["id"]})
+        assert sent.status_code == 201, sent.text
+
+    metrics = await api.client.get(f"/v1/contacts/{contact['id']}/metrics")
+    schema = (await api.client.get("/openapi.json")).json()["components"]["schemas"]
+
+    totals = {r["metric"]: (r["count"], r["total_value"]) for r in metrics.json()["data"]}
+    assert totals == {
+        "Contact Created": (1, None),
+        "Message Read": (1, None),
+        "Order Paid": (2, "0.00"),
+    }
+    total = schema["ContactMetricOut"]["properties"]["total_value"]
+    assert {"type": "null"} in total["anyOf"]
+    assert "total_value" in schema["ContactMetricOut"]["required"]
+
+
 @pytest.mark.parametrize(
     ("accept_language", "label"),
     [

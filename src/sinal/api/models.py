@@ -220,7 +220,10 @@ class ContactMetricOut(BaseModel):
     metric: str
     label: str
     count: int
-    total_value: DecimalText
+    total_value: DecimalText | None = Field(
+        description='The sum of its events\' values, exact, as a string ("297.90"); null when '
+        'none of them carried a value (a message), "0.00" when values added up to 0'
+    )
     first_event_at: Stamp
     last_event_at: Stamp
 

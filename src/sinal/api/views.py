@@ -84,7 +84,7 @@ def summary_view(row: SummaryRow, locale: str) -> dict[str, Any]:
         "metric": row.metric_name,
         "label": get_metric_label(row.metric_name, locale),
         "count": row.event_count,
-        "total_value": decimal_text(row.total_value),
+        "total_value": None if row.total_value is None else decimal_text(row.total_value),
         "first_event_at": stamp(row.first_event_at),
         "last_event_at": stamp(row.last_event_at),
     }

@@ -127,7 +127,7 @@ class SummaryRow:
     contact_id: UUID
     metric_name: str
     event_count: int
-    total_value: Decimal
+    total_value: Decimal | None  # None: none of the events carried a value (SUM's NULL)
     first_event_at: datetime
     last_event_at: datetime
 
@@ -630,8 +630,8 @@ def summary_deltas(
     created: Iterable[PreparedEvent],
 ) -> dict[tuple[UUID, UUID | None, str], list[Any]]:
     """What newly stored events add to each summary row, by (account, contact, metric),
-    in order of first appearance: [event count, total value, first and last occurred_at,
-    the id of the first of them].
+    in order of first appearance: [event count, total value (None when none of them has
+    a value), first and last occurred_at, the id of the first of them].
 
     That id becomes the row's own when these events create the row. A summary row's `id`
     is the id of an event that created it: unique, since an event adds to one row only,
@@ -641,16 +641,23 @@ def summary_deltas(
     ones."""
     deltas: dict[tuple[UUID, UUID | None, str], list[Any]] = {}
     for e in created:
-        value = Decimal(0) if e.value is None else e.value
         delta = deltas.get(key := (e.account_id, e.contact_id, e.metric_name))
         if delta is None:
-            deltas[key] = [1, value, e.occurred_at, e.occurred_at, e.id]
+            deltas[key] = [1, e.value, e.occurred_at, e.occurred_at, e.id]
         else:
             delta[0] += 1
-            delta[1] += value
+            delta[1] = add_values(delta[1], e.value)
             delta[2] = min(delta[2], e.occurred_at)
             delta[3] = max(delta[3], e.occurred_at)
     return deltas
+
+
+def add_values(total: Decimal | None, value: Decimal | None) -> Decimal | None:
+    """A summary's total with `value` added, as SQL's SUM adds: None (no value) only while
+    both are."""
+    if value is None:
+        return total
+    return value if total is None else total + value
 
 
 def compare_summaries(

@@ -258,18 +258,23 @@ _SUMMARY_COLUMNS = (
     "account_id, contact_id, metric_name, id, event_count, total_value, first_event_at, "
     "last_event_at, updated_at"
 )
+# A total stays NULL until an event with a value comes, as SUM(value) over the events
+# does (`base.add_values`): the new events' NULL (none had a value) leaves it as it was.
+# `updated_at = now()`, the rows' own (the transaction's start), is shorter than
+# excluded's: the record statements stay within the 4,096 characters psycopg caches the
+# conversion of (`test_the_record_statements_stay_within_psycopgs_cache_limit`).
 _SUMMARY_CONFLICT = """
 ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET
     event_count = s.event_count + excluded.event_count,
-    total_value = s.total_value + excluded.total_value,
+    total_value = coalesce(coalesce(s.total_value, 0) + excluded.total_value, s.total_value),
     first_event_at = least(s.first_event_at, excluded.first_event_at),
     last_event_at = greatest(s.last_event_at, excluded.last_event_at),
-    updated_at = excluded.updated_at"""
+    updated_at = now()"""
 _SUMMARY = f"""
 summary AS (
     INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
     SELECT account_id, contact_id, metric_name, (array_agg(id))[1], count(*),
-           coalesce(sum(value), 0), min(occurred_at), max(occurred_at), now()
+           sum(value), min(occurred_at), max(occurred_at), now()
     FROM stored GROUP BY account_id, contact_id, metric_name
     ORDER BY account_id, contact_id, metric_name COLLATE "C"
     {_SUMMARY_CONFLICT}
@@ -324,8 +329,9 @@ ORDER BY i.ord
 # summaries, metrics (seen on PostgreSQL 15 with a sequence default on each table). A
 # streamed batch writes events, outbox, summaries and metrics in that order.
 _RECORD_BODY = ",".join((_KNOWN, _STORED, _NEW_METRICS, _SUMMARY, _OUTBOXED, _REJECTED)) + _ANSWER
-# The values' sums go as text, exact, for PostgreSQL to read: psycopg's binary numeric
-# dumper took ~1.6 µs a value, on the client, while PostgreSQL waited for the statement.
+# The values' sums go as text, exact (NULL for none), for PostgreSQL to read: psycopg's
+# binary numeric dumper took ~1.6 µs a value, on the client, while PostgreSQL waited for
+# the statement.
 _SUMMARY_SQL = f"""
 INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
 SELECT a, c, m, i, n, v::numeric, f, l, now()
@@ -1965,7 +1971,8 @@ def _summary_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
         _UuidArray(cast(list[UUID], contacts)),
         _TextArray([m for _, _, m in keys]),
         [d[0] for d in rows],  # event count
-        _TextArray([str(d[1]) for d in rows]),  # total value (a Decimal's text is exact)
+        # total value: a Decimal's text is exact; None (NULL) when none of the events had one
+        _TextArray(cast(list[str], [None if d[1] is None else str(d[1]) for d in rows])),
         [d[2] for d in rows],  # first occurred_at
         [d[3] for d in rows],  # last
         _UuidArray([d[4] for d in rows]),  # the id of the first event
@@ -2030,7 +2037,7 @@ _REBUILD_KEPT_SQL = (
     "FROM contact_metrics_summary WHERE account_id = %s AND contact_id = ANY(%s)"
 )
 _REBUILD_TRUTH_SQL = (
-    "SELECT contact_id, metric_name, count(*), coalesce(sum(value), 0), min(occurred_at), "
+    "SELECT contact_id, metric_name, count(*), sum(value), min(occurred_at), "
     "max(occurred_at) FROM events WHERE account_id = %s AND contact_id = ANY(%s) "
     "GROUP BY contact_id, metric_name"
 )

@@ -80,6 +80,7 @@ from sinal.store.base import (
     Settle,
     StoredEvent,
     SummaryRow,
+    add_values,
     changed_fields,
     compare_summaries,
     contacts_page_sql,
@@ -157,17 +158,18 @@ def _opt_decimal(text: str | None) -> Decimal | None:
 
 
 class _DecimalSum:
-    """SQLite aggregate: exact sum of decimal text (NULLs skipped, '0' when none)."""
+    """SQLite aggregate: exact sum of decimal text (NULLs skipped, NULL when none, as
+    SQL's SUM)."""
 
     def __init__(self) -> None:
-        self.total = Decimal(0)
+        self.total: Decimal | None = None
 
     def step(self, value: str | None) -> None:
         if value is not None:
-            self.total += Decimal(value)
+            self.total = add_values(self.total, Decimal(value))
 
-    def finalize(self) -> str:
-        return str(self.total)
+    def finalize(self) -> str | None:
+        return _opt(self.total)
 
 
 # SQLite's result codes for a database that cannot work right now, rather than a statement
@@ -1249,7 +1251,7 @@ class _Batch:
             ).fetchone()
             count, total, first, last = delta[0], delta[1], ts(delta[2]), ts(delta[3])
             if row is not None:
-                count, total = count + row[0], total + Decimal(row[1])
+                count, total = count + row[0], add_values(_opt_decimal(row[1]), total)
                 first, last = min(first, row[2]), max(last, row[3])
             self.conn.execute(
                 "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, id, "
@@ -1259,8 +1261,9 @@ class _Batch:
                 "event_count = excluded.event_count, total_value = excluded.total_value, "
                 "first_event_at = excluded.first_event_at, "
                 "last_event_at = excluded.last_event_at, updated_at = excluded.updated_at",
-                (account, contact, metric, str(delta[4]), count, str(total), first, last, self.now),
-            )
+                (account, contact, metric, str(delta[4]), count, _opt(total), first, last,
+                 self.now),
+            )  # fmt: skip
 
 
 # Records a round of events with a batch writer: `_Batch.record_all`, or `_record_isolated`.
@@ -1369,7 +1372,7 @@ def _rebuild_contacts(conn: sqlite3.Connection, account: str, contacts: list[str
     transaction (no other writer runs), and rewrite their rows if any is wrong."""
     ids = orjson.dumps(contacts).decode()
     truth = {
-        (r[0], r[1]): (r[2], Decimal(r[3]), r[4], r[5])
+        (r[0], r[1]): (r[2], _opt_decimal(r[3]), r[4], r[5])
         for r in conn.execute(
             "SELECT contact_id, metric_name, count(*), decimal_sum(value), min(occurred_at), "
             "max(occurred_at) FROM events WHERE account_id = ? "
@@ -1378,7 +1381,7 @@ def _rebuild_contacts(conn: sqlite3.Connection, account: str, contacts: list[str
         )
     }
     kept = {
-        (r[0], r[1]): (r[2], Decimal(r[3]), r[4], r[5])
+        (r[0], r[1]): (r[2], _opt_decimal(r[3]), r[4], r[5])
         for r in conn.execute(
             "SELECT contact_id, metric_name, event_count, total_value, first_event_at, "
             "last_event_at FROM contact_metrics_summary WHERE account_id = ? "
@@ -1399,7 +1402,7 @@ def _rebuild_contacts(conn: sqlite3.Connection, account: str, contacts: list[str
             "event_count, total_value, first_event_at, last_event_at, updated_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (account, c, m, str(new_id()), n, str(total), first, last, now)
+                (account, c, m, str(new_id()), n, _opt(total), first, last, now)
                 for (c, m), (n, total, first, last) in truth.items()
             ],
         )
@@ -1434,7 +1437,7 @@ def _summary_row(row: Sequence[Any]) -> SummaryRow:
         contact_id=UUID(row[1]),
         metric_name=row[2],
         event_count=row[3],
-        total_value=Decimal(row[4]),
+        total_value=_opt_decimal(row[4]),
         first_event_at=parse_ts(row[5]),
         last_event_at=parse_ts(row[6]),
     )
