@@ -257,6 +257,7 @@ def test_migration_0029_dates_the_yampi_orders_kept_before_it_by_their_order_pla
         ledger.emit_event(
             account_id=account, contact_id=ana, metric_name="Order Placed", source="yampi",
             source_id="318", entity_type="order_placed", occurred_at=placed,
+            value=Decimal("99.90"),  # at 0028 a summary needs a total (0030 lets it be NULL)
         )  # fmt: skip
     for order in ("318", "319"):  # 319: its Order Placed never came (only order.paid did)
         sql(empty_url, "INSERT INTO orders (account_id, id, provider, integration_id, "
