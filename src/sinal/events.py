@@ -18,6 +18,7 @@ from uuid import UUID
 import orjson
 
 from sinal.catalog import Category, get_metric_category, get_metric_label, is_system_metric
+from sinal.catalog.metrics import misspelt_metric_message, misspelt_system_metric
 from sinal.currencies import is_currency
 from sinal.errors import FieldError, InvalidEvent
 from sinal.ids import new_id
@@ -423,6 +424,10 @@ class _Validator:
             )
         elif name.startswith("__"):
             self.fail("metric_name", "reserved", "metric names starting with '__' are reserved")
+        elif (system := misspelt_system_metric(name)) is not None:
+            self.fail(
+                "metric_name", "misspelt_system_metric", misspelt_metric_message(name, system)
+            )
         else:
             return name
         return None

@@ -137,6 +137,19 @@ async def test_a_send_answered_with_a_server_error_is_unknown_saying_why_never_r
     assert detail["emitted_events"] == []
 
 
+async def test_a_trigger_metric_spelling_a_system_metric_otherwise_is_422(api: Api) -> None:
+    # saved, it listened to a custom "order paid" that Order Paid events never are
+    body = {k: v for k, v in AUTOMATION.items() if k != "trigger_type"}
+    body["trigger_metric"] = "order paid"
+
+    answer = await api.post("/v1/automations", body)
+
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert (error["field"], error["code"]) == ("trigger_metric", "misspelt_system_metric")
+    assert "send 'Order Paid'" in error["message"]
+
+
 async def test_patch_pauses_and_delete_removes(api: Api) -> None:
     automation = (await api.post("/v1/automations", AUTOMATION)).json()
     paused = await api.client.patch(f"/v1/automations/{automation['id']}",

@@ -156,6 +156,7 @@ INVALID: list[tuple[str, dict[str, Any], set[tuple[str, str]]]] = [
     ("empty metric", {"metric": " "}, {("metric", "empty")}),
     ("numeric metric", {"metric": 7}, {("metric", "string_type")}),
     ("reserved metric", {"metric": "__x"}, {("metric", "reserved")}),
+    ("system metric mistyped", {"metric": "order paid"}, {("metric", "misspelt_system_metric")}),
     ("value text", {"value": "abc"}, {("value", "not_a_number")}),
     ("value bool", {"value": True}, {("value", "not_a_number")}),
     ("value huge", {"value": 1e20}, {("value", "out_of_range")}),
@@ -212,6 +213,21 @@ RAW: list[tuple[str, str, set[tuple[str, str]]]] = [
      {("properties.items[0].sku", "nul_character")}),
     ("NUL in metric", '"source": "api\\u0000"', {("source", "nul_character")}),
 ]  # fmt: skip
+
+
+async def test_a_system_metric_mistyped_is_422_naming_the_metric_meant(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    # "order paid" was stored as a custom metric beside "Order Paid": counted apart, and no
+    # order_paid automation ran for it
+    answer = await api.post("/v1/events", order(contact_id, metric="order paid"))
+
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert (error["field"], error["code"]) == ("metric", "misspelt_system_metric")
+    assert "send 'Order Paid'" in error["message"]
+    metrics = await api.client.get("/v1/metrics")
+    assert [m["name"] for m in metrics.json()["data"]] == []
 
 
 @pytest.mark.parametrize(("case", "fragment", "expected"), RAW, ids=[c for c, _, _ in RAW])

@@ -304,6 +304,14 @@ NO_TYPE = {"trigger_type": _DROP}
         (definition(**NO_TYPE, trigger_metric=["x"]), [("trigger_metric", "invalid_type")]),
         (definition(**NO_TYPE, trigger_metric="x" * 129), [("trigger_metric", "too_long")]),
         (definition(**NO_TYPE, trigger_metric="__webhook__"), [("trigger_metric", "reserved")]),
+        (  # it would listen to a custom metric no system event is recorded as
+            definition(**NO_TYPE, trigger_metric="order paid"),
+            [("trigger_metric", "misspelt_system_metric")],
+        ),
+        (
+            definition(**NO_TYPE, trigger_metric="order_paid"),
+            [("trigger_metric", "misspelt_system_metric")],
+        ),
         (
             definition(**NO_TYPE, trigger_metric="a\tb"),
             [("trigger_metric", "control_characters")],

@@ -106,6 +106,11 @@ def nested_arrays(levels: int) -> list[Any]:
         (None, "invalid_type"),
         (123, "invalid_type"),
         (b"Order Placed", "invalid_type"),
+        # a system metric mistyped would be a custom metric of its own, counted apart
+        ("order paid", "misspelt_system_metric"),
+        ("ORDER_PAID", "misspelt_system_metric"),
+        (" message-read ", "misspelt_system_metric"),
+        ("Order  Paid", "misspelt_system_metric"),
     ],
 )
 def test_metric_name_rejects_bad_names(raw: object, code: str) -> None:

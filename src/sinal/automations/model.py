@@ -84,6 +84,7 @@ from sinal.automations.templates import (
     to_decimal,
 )
 from sinal.catalog import TRIGGER_TO_METRIC, TRIGGER_TYPES
+from sinal.catalog.metrics import misspelt_metric_message, misspelt_system_metric
 from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone, normalize_tag
 from sinal.currencies import is_currency
 from sinal.errors import FieldError, InvalidContact, _FieldErrors
@@ -799,6 +800,8 @@ def _metric_name(c: _Checker, raw: object) -> str | None:
         c.fail(field, "control_characters", "trigger_metric contains control characters")
     elif name.startswith("__"):
         c.fail(field, "reserved", "metric names starting with '__' are reserved")
+    elif (system := misspelt_system_metric(name)) is not None:
+        c.fail(field, "misspelt_system_metric", misspelt_metric_message(name, system))
     else:
         return name
     return None

@@ -6,6 +6,7 @@ Any metric name outside the catalog is a custom metric.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
@@ -49,6 +50,7 @@ __all__ = [
     "Category",
     "get_metric_category",
     "is_system_metric",
+    "misspelt_system_metric",
 ]
 
 
@@ -167,3 +169,28 @@ def get_metric_category(name: str) -> Category:
 def is_system_metric(name: str) -> bool:
     """Tell whether ``name`` is one of the 32 system metrics (exact, case-sensitive)."""
     return name in METRIC_CATEGORY_MAP
+
+
+# A name that differs from a system metric's only in case, spaces, "_" or "-" ("order paid",
+# "ORDER_PAID") is that metric mistyped: stored as a custom metric of its own, it would be
+# counted apart and trigger none of the system metric's automations.
+_SEPARATORS: Final = re.compile(r"[\s_-]+")
+_SYSTEM_BY_SPELLING: Final[Mapping[str, str]] = MappingProxyType(
+    {_SEPARATORS.sub(" ", name).casefold(): name for name in SYSTEM_METRICS}
+)
+
+
+def misspelt_system_metric(name: str) -> str | None:
+    """The system metric ``name`` spells differently (``"order_paid"`` -> ``"Order Paid"``),
+    or None when ``name`` is a system metric or like none."""
+    if name in METRIC_CATEGORY_MAP:
+        return None
+    return _SYSTEM_BY_SPELLING.get(_SEPARATORS.sub(" ", name.strip()).casefold())
+
+
+def misspelt_metric_message(name: str, system: str) -> str:
+    """Why ``name``, spelt like the system metric ``system``, is refused."""
+    return (
+        f"{name!r} is the system metric {system!r} spelt otherwise: send {system!r} "
+        "(metric names are case-sensitive; a custom metric needs a name unlike a system one's)"
+    )
