@@ -65,11 +65,28 @@ def parse_zone(name: str, field: str = "timezone") -> ZoneInfo:
 BY_PATTERN = re.compile(r"[\w\-]{1,64}")
 
 
-def check_by(by: str | None) -> None:
-    """`InvalidQuery` naming `by` unless it is None or a plain property key."""
-    if by is not None and BY_PATTERN.fullmatch(by) is None:
-        message = "by must be a property key of 1 to 64 letters, digits, '_' or '-'"
+def property_key(by: str | None) -> str | None:
+    """The property `by` groups by: a plain key (`total`), also written as an automation's
+    filter names it (`properties.total`); `InvalidQuery` naming `by` for anything else."""
+    if by is None:
+        return None
+    key = by.removeprefix("properties.")
+    if BY_PATTERN.fullmatch(key) is None:
+        message = (
+            f"by names a property by its key, as total or properties.total: 1 to 64 letters, "
+            f"digits, '_' or '-' (a nested path is not grouped by), got {by[:80]!r}"
+        )
         raise InvalidQuery([FieldError("by", "invalid_property", message)])
+    return key
+
+
+def naive_time(name: str) -> FieldError:
+    """The error of a query's time `name` given without an offset (`since=2026-12-01`)."""
+    message = (
+        f"{name} must carry a timezone offset or Z, as 2026-12-01T00:00:00Z or "
+        "2026-12-01T00:00:00-03:00"
+    )
+    return FieldError(name, "naive_datetime", message)
 
 
 def check_range(since: datetime, until: datetime) -> None:
@@ -78,9 +95,7 @@ def check_range(since: datetime, until: datetime) -> None:
     errors: list[FieldError] = []
     for name, value in (("since", since), ("until", until)):
         if value.tzinfo is None or value.utcoffset() is None:
-            errors.append(
-                FieldError(name, "naive_datetime", f"{name} must carry a timezone offset or Z")
-            )
+            errors.append(naive_time(name))
         elif not EARLIEST <= value <= LATEST:  # compared without converting: no overflow
             message = f"{name} must be from 0002-01-01T00:00:00Z to 9999-01-01T00:00:00Z"
             errors.append(FieldError(name, "out_of_range", message))

@@ -19,10 +19,10 @@ from sinal.aggregates import (
     Aggregate,
     Interval,
     bucket_starts,
-    check_by,
     check_range,
     densify,
     parse_zone,
+    property_key,
 )
 from sinal.auth import DEFAULT_SCOPES, generate_key, hash_key, key_account
 from sinal.catalog import (
@@ -660,7 +660,7 @@ class Ledger:
         zone_name = timezone or account.timezone
         zone = parse_zone(zone_name)
         check_range(since, until)
-        check_by(by)
+        by = property_key(by)
         if not _could_name_metric(metric_name) or not self.store.list_metrics(
             account.id, metric_name
         ):

@@ -8,16 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response
 
-from sinal.aggregates import BY_PATTERN, Interval
+from sinal.aggregates import Interval, naive_time
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.models import AggregateOut, MetricList
 from sinal.api.service import service
 from sinal.api.views import aggregate_view, json_response, locale_of, metric_view
-from sinal.errors import FieldError, InvalidQuery
+from sinal.errors import InvalidQuery
 from sinal.store.base import Measurement
 
 router = APIRouter(tags=["metrics"])
-_BY = f"^{BY_PATTERN.pattern}$"
 
 
 @router.get(
@@ -57,7 +56,8 @@ async def aggregates(
         str | None, Query(description="IANA zone; default: the account's (America/Sao_Paulo)")
     ] = None,
     by: Annotated[
-        str | None, Query(pattern=_BY, description="Group by this property's value")
+        str | None,
+        Query(description="Group by this property's value: its key, as total or properties.total"),
     ] = None,
 ) -> Response:
     """Buckets follow the zone's calendar (days of 23 or 25 hours across DST, weeks from
@@ -67,8 +67,7 @@ async def aggregates(
     key = await svc.authorize(request, "read")
     for field, when in (("since", since), ("until", until)):
         if when.utcoffset() is None:
-            message = f"{field} must carry a timezone offset or Z"
-            raise InvalidQuery([FieldError(field, "naive_datetime", message)])
+            raise InvalidQuery([naive_time(field)])
     result = await svc.run(
         lambda: svc.ledger.aggregate(
             key.account_id, name, measurement=measurement, interval=interval,

@@ -13,6 +13,7 @@ from uuid import UUID
 from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response
 
+from sinal.aggregates import naive_time
 from sinal.api.body import read_json, validate
 from sinal.api.cursors import Listing, decode_event_cursor, decode_feed_cursor
 from sinal.api.errors import InvalidInput, NotFound, Rejected, problem_responses
@@ -434,8 +435,7 @@ def _aware(name: str, when: datetime | None) -> datetime | None:
     if when is None:
         return None
     if when.utcoffset() is None:
-        message = f"{name} must carry a timezone offset or Z"
-        raise InvalidQuery([FieldError(name, "naive_datetime", message)])
+        raise InvalidQuery([naive_time(name)])
     utc = in_utc(when)
     if utc is None:
         message = f"{name} must fall within years 1 to 9999 once in UTC"
