@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import shlex
@@ -511,8 +512,12 @@ def _check_port(host: str, port: int, named: str) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
+            hint = ""
+            if exc.errno == errno.EADDRINUSE:  # what to do: `make run` beside a running server
+                hint = " (another process listens there: stop it, or give a free port with "
+                hint += "--port or SINAL_PORT)"
             raise ConfigurationError(
-                f"{named}{port}: cannot listen on {host}:{port}: {exc.strerror}"
+                f"{named}{port}: cannot listen on {host}:{port}: {exc.strerror}{hint}"
             ) from None
 
 

@@ -342,7 +342,9 @@ def test_cli_serve_port_taken_is_one_line_before_anything_starts(
     assert result.returncode == 1
     named = "--port " if by_option else "SINAL_PORT="
     assert result.stderr == (
-        f"error: {named}{port}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+        f"error: {named}{port}: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(another process listens there: stop it, or give a free port with --port or "
+        "SINAL_PORT)\n"
     )
     assert list(tmp_path.iterdir()) == []
 
