@@ -382,6 +382,30 @@ async def test_concurrent_single_events_are_all_committed(api: Api, contact_id: 
 # -- batch --------------------------------------------------------------------------------
 
 
+async def test_a_body_that_is_not_an_object_says_so_naming_no_class_of_ours(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    # it said "Input should be a valid dictionary or instance of BatchIn" (or EventIn)
+    events = [order(contact_id)]
+
+    bare = await api.post("/v1/events/batch", events)
+    single = await api.post("/v1/events", events)
+    nested = await api.post("/v1/events", order(None, contact="ana@loja.com"))
+
+    assert bare.status_code == 422, bare.text
+    assert bare.json()["errors"] == [{
+        "field": "body", "code": "model_type",
+        "message": 'the body is an object holding the list: {"events": [...]}',
+    }]  # fmt: skip
+    assert single.json()["errors"] == [
+        {"field": "body", "code": "model_type", "message": "expected a JSON object"}
+    ]
+    assert nested.json()["errors"] == [
+        {"field": "contact", "code": "model_type", "message": "expected a JSON object"}
+    ]
+    assert count(api.url, "events") == 0
+
+
 async def test_batch_answers_each_item_in_order_and_stores_the_valid_ones(
     api: Api, contact_id: uuid.UUID
 ) -> None:

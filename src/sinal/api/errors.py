@@ -354,6 +354,8 @@ def pydantic_errors(
         message = str(error.get("msg", "invalid"))
         if code == "extra_forbidden" and model is not None and loc:
             message = _unknown_field(model, loc, prefix)
+        elif code == "model_type":  # pydantic's says "… or instance of EventIn", our class
+            message = "expected a JSON object"
         if query and code.startswith("datetime"):
             message += _plus_as_space(error.get("input"))
         found.append(FieldError(field or "body", code, message))

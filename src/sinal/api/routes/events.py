@@ -100,6 +100,9 @@ async def post_batch(request: Request) -> Response:
     svc = service(request)
     key = await svc.authorize(request, "ingest")
     data = await read_json(request, svc.settings.max_batch_bytes)
+    if isinstance(data, list):  # the events alone, as a client may well send them
+        message = 'the body is an object holding the list: {"events": [...]}'
+        raise InvalidInput(message, [FieldError("body", "model_type", message)])
     items = data.get("events") if isinstance(data, dict) else None
     if isinstance(items, list) and len(items) > MAX_BATCH:
         raise InvalidInput(
