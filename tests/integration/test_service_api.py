@@ -490,6 +490,14 @@ async def test_unknown_routes_and_methods_are_problems(api: Api) -> None:
     assert method.json()["type"] == "/problems/method-not-allowed"
 
 
+async def test_a_path_no_route_answers_points_to_the_docs(api: Api) -> None:
+    # GET / (a first look in a browser) and a misspelt path said only "Not Found"
+    for path in ("/", "/v1/event"):
+        missing = await api.client.get(path)
+        assert missing.status_code == 404
+        assert missing.json()["detail"] == f"no route answers {path}: /docs lists the API's routes"
+
+
 async def test_a_method_a_route_does_not_take_is_405_naming_those_it_takes(api: Api) -> None:
     # it said only "Method Not Allowed" (GET /v1/contacts did, before it listed contacts)
     listed = await api.client.get("/v1/links")

@@ -236,6 +236,8 @@ async def handle_error(request: Request, exc: Exception) -> Response:
             # the path's first route alone (PUT /v1/contacts said GET, not POST)
             headers["Allow"] = _allowed(request) or headers["Allow"]
             detail = f"{path} takes {headers['Allow']}, not {request.method}"
+        elif exc.status_code == 404 and detail == "Not Found":  # no route: "Not Found" alone
+            detail = f"no route answers {path}: /docs lists the API's routes"
         return problem_response(problem, detail, instance=path, headers=headers)
     if isinstance(exc, SchemaViolation):
         exc = await _out_of_date(request) or exc
