@@ -57,8 +57,17 @@ def default_ledger() -> Ledger:
             from sinal.config import Settings
 
             settings = Settings.from_env()
-            _default = connect(settings.database_url, wait=settings.database_wait,
-                               keyring=settings.keyring())  # fmt: skip
+            # as the CLI's commands open it: a path with no database, or one not migrated,
+            # says to run `sinal migrate` (an empty sinal.db was made, and the first event
+            # raised SchemaViolation: "no such table: rejections")
+            ledger = connect(settings.database_url, wait=settings.database_wait,
+                             create=False, keyring=settings.keyring())  # fmt: skip
+            try:
+                ledger.check_schema()
+            except BaseException:
+                ledger.close()
+                raise
+            _default = ledger
         return _default
 
 

@@ -1048,6 +1048,21 @@ def test_module_level_emit_event_uses_sinal_database_url(
         monkeypatch.setattr(sinal, "_default", None)
 
 
+def test_module_level_emit_event_on_no_database_says_to_migrate(
+    empty_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # sinal.emit_event in a fresh directory made an empty sinal.db and raised
+    # SchemaViolation "no such table: rejections"
+    monkeypatch.setattr(sinal, "_default", None)
+    event = {"account_id": uuid.uuid4(), "contact_id": None, "metric_name": "X", "source": "api"}
+    monkeypatch.setenv("SINAL_DATABASE_URL", empty_url)  # SQLite: a path with no file
+
+    with pytest.raises((sinal.SchemaOutOfDate, sinal.ConfigurationError), match="sinal migrate"):
+        sinal.emit_event(**event)
+    assert sinal._default is None
+    assert list(tmp_path.iterdir()) == []
+
+
 def _mixed_batch(
     account: sinal.Account, contacts: list[sinal.Contact], extra_metric: str | None
 ) -> list[EmitEvent]:
