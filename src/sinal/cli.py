@@ -560,7 +560,8 @@ def _log_config(level: str) -> dict[str, Any]:
 
 def _print_demo(ledger: Ledger, settings: Settings) -> None:
     """The demo account's key and a curl line that works as printed (`make run`)."""
-    base = f"http://{settings.host}:{settings.port}"
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host  # IPv6: [::1]
+    base = f"http://{host}:{settings.port}"
     existing = ledger.list_accounts(limit=1)
     if existing:  # the scopes of the demo key: the README's next steps need admin
         typer.echo(

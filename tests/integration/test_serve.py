@@ -155,16 +155,18 @@ def test_serve_counts_a_client_gone_mid_body_as_499_without_a_traceback(
 
 
 @pytest.mark.slow
-def test_serve_demo_prints_a_key_and_a_curl_line_that_works(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])  # ::1's line said http://::1:8000
+def test_serve_demo_prints_a_key_and_a_curl_line_that_works(tmp_path: Path, host: str) -> None:
     port = free_port()
     env = {**os.environ, "SINAL_DATABASE_URL": f"sqlite:///{tmp_path / 'demo.db'}"}
-    proc = subprocess.Popen([SINAL, "serve", "--demo", "--port", str(port)], env=env,
+    serve = [SINAL, "serve", "--demo", "--port", str(port), "--host", host]
+    proc = subprocess.Popen(serve, env=env,
                             cwd=tmp_path, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(7)]
-        wait_ready(f"http://127.0.0.1:{port}", proc)
+        wait_ready(f"http://{'[::1]' if host == '::1' else host}:{port}", proc)
         [curl] = [line.strip() for line in lines if line.strip().startswith("curl -sS -X POST")]
         done = subprocess.run(
             ["bash", "-c", curl], capture_output=True, text=True, timeout=30, check=False
