@@ -236,6 +236,24 @@ async def test_metrics_give_no_total_to_a_metric_whose_events_had_no_value(api: 
     assert "total_value" in schema["ContactMetricOut"]["required"]
 
 
+async def test_a_timeline_filter_says_the_events_list_takes_it(api: Api) -> None:
+    # ?metric= on a timeline said only that the route takes limit, cursor, locale
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+
+    answer = await api.client.get(
+        f"/v1/contacts/{contact['id']}/timeline", params={"metric": "Order Paid"}
+    )
+
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert (error["field"], error["code"]) == ("metric", "unknown_parameter")
+    assert error["message"] == (
+        "unknown query parameter; this route takes limit, cursor, locale; to filter a "
+        "contact's events by metric or time, list them with GET "
+        "/v1/events?contact_id=…&metric=…&since=…"
+    )
+
+
 @pytest.mark.parametrize(
     ("accept_language", "label"),
     [

@@ -21,6 +21,15 @@ from sinal.errors import FieldError, InvalidQuery
 
 __all__ = ["refuse_unknown_query"]
 
+# Where a route's refusal says where the parameter is taken: a contact's timeline is the
+# events list of one contact, whose filters people try on it.
+_ELSEWHERE = {
+    "/v1/contacts/{contact_id}/timeline": (
+        "; to filter a contact's events by metric or time, list them with GET "
+        "/v1/events?contact_id=…&metric=…&since=…"
+    ),
+}
+
 
 def refuse_unknown_query(app: FastAPI) -> None:
     """Wrap every `/v1` route so that a query parameter it does not declare is a 422 (and
@@ -30,7 +39,8 @@ def refuse_unknown_query(app: FastAPI) -> None:
     for route in app.router.routes:
         if isinstance(route, APIRoute) and route.path.startswith("/v1/"):
             if not isinstance(route.app, QueryChecked):
-                route.app = QueryChecked(route.app, tuple(_query_names(route.dependant)))
+                names = tuple(_query_names(route.dependant))
+                route.app = QueryChecked(route.app, names, _ELSEWHERE.get(route.path, ""))
             route.responses.setdefault(status, answer)
 
 
@@ -44,22 +54,24 @@ def _query_names(dependant: Dependant) -> list[str]:
 class QueryChecked:
     """A route's ASGI app, behind a check of its query: a parameter not in `known` is 422."""
 
-    def __init__(self, handler: ASGIApp, known: tuple[str, ...]) -> None:
+    def __init__(self, handler: ASGIApp, known: tuple[str, ...], elsewhere: str = "") -> None:
         self.handler = handler
         self.known = known
+        self.elsewhere = elsewhere  # where such parameters are taken, if said
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         query = scope.get("query_string", b"")
         if query:
-            _check(query.decode("latin-1"), self.known)
+            _check(query.decode("latin-1"), self.known, self.elsewhere)
         await self.handler(scope, receive, send)
 
 
-def _check(query: str, known: tuple[str, ...]) -> None:
+def _check(query: str, known: tuple[str, ...], elsewhere: str) -> None:
     names = dict.fromkeys(name for name, _ in parse_qsl(query, keep_blank_values=True))
     unknown = [name for name in names if name not in known]
     if unknown:
         takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
+        takes += elsewhere
         raise InvalidQuery(
             [FieldError(name, "unknown_parameter", f"unknown query parameter; {takes}")
              for name in unknown]
