@@ -490,6 +490,20 @@ async def test_unknown_routes_and_methods_are_problems(api: Api) -> None:
     assert method.json()["type"] == "/problems/method-not-allowed"
 
 
+async def test_a_key_sent_in_the_query_says_it_goes_in_the_authorization_header(
+    api: Api,
+) -> None:
+    # ?api_key= said only "unknown query parameter; this route takes none"
+    answer = await api.client.get("/v1/account", params={"api_key": api.key})
+
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"] == [{
+        "field": "api_key", "code": "unknown_parameter",
+        "message": "unknown query parameter; this route takes none; an API key goes in the "
+                   "Authorization header: Authorization: Bearer <key>",
+    }]  # fmt: skip
+
+
 async def test_a_path_no_route_answers_points_to_the_docs(api: Api) -> None:
     # GET / (a first look in a browser) and a misspelt path said only "Not Found"
     for path in ("/", "/v1/event"):

@@ -73,6 +73,13 @@ def _check(query: str, known: tuple[str, ...], elsewhere: str) -> None:
         takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
         takes += elsewhere
         raise InvalidQuery(
-            [FieldError(name, "unknown_parameter", f"unknown query parameter; {takes}")
+            [FieldError(name, "unknown_parameter", f"unknown query parameter; {takes}"
+                        + (_KEY_IN_HEADER if name.lower() in _KEY_NAMES else ""))
              for name in unknown]
         )  # fmt: skip
+
+
+# A key sent as many APIs take it, in the query: it is refused as any unknown parameter (a
+# key in a URL ends up in logs), saying where it goes.
+_KEY_NAMES = frozenset({"api_key", "apikey", "api-key", "key", "token", "access_token"})
+_KEY_IN_HEADER = "; an API key goes in the Authorization header: Authorization: Bearer <key>"
