@@ -563,6 +563,33 @@ async def test_a_misspelt_query_parameter_is_422_naming_it_not_ignored(api: Api)
     assert (ok.status_code, len(ok.json()["data"])) == (200, 1)
 
 
+async def test_a_query_parameter_given_twice_is_422_naming_it_not_the_last_one_read(
+    api: Api,
+) -> None:
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+    for metric in ("A", "B"):
+        api.ledger.emit_event(account_id=api.account.id, contact_id=contact.id,
+                              metric_name=metric, source="api")  # fmt: skip
+
+    # the route read the last value alone: a report for A and B counted B's events only
+    both = await api.client.get("/v1/events", params=[("metric", "A"), ("metric", "B")])
+    limits = await api.client.get("/v1/contacts?limit=1&limit=2&limit=3&tag=vip")
+    spaced = await api.client.get(f"/v1/contacts/{contact.id}/timeline?locale=es&locale=")
+
+    assert (both.status_code, limits.status_code, spaced.status_code) == (422, 422, 422)
+    assert both.json()["type"] == "/problems/invalid-query"
+    [error] = both.json()["errors"]
+    assert error == {"field": "metric", "code": "repeated_parameter",
+                     "message": "metric is given 2 times; give it once"}  # fmt: skip
+    assert [(e["field"], e["code"]) for e in limits.json()["errors"]] == [
+        ("limit", "repeated_parameter")
+    ]
+    assert "3 times" in limits.json()["detail"]
+    assert spaced.json()["errors"][0]["field"] == "locale"
+    once = await api.client.get("/v1/events", params={"metric": "B"})
+    assert (once.status_code, len(once.json()["data"])) == (200, 1)
+
+
 def test_every_app_made_checks_a_routes_query_once(tmp_path: Path) -> None:
     """The apps made share the routers' route objects: each route gets one query check,
     not one more per app (a check per app made ended, in the whole suite, in a

@@ -3,12 +3,15 @@
 A misspelt filter (`GET /v1/events?metrc=Order%20Paid`) silently answered every event:
 a report or an export built on it counted the wrong rows. Each `/v1` route answers 422
 `unknown_parameter` naming the parameter and the ones it takes, as a body's unknown field
-is 422. Routes outside `/v1` (`/l/{token}`, the providers' webhooks) keep ignoring them: a
+is 422. A parameter given twice (`?metric=A&metric=B`) is 422 `repeated_parameter`:
+every parameter takes one value, and the route read only the last one, silently. Routes
+outside `/v1` (`/l/{token}`, the providers' webhooks) keep ignoring them: a
 short link shared with `?utm_source=…` appended must still redirect.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI
@@ -67,16 +70,20 @@ class QueryChecked:
 
 
 def _check(query: str, known: tuple[str, ...], elsewhere: str) -> None:
-    names = dict.fromkeys(name for name, _ in parse_qsl(query, keep_blank_values=True))
+    names = Counter(name for name, _ in parse_qsl(query, keep_blank_values=True))
     unknown = [name for name in names if name not in known]
-    if unknown:
-        takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
-        takes += elsewhere
-        raise InvalidQuery(
-            [FieldError(name, "unknown_parameter", f"unknown query parameter; {takes}"
-                        + (_KEY_IN_HEADER if name.lower() in _KEY_NAMES else ""))
-             for name in unknown]
-        )  # fmt: skip
+    takes = f"this route takes {', '.join(known)}" if known else "this route takes none"
+    takes += elsewhere
+    errors = [FieldError(name, "unknown_parameter", f"unknown query parameter; {takes}"
+                         + (_KEY_IN_HEADER if name.lower() in _KEY_NAMES else ""))
+              for name in unknown]  # fmt: skip
+    errors += [
+        FieldError(name, "repeated_parameter", f"{name} is given {times} times; give it once")
+        for name, times in names.items()
+        if times > 1 and name in known
+    ]
+    if errors:
+        raise InvalidQuery(errors)
 
 
 # A key sent as many APIs take it, in the query: it is refused as any unknown parameter (a
