@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import uuid
 from typing import Any
@@ -356,6 +357,35 @@ async def test_bodies_that_are_not_json_objects_get_a_clear_4xx(
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == PROBLEM
     assert response.json()["type"] == f"/problems/{slug}"
+
+
+@pytest.mark.parametrize(
+    ("coding", "compress"),
+    [("gzip", gzip.compress), ("br", lambda body: body), (" GZIP ", gzip.compress)],
+    ids=["gzip", "says-br-but-plain", "spaced"],
+)
+@pytest.mark.parametrize("path", ["/v1/events", "/v1/events/batch", "/v1/contacts"])
+async def test_a_compressed_body_is_415_naming_content_encoding_and_nothing_is_written(
+    api: Api, contact_id: uuid.UUID, coding: str, compress: Any, path: str
+) -> None:
+    body = {"events": [order(contact_id)]} if path.endswith("batch") else order(contact_id)
+    if path == "/v1/contacts":
+        body = {"email": "bia@example.com"}
+    sent = compress(json.dumps(body).encode())
+
+    # gzip was answered 400 "the body is not valid UTF-8 (byte 1)"; a plain body said to
+    # be br was read as if it had not said so
+    response = await api.raw(path, sent, **{"Content-Encoding": coding})
+
+    assert response.status_code == 415, response.text
+    assert response.json()["type"] == "/problems/unsupported-media-type"
+    assert response.json()["detail"] == (
+        f"send the body uncompressed: Content-Encoding {coding.strip()} is not supported"
+    )
+    assert count(api.url, "events") == 0
+    assert count(api.url, "contacts") == 1  # contact_id's
+    plain = await api.raw(path, json.dumps(body), **{"Content-Encoding": "identity"})
+    assert plain.status_code in (200, 201), plain.text
 
 
 async def test_body_over_the_limit_is_413(api: Api, contact_id: uuid.UUID) -> None:

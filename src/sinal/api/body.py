@@ -1,4 +1,5 @@
-"""Reading a JSON body strictly: size-capped, declared as JSON, every oddity named.
+"""Reading a JSON body strictly: size-capped, declared as uncompressed JSON, every oddity
+named.
 
 The standard library's parser is asked to report what lenient parsers let through —
 duplicate keys (`object_pairs_hook`), `NaN`/`Infinity` (`parse_constant`) — and the tree
@@ -59,6 +60,7 @@ def is_value_path(path: str) -> bool:
 async def read_json(request: Request, limit: int) -> Any:
     """The request's JSON body as plain Python data, or the API error that explains why not."""
     _check_media_type(request.headers.get("content-type"))
+    _check_encoding(request.headers.get("content-encoding"))
     raw = await _read_capped(request, limit)
     return parse_json(raw)
 
@@ -190,6 +192,16 @@ def _check_media_type(header: str | None) -> None:
     charset = _CHARSET.search(params)
     if charset and charset.group(1).lower() not in ("utf-8", "utf8"):
         raise UnsupportedMediaType(f"JSON must be UTF-8 (got charset {charset.group(1)})")
+
+
+def _check_encoding(header: str | None) -> None:
+    """Only an uncompressed body is read: a gzip one was answered "not valid UTF-8 (byte
+    1)", and one that said `br` but was plain was read as if it had not said so."""
+    given = (header or "").strip()
+    if given.lower() not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"send the body uncompressed: Content-Encoding {given} is not supported"
+        )
 
 
 async def _read_capped(request: Request, limit: int) -> bytes:
