@@ -136,17 +136,29 @@ def phone_variants(e164: str) -> tuple[str, ...]:
 def _clean_phone_input(raw: str) -> str:
     """Check the characters of a raw phone number; return it NFKC-normalized and stripped."""
     # NFKC turns full-width digits and no-break spaces from copy-paste into plain ASCII.
-    text = unicodedata.normalize("NFKC", raw).strip()
+    text = _visible_separators(unicodedata.normalize("NFKC", raw)).strip()
     if not text:
         raise _invalid_phone("is empty")
     if len(text) > _MAX_PHONE_INPUT_LENGTH:
         raise _invalid_phone(f"is longer than {_MAX_PHONE_INPUT_LENGTH} characters")
     body = text[1:] if text.startswith("+") else text
     if any(char not in _ASCII_DIGITS and char not in _PHONE_SEPARATORS for char in body):
-        raise _invalid_phone("may contain only digits, spaces, '-', '.', '/', '(' and ')'")
+        # "digits 0-9": "٠١١…" are digits too, and the message said only "digits"
+        raise _invalid_phone("may contain only digits 0-9, spaces, '-', '.', '/', '(' and ')'")
     if not any(char in _ASCII_DIGITS for char in body):
         raise _invalid_phone("has no digits")
     return text
+
+
+def _visible_separators(text: str) -> str:
+    """`text` without invisible format characters (the bidi marks WhatsApp's apps put
+    around a number copied from them, a zero-width space) and with any dash (‐ ‑ – —, as
+    word processors write them) as '-': none changes a number's digits, and each made a
+    pasted number "may contain only digits"."""
+    if text.isascii():
+        return text
+    kept = (ch for ch in text if unicodedata.category(ch) != "Cf")
+    return "".join("-" if unicodedata.category(ch) == "Pd" else ch for ch in kept)
 
 
 def _parse_phone(text: str, default_region: str) -> phonenumbers.PhoneNumber | None:

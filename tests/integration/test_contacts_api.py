@@ -58,6 +58,28 @@ async def test_bad_contact_bodies_are_422_per_field(
     assert {(e["field"], e["code"]) for e in response.json()["errors"]} == expected
 
 
+async def test_a_phone_pasted_with_bidi_marks_or_dashes_matches_and_other_digits_are_named(
+    api: Api,
+) -> None:
+    made = await api.post("/v1/contacts", {"phone": "+55 11 98765-4321", "name": "Ana"})
+    # as WhatsApp's apps copy a number (U+202A ... U+202C), and a word processor's en dash:
+    # each was 422 "may contain only digits", to a user who sent only digits
+    for pasted in ("\u202a+55 11 98765-4321\u202c", "(11) 98765\u20134321"):
+        matched = await api.post("/v1/contacts", {"phone": pasted})
+        assert (matched.status_code, matched.json()["id"]) == (200, made.json()["id"])
+    listed = await api.client.get("/v1/contacts", params={"phone": "\u2068(11) 98765-4321\u2069"})
+    assert [c["id"] for c in listed.json()["data"]] == [made.json()["id"]]
+
+    arabic = await api.post("/v1/contacts", {"phone": "٠١١٩٨٧٦٥٤٣٢١"})
+    assert arabic.status_code == 422
+    [error] = arabic.json()["errors"]
+    assert (error["field"], error["code"]) == ("phone", "invalid_phone")
+    assert error["message"] == (
+        "phone number may contain only digits 0-9, spaces, '-', '.', '/', '(' and ')'"
+    )
+    assert sql(api.url, "SELECT count(*) FROM contacts") == [(1,)]
+
+
 async def test_an_unknown_contact_field_is_named_with_the_fields_a_contact_takes(
     api: Api,
 ) -> None:

@@ -37,6 +37,11 @@ from sinal.contacts import (
         ("  +55.11.98765.4321  ", "+5511987654321"),
         ("+55\u00a011\u00a098765-4321", "+5511987654321"),  # no-break spaces from copy-paste
         ("＋５５１１９８７６５４３２１", "+5511987654321"),  # full-width characters
+        # copied from WhatsApp's apps (bidi marks around it) or a word processor (dashes)
+        ("\u202a+55 11 98765-4321\u202c", "+5511987654321"),
+        ("\u2068(11) 98765\u20114321\u2069", "+5511987654321"),
+        ("11 98765\u20134321\u200b", "+5511987654321"),
+        ("+55 11 98765\u20144321", "+5511987654321"),
         ("4733221100", "+554733221100"),  # national reading wins over "+47 33221100"
     ],
 )
@@ -146,6 +151,7 @@ def test_normalize_phone_refuses_an_unknown_region_as_a_programming_error() -> N
         ("0800-FLORES", "may contain only digits"),  # no vanity letters
         ("(11) 98765-4321 ext 2", "may contain only digits"),
         ("+55 +11 98765-4321", "may contain only digits"),
+        ("٠١١٩٨٧٦٥٤٣٢١", "may contain only digits 0-9"),  # Arabic-Indic digits
         ("1" * 65, "longer than 64 characters"),
         ("123", "is not valid"),
         ("98765-4321", "is not valid"),  # no DDD: the area cannot be guessed
