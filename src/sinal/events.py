@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -336,6 +337,13 @@ def prepare(event: EmitEvent, now: datetime, key: EventKey | None = None) -> Pre
     )
 
 
+def normalize_metric_name(raw: str) -> str:
+    """A metric name as metrics are stored and looked up: trimmed, in NFC. "Avaliação"
+    typed decomposed (a + U+0303, as some keyboards and PDFs give it) made a second metric
+    that printed as the first, which its automations and filters never matched."""
+    return unicodedata.normalize("NFC", raw.strip())
+
+
 def decimal_text(value: Decimal) -> str:
     """A value as text, exact and alike on every backend: 2 to 4 decimal places ("297.90")."""
     whole, _, fraction = f"{value.quantize(Decimal('0.0001')):f}".partition(".")
@@ -409,7 +417,7 @@ class _Validator:
         if not isinstance(raw, str):
             self.fail("metric_name", "invalid_type", "metric_name must be a string")
             return None
-        name = raw.strip()
+        name = normalize_metric_name(raw)
         if not name:
             self.fail("metric_name", "empty", "metric_name must not be empty")
         elif len(name) > MAX_METRIC_NAME:

@@ -59,6 +59,7 @@ from sinal.events import (
     differs_from,
     differs_from_earlier,
     identify,
+    normalize_metric_name,
     prepare,
     utcnow,
 )
@@ -338,7 +339,10 @@ class Ledger:
     # -- queries and maintenance -------------------------------------------------------
 
     def list_events(self, query: EventQuery) -> list[StoredEvent]:
-        """Events matching the query, newest first."""
+        """Events matching the query, newest first (its metric named as events name it:
+        `normalize_metric_name`)."""
+        if query.metric_name is not None:
+            query = replace(query, metric_name=normalize_metric_name(query.metric_name))
         return self.store.list_events(query)
 
     def list_contacts(self, query: ContactQuery) -> list[ListedContact]:
@@ -638,7 +642,8 @@ class Ledger:
 
     def list_metrics(self, account_id: UUID | str, name: str | None = None) -> list[MetricInfo]:
         """The account's metrics (or the one named) with their event counts."""
-        return self.store.list_metrics(_uuid(account_id), name)
+        named = None if name is None else normalize_metric_name(name)
+        return self.store.list_metrics(_uuid(account_id), named)
 
     def aggregate(
         self,
@@ -661,6 +666,7 @@ class Ledger:
         zone = parse_zone(zone_name)
         check_range(since, until)
         by = property_key(by)
+        metric_name = normalize_metric_name(metric_name)
         if not _could_name_metric(metric_name) or not self.store.list_metrics(
             account.id, metric_name
         ):

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import gzip
 import json
+import unicodedata
 import uuid
 from typing import Any
 
@@ -15,6 +16,7 @@ from sinal.api.routes import events as events_routes
 from sinal.ledger import CHUNK
 from tests.helpers import count, refuse_13, sql
 from tests.integration.conftest import Api
+from tests.integration.test_commerce_webhooks import run_automations
 
 pytestmark = pytest.mark.anyio
 PROBLEM = "application/problem+json"
@@ -867,3 +869,49 @@ async def test_an_unknown_body_field_is_named_with_the_fields_its_object_takes(a
         "message": f"unknown field 'contactId'; events[1] takes {EVENT_FIELDS}",
     }]  # fmt: skip
     assert [r["status"] for r in items.json()["results"]] == ["created", "rejected"]
+
+
+# -- metric names compared as stored ----------------------------------------------------------
+
+COMPOSED = "Avaliação Enviada"  # NFC: ç and ã one code point each
+DECOMPOSED = unicodedata.normalize("NFD", COMPOSED)  # c + U+0327, a + U+0303
+
+
+async def test_a_metric_name_decomposed_or_padded_is_the_same_metric_everywhere(
+    api: Api, contact_id: uuid.UUID
+) -> None:
+    # The decomposed name made a second metric that printed as the first: its events were
+    # not counted with the first's, and an automation on the one never ran for the other.
+    automation = await api.post("/v1/automations", {
+        "name": "Obrigado", "trigger_metric": f" {DECOMPOSED}",
+        "steps": [{"type": "add_tag", "tag": "avaliou"}],
+    })  # fmt: skip
+    assert automation.status_code == 201, automation.text
+    assert automation.json()["trigger_metric"] == COMPOSED
+
+    for i, name in enumerate((COMPOSED, DECOMPOSED, f"{DECOMPOSED} ")):
+        sent = await api.post("/v1/events", {"metric": name, "contact_id": str(contact_id),
+                                             "source_id": str(i)})  # fmt: skip
+        assert sent.status_code == 201, sent.text
+    batch = await api.post("/v1/events/batch", {"events": [
+        {"metric": DECOMPOSED, "contact_id": str(contact_id), "source_id": "3"}]})  # fmt: skip
+    assert batch.json()["created"] == 1
+
+    [metric] = [m for m in (await api.client.get("/v1/metrics")).json()["data"]
+                if m["category"] == "custom"]  # fmt: skip
+    assert (metric["name"], metric["count"]) == (COMPOSED, 4)
+    listed = await api.client.get("/v1/events", params={"metric": f" {DECOMPOSED}"})
+    assert {e["metric"] for e in listed.json()["data"]} == {COMPOSED}
+    assert len(listed.json()["data"]) == 4
+    window = {"since": "2026-01-01T00:00:00Z", "until": "2027-01-01T00:00:00Z",
+              "interval": "month"}  # fmt: skip
+    summed = await api.client.get(f"/v1/metrics/{DECOMPOSED}/aggregates", params=window)
+    assert summed.status_code == 200, summed.text
+    assert summed.json()["metric"] == COMPOSED
+    assert sum(bucket["value"] for bucket in summed.json()["data"]) == 4
+    [summary] = (await api.client.get(f"/v1/contacts/{contact_id}/metrics")).json()["data"]
+    assert (summary["metric"], summary["count"]) == (COMPOSED, 4)
+
+    run_automations(api)
+    runs = await api.client.get(f"/v1/automations/{automation.json()['id']}/executions")
+    assert len(runs.json()["data"]) == 4

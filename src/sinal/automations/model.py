@@ -88,7 +88,7 @@ from sinal.catalog.metrics import misspelt_metric_message, misspelt_system_metri
 from sinal.contacts import InvalidIdentity, normalize_email, normalize_phone, normalize_tag
 from sinal.currencies import is_currency
 from sinal.errors import FieldError, InvalidContact, _FieldErrors
-from sinal.events import MAX_METRIC_NAME, stamp
+from sinal.events import MAX_METRIC_NAME, normalize_metric_name, stamp
 from sinal.integrations.links import MAX_CAMPAIGN_LENGTH
 from sinal.keyring import SealedSecret, is_sealed
 from sinal.urls import MAX_URL_LENGTH, target_url_problem
@@ -789,7 +789,7 @@ def _trigger(c: _Checker, body: Mapping[str, object]) -> tuple[str | None, str |
 def _metric_name(c: _Checker, raw: object) -> str | None:
     """The ledger's rules for metric names (see `sinal.events`)."""
     field = "trigger_metric"
-    name = raw.strip() if isinstance(raw, str) else None
+    name = normalize_metric_name(raw) if isinstance(raw, str) else None
     if name is None:
         c.fail(field, "invalid_type", "trigger_metric must be a string")
     elif not name:

@@ -14,6 +14,7 @@ from sinal.api.models import AggregateOut, MetricList
 from sinal.api.service import service
 from sinal.api.views import aggregate_view, json_response, locale_of, metric_view
 from sinal.errors import InvalidQuery
+from sinal.events import normalize_metric_name
 from sinal.store.base import Measurement
 
 router = APIRouter(tags=["metrics"])
@@ -76,4 +77,6 @@ async def aggregates(
     )  # fmt: skip
     if result is None:
         raise NotFound(f"the account has no metric {name!r}")
-    return json_response(aggregate_view(name, measurement, interval, by, result))
+    return json_response(
+        aggregate_view(normalize_metric_name(name), measurement, interval, by, result)
+    )

@@ -38,7 +38,7 @@ from sinal.api.views import (
 )
 from sinal.contacts import InvalidIdentities, normalize_contact_fields
 from sinal.errors import FieldError, InvalidContact, InvalidEvent, InvalidQuery
-from sinal.events import EmitEvent, EmitResult, in_utc, prepare
+from sinal.events import EmitEvent, EmitResult, in_utc, normalize_metric_name, prepare
 from sinal.integrations.whatsapp import SENT_BY_AUTOMATION, SENT_BY_EXECUTION
 from sinal.ledger import MAX_BATCH
 from sinal.store.base import EventQuery
@@ -173,6 +173,8 @@ async def list_events(
         return json_response(feed_view(page, key.account_id, locale_of(locale, accept_language)))
     contact = _query_uuid("contact_id", contact_id)
     metric = _query_text("metric", metric)
+    if metric is not None:  # as events name it (the listing's cursor binds it so)
+        metric = normalize_metric_name(metric)
     return await event_page(
         svc,
         EventQuery(key.account_id, contact, metric, _aware("since", since), _aware("until", until)),
