@@ -348,6 +348,11 @@ def normalize_contact_fields(values: Mapping[str, str | None]) -> dict[str, str 
         if normalize is None:
             errors.append(InvalidIdentity(name, "unknown_field", f"{name} is not a contact field"))
             continue
+        if raw is not None and not isinstance(raw, str):
+            # a phone as a number (11987654321) read from a spreadsheet: a TypeError from
+            # deep in unicodedata named no field
+            errors.append(InvalidIdentity(name, "invalid_type", f"{name} must be a string"))
+            continue
         try:
             clean[name] = None if raw is None else normalize(raw)
         except InvalidIdentity as error:

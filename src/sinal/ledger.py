@@ -594,6 +594,9 @@ class Ledger:
     def _change_tags(
         self, account_id: UUID | str, contact_id: UUID | str, tags: Sequence[str], *, add: bool
     ) -> list[str] | None:
+        if isinstance(tags, str):  # its characters would each be a tag: "vip" tagged v, i, p
+            message = f"tags must be a list of tags, not one string: [{tags!r}]"
+            raise InvalidContact([FieldError("tags", "invalid_type", message)])
         clean = [normalize_tag(tag, f"tags[{i}]") for i, tag in enumerate(tags)]
         metric = METRIC_TAG_ADDED if add else METRIC_TAG_REMOVED
         account, contact = _uuid(account_id), _uuid(contact_id)

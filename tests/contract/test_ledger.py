@@ -701,6 +701,38 @@ def test_contact_with_a_lone_surrogate_in_its_email_is_an_invalid_contact(
     assert [(e.field, e.code) for e in caught.value.errors] == [("email", "invalid_email")]
 
 
+def test_contact_fields_that_are_not_text_are_invalid_contact_naming_each(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact, database_url: str
+) -> None:
+    # a phone read from a spreadsheet as a number: a TypeError from unicodedata, no field
+    bad: dict[str, Any] = {"phone": 11987654321, "email": ["ana@example.com"], "name": 7}
+    expected = [("phone", "invalid_type"), ("email", "invalid_type"), ("name", "invalid_type")]
+    for write in (
+        lambda: ledger.create_contact(account.id, **bad),
+        lambda: ledger.resolve_contact(account.id, **bad),
+        lambda: ledger.update_contact(account.id, contact.id, bad),
+    ):
+        with pytest.raises(sinal.InvalidContact) as caught:
+            write()
+        assert [(e.field, e.code) for e in caught.value.errors] == expected
+        assert caught.value.errors[0].message == "phone must be a string"
+    assert count(database_url, "contacts") == 1
+    assert ledger.get_contact(account.id, contact.id) == contact
+
+
+def test_tags_given_as_one_string_are_invalid_not_tagged_letter_by_letter(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact
+) -> None:
+    for change in (ledger.add_tags, ledger.remove_tags):
+        with pytest.raises(sinal.InvalidContact) as caught:
+            change(account.id, contact.id, "vip")  # a str is a Sequence[str]: mypy lets it by
+        [error] = caught.value.errors
+        assert (error.field, error.code) == ("tags", "invalid_type")
+        assert error.message == "tags must be a list of tags, not one string: ['vip']"
+    assert ledger.list_tags(account.id, contact.id) == []  # it was ["i", "p", "v"]
+    assert ledger.add_tags(account.id, contact.id, ["vip"]) == ["vip"]
+
+
 def test_contact_in_unknown_account_is_refused(ledger: Ledger) -> None:
     with pytest.raises(sinal.AccountNotFound):
         ledger.create_contact(uuid.uuid4(), email="ana@example.com")
