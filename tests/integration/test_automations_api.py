@@ -418,6 +418,31 @@ async def test_invalid_integration_is_422_naming_the_field(api: Api) -> None:
     assert {e["field"] for e in response.json()["errors"]} == {"base_url", "model"}
 
 
+async def test_an_integration_setting_of_another_type_is_named_as_such_not_as_missing(
+    api: Api,
+) -> None:
+    # "phone_number_id is required for whatsapp" answered a phone_number_id sent as a JSON
+    # number; a secret sent as one got "required" and "must be a string" both
+    response = await api.post("/v1/integrations", {
+        "kind": "whatsapp", "phone_number_id": 106540352242922, "secret": 5,
+        "access_token": ["EAAG"], "verify_token": True,
+    })  # fmt: skip
+
+    assert response.status_code == 422
+    assert [(e["field"], e["code"], e["message"]) for e in response.json()["errors"]] == [
+        ("phone_number_id", "invalid_type",
+         'phone_number_id must be a string (send "106540352242922", in quotes)'),
+        ("secret", "invalid_type", 'secret must be a string (send "5", in quotes)'),
+        ("verify_token", "invalid_type", "verify_token must be a string"),
+        ("access_token", "invalid_type", "access_token must be a string"),
+    ]  # fmt: skip
+    missing = await api.post("/v1/integrations", {"kind": "shopify", "secret": ""})
+    assert [(e["field"], e["code"]) for e in missing.json()["errors"]] == [("secret", "required")]
+    long = await api.post("/v1/integrations", {"kind": "shopify", "secret": "s" * 4097})
+    assert [(e["field"], e["code"]) for e in long.json()["errors"]] == [("secret", "too_long")]
+    assert (await api.client.get("/v1/integrations")).json()["data"] == []
+
+
 async def test_webhook_host_no_client_can_connect_to_is_422_saying_why(api: Api) -> None:
     response = await api.post("/v1/automations", {
         "name": "crm", "trigger_metric": "Order Paid",

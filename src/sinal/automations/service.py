@@ -395,6 +395,14 @@ def execution_view(x: Execution, emitted: list[StoredEvent]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _not_text(name: str, value: object) -> FieldError:
+    """A setting or secret given as another JSON type: `phone_number_id` as the number
+    106540352242922 was answered "phone_number_id is required", as if it had not been sent."""
+    is_number = isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**30
+    hint = f' (send "{value}", in quotes)' if is_number else ""
+    return FieldError(name, "invalid_type", f"{name} must be a string{hint}")
+
+
 def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any], dict[str, Any]]:
     if not isinstance(data, Mapping):
         raise InvalidIntegration([FieldError("$", "invalid_type", "expected a JSON object")])
@@ -408,7 +416,9 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
     settings: dict[str, Any] = {}
     for name in required:
         value = data.get(name)
-        if not isinstance(value, str) or not value.strip():
+        if value is not None and not isinstance(value, str):  # it was given: say what is wrong
+            errors.append(_not_text(name, value))
+        elif value is None or not value.strip():
             errors.append(FieldError(name, "required", f"{name} is required for {kind}"))
         else:
             settings[name] = value.strip()
@@ -423,11 +433,13 @@ def _validate_integration(data: object) -> tuple[IntegrationKind, dict[str, Any]
             errors.append(FieldError(name, "empty", f"{name} must not be blank: leave it out"))
     secrets = {name: data.get(name) for name in secret_fields if data.get(name) is not None}
     for name in _REQUIRED_SECRETS.get(kind, ()):
-        if not isinstance(secrets.get(name), str) or not secrets[name]:
+        if secrets.get(name) in (None, ""):  # one of another type is named below
             errors.append(FieldError(name, "required", f"{name} is required for {kind}"))
     for name, value in secrets.items():
-        if not isinstance(value, str) or len(value) > 4096:
-            errors.append(FieldError(name, "invalid_type", f"{name} must be a string"))
+        if not isinstance(value, str):
+            errors.append(_not_text(name, value))
+        elif len(value) > 4096:
+            errors.append(FieldError(name, "too_long", f"{name} is longer than 4096 characters"))
         elif name in _BEARER_SECRETS and not value.isascii():  # sent as a header: ASCII
             errors.append(FieldError(name, "invalid_value", f"{name} must be ASCII text"))
     for name in ("api_base_url", "base_url"):
