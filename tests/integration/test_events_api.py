@@ -333,6 +333,38 @@ async def test_bad_contact_identifiers_are_422_per_field(
     assert count(api.url, "contacts") == 0
 
 
+WRONG_TYPES: list[tuple[str, Any, dict[str, Any], tuple[str, str, str]]] = [
+    ("/v1/events", None, {"occurred_at": 1764417600},
+     ("occurred_at", "string_type", "expected a string, got a number")),
+    ("/v1/events", None, {"contact": "ana@example.com"},
+     ("contact", "model_type", "expected an object, got a string")),
+    ("/v1/events", None, {"contact": {"phone": 11987654321}},
+     ("contact.phone", "string_type", "expected a string, got a number")),
+    ("/v1/events", None, {"properties": ["a"]},
+     ("properties", "dict_type", "expected an object, got an array")),
+    ("/v1/events/batch", {"events": {"metric": "Order Paid"}}, {},
+     ("events", "list_type", "expected an array, got an object")),
+    ("/v1/contacts", {"email": None, "name": False}, {},
+     ("name", "string_type", "expected a string, got false")),
+    ("/v1/events", [1], {}, ("body", "model_type", "expected an object, got an array")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "change", "expected"), WRONG_TYPES)
+async def test_a_value_of_the_wrong_json_type_is_named_in_jsons_words(
+    api: Api, contact_id: uuid.UUID, *, path: str, body: Any, change: dict[str, Any],
+    expected: tuple[str, str, str],
+) -> None:  # fmt: skip
+    # pydantic said "Input should be a valid dictionary or instance of ContactIdentities"
+    sent = order(None if "contact" in change else contact_id, **change) if body is None else body
+    response = await api.post(path, sent)
+
+    assert response.status_code == 422, response.text
+    assert [(e["field"], e["code"], e["message"]) for e in response.json()["errors"]] == [expected]
+    assert count(api.url, "events") == 0
+    assert count(api.url, "contacts") == 1  # contact_id's
+
+
 async def test_contact_id_and_contact_together_are_refused(api: Api, contact_id: uuid.UUID) -> None:
     response = await api.post("/v1/events", order(contact_id, contact={"phone": "11987654321"}))
     assert field_codes(response) == {("contact", "ambiguous_contact")}
@@ -430,10 +462,10 @@ async def test_a_body_that_is_not_an_object_says_so_naming_no_class_of_ours(
         "message": 'the body is an object holding the list: {"events": [...]}',
     }]  # fmt: skip
     assert single.json()["errors"] == [
-        {"field": "body", "code": "model_type", "message": "expected a JSON object"}
+        {"field": "body", "code": "model_type", "message": "expected an object, got an array"}
     ]
     assert nested.json()["errors"] == [
-        {"field": "contact", "code": "model_type", "message": "expected a JSON object"}
+        {"field": "contact", "code": "model_type", "message": "expected an object, got a string"}
     ]
     assert count(api.url, "events") == 0
 

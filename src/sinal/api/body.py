@@ -309,7 +309,7 @@ def validate(model: type[ModelT], data: Any, prefix: str = "") -> ModelT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        found = exc.errors(include_url=False, include_input=False)
+        found = exc.errors(include_url=False)  # inputs: only their JSON type is named
         errors = pydantic_errors(found, prefix=prefix, model=model)
         detail = "; ".join(f"{e.field}: {e.message}" for e in errors[:5])
         raise InvalidInput(detail, errors) from None

@@ -19,6 +19,7 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, get_args
 from uuid import uuid4
 
@@ -356,12 +357,40 @@ def pydantic_errors(
         message = str(error.get("msg", "invalid"))
         if code == "extra_forbidden" and model is not None and loc:
             message = _unknown_field(model, loc, prefix)
+        elif code in _JSON_TYPES and "input" in error:
+            message = f"expected {_JSON_TYPES[code]}, got {_json_kind(error['input'])}"
         elif code == "model_type":  # pydantic's says "… or instance of EventIn", our class
-            message = "expected a JSON object"
+            message = "expected an object"
         if query and code.startswith("datetime"):
             message += _plus_as_space(error.get("input"))
         found.append(FieldError(field or "body", code, message))
     return found
+
+
+# A body's value of the wrong JSON type, in JSON's words: pydantic said "Input should be a
+# valid dictionary or instance of ContactIdentities" (a Python class) for `"contact": "x"`,
+# and never what it got. The input is only named by its type (it may be personal data).
+_JSON_TYPES = {
+    "string_type": "a string",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "list_type": "an array",
+    "bool_type": "true or false",
+    "int_type": "an integer",
+}
+
+
+def _json_kind(value: object) -> str:
+    """What a parsed JSON value is, as JSON names it ("a number", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | Decimal):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
 
 
 # A time whose offset lost its "+": "…T00:00:00 03:00", as "+03:00" typed in a URL arrives.
