@@ -11,7 +11,8 @@ Two policies, one set of rules:
 The rules both apply: at most 2,048 characters; no spaces or control characters (HTTP
 clients refuse them or send something else: httpx refuses a tab or a DEL, reads a URL
 that starts with a space as a relative one, and `urlsplit` silently drops tabs and
-newlines, so a host checked with one is not the host requested); http or https, in any
+newlines, so a host checked with one is not the host requested), nor an invisible
+bidirectional control, which shows the URL as another one; http or https, in any
 case; a host, and a port from 1 to 65535 when one is given; no user name or password (a
 URL is shown and logged, and httpx sends them as Basic auth in place of a connection's
 token); and a host an HTTP client can connect to (`_host_problem`).
@@ -87,7 +88,17 @@ def _text_problem(url: str, field: str) -> str | None:
     # Cs: a lone surrogate, which no URL (nor a database) can hold
     if any(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cs") for ch in url):
         return f"{field} contains spaces or control characters; percent-encode them"
+    if _BIDI_CONTROLS.search(url) is not None:
+        return (
+            f"{field} contains an invisible bidirectional control character (U+200E, U+200F, "
+            "U+202A to U+202E, U+2066 to U+2069): it shows the URL as another one"
+        )
     return None
+
+
+# RFC 3987 (4.1): an IRI must not hold them. "https://loja.example/\u202egpj.exe" is shown
+# as ".../exe.jpg", and a link's target was kept and shown with one.
+_BIDI_CONTROLS = re.compile("[\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _parts_problem(parts: SplitResult, field: str) -> str | None:

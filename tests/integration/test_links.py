@@ -206,6 +206,9 @@ async def test_link_clicks_are_counted_each_but_a_double_fire_once(api: Api) -> 
         ({"url": "https://a..b/"}, "url", "invalid_url"),
         ({"url": "https://999.1.1.1/p"}, "url", "invalid_url"),
         ({"url": "https://loja.com.br/p\u009b"}, "url", "invalid_url"),  # a C1 control
+        # shown as ".../exe.jpg": it was kept, and shown so in every answer
+        ({"url": "https://loja.com.br/\u202egpj.exe"}, "url", "invalid_url"),
+        ({"url": "https://loja.com.br/p\u2066"}, "url", "invalid_url"),
         ({"url": "https://loja.com.br/" + "a" * 2100}, "url", "string_too_long"),
         ({"url": TARGET, "contact_id": str(uuid4())}, "contact_id", "not_found"),
         ({"url": TARGET, "contact_id": "ana"}, "contact_id", "not_found"),

@@ -75,6 +75,12 @@ def test_base_url_is_a_target_url_with_no_query_or_fragment(url: str, ok: bool) 
     [
         ("https://x.com/" + "a" * 2048, "url is longer than 2048 characters"),
         ("https://x.com/a b", "url contains spaces or control characters; percent-encode them"),
+        (
+            "https://x.com/\u202egpj.exe",
+            "url contains an invisible bidirectional control "
+            "character (U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069): it shows the URL as "
+            "another one",
+        ),
         ("http://[::1", "url is not a valid URL: Invalid IPv6 URL"),
         ("/hook", "url must be absolute and start with http:// or https://"),
         ("https:///hook", "url has no host; give an absolute URL, like https://example.com/path"),
