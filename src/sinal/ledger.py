@@ -190,7 +190,8 @@ class Ledger:
 
         Raises `InvalidEvent` (one entry per bad field) and writes nothing when the input
         is malformed; a valid event that cannot be recorded comes back `rejected` (reason
-        "refused", nothing written, when the database refuses its data).
+        "refused", nothing written, when the database refuses its data; "account_not_found",
+        nothing written, for an account that does not exist).
         """
         return self.emit(EmitEvent(**params))
 

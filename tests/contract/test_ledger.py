@@ -307,6 +307,39 @@ def test_a_rejection_keeps_its_input_alike_on_both_backends(
             assert stored.occurred_at.utcoffset() == timedelta(0)
 
 
+@pytest.mark.parametrize("batch_size", [1, 2, 70])  # the function, the statement, a stream
+def test_an_event_of_an_account_that_does_not_exist_is_rejected_and_kept_nowhere(
+    ledger: Ledger,
+    database_url: str,
+    account: sinal.Account,
+    contact: sinal.Contact,
+    batch_size: int,
+) -> None:
+    """Its rejection under that account could be listed by no one (a key is of an account
+    that exists): it says the account is missing, not the contact, and writes nothing;
+    the batch's other events are stored."""
+    nowhere = uuid.uuid4()
+    strays = [
+        order_paid(account, contact, account_id=nowhere, source_id="stray"),
+        order_paid(account, contact, account_id=nowhere, contact_id=None, source_id="none"),
+    ]
+    ours = [order_paid(account, contact, source_id=str(i)) for i in range(batch_size - 1)]
+
+    if batch_size == 1:
+        results = [ledger.emit(strays[0]), ledger.emit(strays[1])]
+    else:
+        results = ledger.emit_many([strays[0], *ours, strays[1]])
+        assert [r.status for r in results[1:-1]] == ["created"] * len(ours)
+        results = [results[0], results[-1]]
+
+    message = f"account {nowhere} does not exist"
+    assert [(r.status, r.reason, r.message, r.rejection_id) for r in results] == [
+        ("rejected", "account_not_found", message, None)
+    ] * 2
+    assert count(database_url, "rejections") == 0
+    assert count(database_url, "events") == len(ours)
+
+
 def test_contact_of_another_account_is_not_found(
     ledger: Ledger, database_url: str, contact: sinal.Contact
 ) -> None:

@@ -706,6 +706,14 @@ CONTACT_REQUIRED_MESSAGE = (
 )
 
 
+def account_missing(event: PreparedEvent) -> Outcome:
+    """The outcome of an event whose account does not exist: rejected, reason
+    "account_not_found", and kept nowhere, as a rejection under that account is one no
+    list can show (only the library can name an account; a key is of its account)."""
+    message = f"account {event.account_id} does not exist"
+    return Outcome("rejected", reason="account_not_found", message=message)
+
+
 def rejection_message(reason: str, event: PreparedEvent) -> str:
     """The human-readable sentence for a rejection reason."""
     if reason == "contact_required":

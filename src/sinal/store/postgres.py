@@ -132,6 +132,7 @@ from sinal.store.base import (
     Settle,
     StoredEvent,
     SummaryRow,
+    account_missing,
     changed_fields,
     compare_summaries,
     contact_reason,
@@ -309,13 +310,17 @@ rejected AS (
                               || 'Z',
                'automation_execution_id', i.execution_id)
     FROM input i WHERE NOT EXISTS (SELECT 1 FROM known k WHERE k.ord = i.ord)
+      AND (SELECT true FROM accounts WHERE id = i.account_id)
     RETURNING id
 )"""
 # The answer of a record statement: each input's (ord, created, known) and, for a
 # duplicate, the stored event's id and payload (none when that event committed after this
-# statement's snapshot was taken: a second query reads those).
+# statement's snapshot was taken: a second query reads those). `known` is NULL for an
+# event of no account, kept nowhere (`rejected` skips it): a rejection under an account
+# that does not exist is one no list shows.
 _ANSWER = """
-SELECT i.ord, s.id IS NOT NULL, k.ord IS NOT NULL,
+SELECT i.ord, s.id IS NOT NULL,
+       k.ord IS NOT NULL OR (SELECT false FROM accounts WHERE id = i.account_id),
        d.id, d.metric_name, d.properties::text, d.value, d.currency, d.occurred_at
 FROM input i
 LEFT JOIN known k ON k.ord = i.ord
@@ -350,8 +355,13 @@ ON CONFLICT DO NOTHING
 
 
 def _compact(statement: str) -> str:
-    """`statement` with its whitespace collapsed (no string literal here holds any)."""
-    return " ".join(statement.split()).replace("( ", "(").replace(" )", ")")
+    """`statement` with its whitespace collapsed, and none left after a comma or around
+    `=` outside its string literals (whose single spaces stay: no literal here holds
+    more than one in a row)."""
+    parts = " ".join(statement.split()).replace("( ", "(").replace(" )", ")").split("'")
+    # Outside a literal are the even parts (a doubled quote inside one makes an empty one).
+    parts[::2] = [p.replace(", ", ",").replace(" = ", "=") for p in parts[::2]]
+    return "'".join(parts)
 
 
 _RECORD_SQL = _compact(f"WITH input AS ({_INPUT_MANY}), {_RECORD_BODY}")
@@ -1992,11 +2002,13 @@ def _input_row(ord_: int, e: PreparedEvent) -> tuple[Any, ...]:
 def _outcome(
     event: PreparedEvent,
     created: bool,
-    known: bool,
+    known: bool | None,
     stored: dict[tuple[UUID, str], tuple[UUID, StoredPayload]],
 ) -> Outcome:
     if created:
         return Outcome("created", event_id=event.id)
+    if known is None:  # no such account (`_ANSWER`)
+        return account_missing(event)
     if not known:
         reason = contact_reason(event)
         return Outcome(

@@ -80,6 +80,7 @@ from sinal.store.base import (
     Settle,
     StoredEvent,
     SummaryRow,
+    account_missing,
     add_values,
     changed_fields,
     compare_summaries,
@@ -1110,6 +1111,7 @@ class _Batch:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.contacts: dict[tuple[str, str], bool] = {}
+        self.accounts: dict[str, bool] = {}  # looked up for rejections only
         self.metrics: dict[tuple[str, str], str] = {}  # (account, name) → the metric's id
         self.texts: dict[UUID, str] = {}  # the batch's accounts and contacts, as stored
         self.created: list[PreparedEvent] = []  # their summaries are written by flush
@@ -1227,7 +1229,17 @@ class _Batch:
         )
         return Outcome("duplicate", event_id=UUID(row[0]), stored=stored)
 
+    def account_exists(self, account: str) -> bool:
+        if account not in self.accounts:
+            found = self.conn.execute("SELECT 1 FROM accounts WHERE id = ?", (account,))
+            self.accounts[account] = found.fetchone() is not None
+        return self.accounts[account]
+
     def reject(self, event: PreparedEvent, reason: str) -> Outcome:
+        """Keep `event`'s rejection for `reason`; none for an account that does not exist
+        (`account_missing`: checked only here, as an account's contact implies it)."""
+        if not self.account_exists(self.text(event.account_id)):
+            return account_missing(event)
         message = rejection_message(reason, event)
         self.conn.execute(
             "INSERT INTO rejections (account_id, id, contact_id, reason, message, source, "
