@@ -402,7 +402,7 @@ class _Validator:
                 return UUID(raw)
             except ValueError:
                 pass
-        self.fail(name, "invalid_uuid", f"{name} must be a UUID, got {_short(raw)}")
+        self.errors.append(uuid_error(name, raw))
         return None
 
     def metric_name(self, raw: object) -> str | None:
@@ -765,6 +765,11 @@ _KINDS: dict[type, str] = {list: "array", tuple: "array", str: "string", dict: "
 
 def _kind(value: object) -> str:
     return _KINDS.get(type(value), type(value).__name__)
+
+
+def uuid_error(name: str, raw: object) -> FieldError:
+    """The error of `raw`, given for the UUID parameter `name`, that is not one."""
+    return FieldError(name, "invalid_uuid", f"{name} must be a UUID, got {_short(raw)}")
 
 
 def _short(value: object) -> str:

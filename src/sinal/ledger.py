@@ -8,7 +8,7 @@ dispatch written to the outbox in the same transaction instead of fired and forg
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
@@ -48,6 +48,7 @@ from sinal.errors import (
     InvalidEvent,
     InvalidQuery,
     SchemaOutOfDate,
+    SinalError,
 )
 from sinal.events import (
     Clock,
@@ -62,6 +63,7 @@ from sinal.events import (
     normalize_metric_name,
     prepare,
     utcnow,
+    uuid_error,
 )
 from sinal.ids import new_id
 from sinal.keyring import Keyring
@@ -147,7 +149,7 @@ class Ledger:
 
     def get_account(self, account_id: UUID | str) -> Account | None:
         """One account, or None."""
-        return self.store.get_account(_uuid(account_id))
+        return self.store.get_account(_uuid(account_id, "account_id", InvalidAccount))
 
     def create_contact(
         self,
@@ -175,13 +177,16 @@ class Ledger:
     ) -> tuple[Contact, bool]:
         """Like `create_contact`, also telling whether the contact is new."""
         ids, clean_name = _parse_contact(phone, email, external_id, name)
-        account = _uuid(account_id)
+        account = _uuid(account_id, "account_id", InvalidContact)
         new = NewContact(account, new_id(), clean_name, ids.phone, ids.email, ids.external_id)
         return self.store.upsert_contact(new)  # no account: its insert says so (`AccountNotFound`)
 
     def get_contact(self, account_id: UUID | str, contact_id: UUID | str) -> Contact | None:
         """One contact of the account, or None (another account's id included)."""
-        return self.store.get_contact(_uuid(account_id), _uuid(contact_id))
+        return self.store.get_contact(
+            _uuid(account_id, "account_id", InvalidContact),
+            _uuid(contact_id, "contact_id", InvalidContact),
+        )
 
     # -- events ------------------------------------------------------------------------
 
@@ -357,24 +362,24 @@ class Ledger:
         """Up to `limit` of the account's events after `after`, in the order they were
         stored (not by `occurred_at`): pass each page's `next` back to get every event
         once, late ones and concurrent writers' included (see `Store.read_feed`)."""
-        return self.store.read_feed(_uuid(account_id), after, limit)
+        return self.store.read_feed(_uuid(account_id, "account_id"), after, limit)
 
     def get_summary(
         self, account_id: UUID | str, contact_id: UUID | str | None = None
     ) -> list[SummaryRow]:
         """The per-contact metric summaries of an account (or of one contact)."""
-        contact = None if contact_id is None else _uuid(contact_id)
-        return self.store.get_summary(_uuid(account_id), contact)
+        contact = None if contact_id is None else _uuid(contact_id, "contact_id")
+        return self.store.get_summary(_uuid(account_id, "account_id"), contact)
 
     def list_rejections(self, account_id: UUID | str, limit: int = 100) -> list[Rejection]:
         """What was not recorded and why, newest first."""
-        return self.store.list_rejections(_uuid(account_id), limit)
+        return self.store.list_rejections(_uuid(account_id, "account_id"), limit)
 
     def rebuild_summaries(
         self, account_id: UUID | str | None = None, progress: Progress | None = None
     ) -> list[RebuildReport]:
         """Recompute `contact_metrics_summary` from events; report the drift fixed."""
-        account = None if account_id is None else _uuid(account_id)
+        account = None if account_id is None else _uuid(account_id, "account_id")
         return self.store.rebuild_summaries(account, progress)
 
     # -- the HTTP service: accounts, keys, contacts, tags ------------------------------
@@ -404,7 +409,9 @@ class Ledger:
                 errors.extend(exc.errors)
         if errors:
             raise InvalidAccount(errors)
-        account = self.store.update_account(_uuid(account_id), clean, timezone)
+        account = self.store.update_account(
+            _uuid(account_id, "account_id", InvalidAccount), clean, timezone
+        )
         if account is None:
             raise AccountNotFound(f"account {account_id} does not exist")
         return account
@@ -416,7 +423,7 @@ class Ledger:
         name: str | None = None,
     ) -> tuple[str, ApiKey]:
         """A new key for the account: its text (shown once; only its hash is kept)."""  # fmt: skip
-        account = _uuid(account_id)
+        account = _uuid(account_id, "account_id", InvalidAccount)
         if self.store.get_account(account) is None:
             raise AccountNotFound(f"account {account} does not exist")
         text, key = generate_key(account, scopes, self.clock(), normalize_name(name))
@@ -433,11 +440,11 @@ class Ledger:
 
     def revoke_api_key(self, key_id: UUID | str) -> ApiKey | None:
         """Revoke a key by id (idempotent); None if there is no such key."""
-        return self.store.revoke_api_key(_uuid(key_id), self.clock())
+        return self.store.revoke_api_key(_uuid(key_id, "key_id"), self.clock())
 
     def list_api_keys(self, account_id: UUID | str) -> list[ApiKey]:
         """The account's keys (hashes and hints, never the text), oldest first."""
-        return self.store.list_api_keys(_uuid(account_id))
+        return self.store.list_api_keys(_uuid(account_id, "account_id", InvalidAccount))
 
     def resolve_contact(
         self,
@@ -462,7 +469,7 @@ class Ledger:
             raise InvalidContact(
                 [FieldError("contact", "identity_required", "give a phone, email or external_id")]
             )
-        account = _uuid(account_id)
+        account = _uuid(account_id, "account_id", InvalidContact)
         new = NewContact(account, new_id(), clean_name, ids.phone, ids.email, ids.external_id)
         # a read first: the contact found is the common case, and needs no writer's lock
         held = self.store.find_contacts(new)
@@ -511,11 +518,11 @@ class Ledger:
         The contact is named by its id, or given as just read (then not read again: what a
         concurrent writer gave it since stays, as it does after a read)."""
         ids, clean_name = _parse_contact(phone, email, external_id, name)
-        account = _uuid(account_id)
+        account = _uuid(account_id, "account_id", InvalidContact)
         contact = (
             contact_id
             if isinstance(contact_id, Contact)
-            else self.store.get_contact(account, _uuid(contact_id))
+            else self.store.get_contact(account, _uuid(contact_id, "contact_id", InvalidContact))
         )
         if contact is None or contact.account_id != account:
             return None
@@ -571,13 +578,16 @@ class Ledger:
             properties["changed"] = fields
             return self._contact_event(METRIC_CONTACT_UPDATED, after, "api", properties)
 
-        return self.store.update_contact(_uuid(account_id), _uuid(contact_id), clean, changed)
+        account = _uuid(account_id, "account_id", InvalidContact)
+        contact = _uuid(contact_id, "contact_id", InvalidContact)
+        return self.store.update_contact(account, contact, clean, changed)
 
     def erase_contact(self, account_id: UUID | str, contact_id: UUID | str) -> bool:
         """Delete a contact and everything of it, irreversibly, in one transaction (what
         goes and what stays: `sinal.store.erasure`). False if there is no such contact."""
         store = cast(ErasureStore, self.store)
-        return store.erase_contact(_uuid(account_id), _uuid(contact_id))
+        account = _uuid(account_id, "account_id", InvalidContact)
+        return store.erase_contact(account, _uuid(contact_id, "contact_id", InvalidContact))
 
     def add_tags(
         self, account_id: UUID | str, contact_id: UUID | str, tags: Sequence[str]
@@ -600,7 +610,8 @@ class Ledger:
             raise InvalidContact([FieldError("tags", "invalid_type", message)])
         clean = [normalize_tag(tag, f"tags[{i}]") for i, tag in enumerate(tags)]
         metric = METRIC_TAG_ADDED if add else METRIC_TAG_REMOVED
-        account, contact = _uuid(account_id), _uuid(contact_id)
+        account = _uuid(account_id, "account_id", InvalidContact)
+        contact = _uuid(contact_id, "contact_id", InvalidContact)
 
         def event(tag: str) -> PreparedEvent:
             return prepare(
@@ -615,7 +626,8 @@ class Ledger:
 
     def list_tags(self, account_id: UUID | str, contact_id: UUID | str) -> list[str]:
         """A contact's tags, sorted."""
-        return self.store.list_tags(_uuid(account_id), _uuid(contact_id))
+        account = _uuid(account_id, "account_id", InvalidContact)
+        return self.store.list_tags(account, _uuid(contact_id, "contact_id", InvalidContact))
 
     def _contact_event(
         self,
@@ -638,16 +650,16 @@ class Ledger:
 
     def get_event(self, account_id: UUID | str, event_id: UUID | str) -> StoredEvent | None:
         """One event of the account, or None (another account's id included)."""
-        return self.store.get_event(_uuid(account_id), _uuid(event_id))
+        return self.store.get_event(_uuid(account_id, "account_id"), _uuid(event_id, "event_id"))
 
     def find_event(self, account_id: UUID | str, unique_event_id: str) -> StoredEvent | None:
         """The account's event with this `unique_event_id` (a duplicate's key), or None."""
-        return self.store.find_event(_uuid(account_id), unique_event_id)
+        return self.store.find_event(_uuid(account_id, "account_id"), unique_event_id)
 
     def list_metrics(self, account_id: UUID | str, name: str | None = None) -> list[MetricInfo]:
         """The account's metrics (or the one named) with their event counts."""
         named = None if name is None else normalize_metric_name(name)
-        return self.store.list_metrics(_uuid(account_id), named)
+        return self.store.list_metrics(_uuid(account_id, "account_id"), named)
 
     def aggregate(
         self,
@@ -663,7 +675,7 @@ class Ledger:
     ) -> Aggregate | None:
         """A metric per time bucket in `timezone` (default: the account's), every bucket
         of [since, until) included; None if the account has no such metric."""
-        account = self.store.get_account(_uuid(account_id))
+        account = self.store.get_account(_uuid(account_id, "account_id"))
         if account is None:
             raise AccountNotFound(f"account {account_id} does not exist")
         zone_name = timezone or account.timezone
@@ -687,8 +699,8 @@ class Ledger:
         self, account_id: UUID | str, limit: int = 100, before: UUID | str | None = None
     ) -> list[Rejection]:
         """Kept rejections, newest first, older than the rejection `before` if given."""
-        cursor = None if before is None else _uuid(before)
-        return self.store.list_rejections(_uuid(account_id), limit, cursor)
+        cursor = None if before is None else _uuid(before, "before")
+        return self.store.list_rejections(_uuid(account_id, "account_id"), limit, cursor)
 
     def replay_rejection(
         self,
@@ -699,7 +711,7 @@ class Ledger:
         """Record a kept rejection's event now that its cause is fixed (optionally naming
         the contact it lacked). At most one event per rejection, even under concurrent
         replays; nothing is written while the contact is still unknown."""
-        account = _uuid(account_id)
+        account = _uuid(account_id, "account_id")
 
         def build(rejection: Rejection) -> PreparedEvent:
             params = {k: v for k, v in rejection.payload.items() if k in _EMIT_FIELDS}
@@ -708,7 +720,7 @@ class Ledger:
                 params["contact_id"] = contact_id
             return prepare(EmitEvent(**params), self.clock())
 
-        return self.store.replay_rejection(account, _uuid(rejection_id), build)
+        return self.store.replay_rejection(account, _uuid(rejection_id, "rejection_id"), build)
 
     def close(self) -> None:
         """Release the store's connections."""
@@ -780,7 +792,8 @@ def contact_query(
     if errors:
         raise InvalidQuery(errors)
     get = identities.get
-    return ContactQuery(_uuid(account_id), get("email"), get("phone"), get("external_id"), tag,
+    account = _uuid(account_id, "account_id")
+    return ContactQuery(account, get("email"), get("phone"), get("external_id"), tag,
                         limit=limit)  # fmt: skip
 
 
@@ -818,8 +831,17 @@ def _could_name_metric(name: str) -> bool:
     return not any(unicodedata.category(ch) in ("Cc", "Cs") for ch in name)
 
 
-def _uuid(value: UUID | str) -> UUID:
-    return value if isinstance(value, UUID) else UUID(str(value))
+def _uuid(
+    value: UUID | str, name: str, error: Callable[[list[FieldError]], SinalError] = InvalidQuery
+) -> UUID:
+    """`value` as a UUID; `error` naming the parameter `name` when it is none (it was
+    Python's ValueError "badly formed hexadecimal UUID string", naming nothing)."""
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(value if isinstance(value, str) else str(value))
+    except ValueError:
+        raise error([uuid_error(name, value)]) from None
 
 
 class _FirstWins:

@@ -25,6 +25,7 @@ from psycopg.pq import TransactionStatus
 
 import sinal
 from sinal import EmitEvent, InvalidEvent, Ledger
+from sinal.errors import InvalidQuery
 from sinal.store.base import EventQuery, Outcome, read_migrations
 from sinal.store.postgres import OPEN_RETRY, PostgresStore
 from tests.conftest import IN_CI
@@ -751,6 +752,38 @@ def test_contact_fields_that_are_not_text_are_invalid_contact_naming_each(
         assert caught.value.errors[0].message == "phone must be a string"
     assert count(database_url, "contacts") == 1
     assert ledger.get_contact(account.id, contact.id) == contact
+
+
+def test_a_malformed_id_is_an_error_naming_its_parameter(
+    ledger: Ledger, account: sinal.Account, contact: sinal.Contact, database_url: str
+) -> None:
+    """Python's ValueError "badly formed hexadecimal UUID string" named no parameter."""
+    a, c = account.id, contact.id
+    number: Any = 42  # not a str either
+    calls: list[tuple[Any, type[sinal.SinalError], str]] = [
+        (lambda: ledger.get_account("loja-1"), sinal.InvalidAccount, "account_id"),
+        (lambda: ledger.create_api_key("loja-1"), sinal.InvalidAccount, "account_id"),
+        (lambda: ledger.create_contact("loja-1", phone="+5511987654321"), sinal.InvalidContact,
+         "account_id"),
+        (lambda: ledger.resolve_contact("loja-1", phone="+5511987654321"), sinal.InvalidContact,
+         "account_id"),
+        (lambda: ledger.get_contact(a, "ana"), sinal.InvalidContact, "contact_id"),
+        (lambda: ledger.update_contact(a, "ana", {"name": "Ana"}), sinal.InvalidContact,
+         "contact_id"),
+        (lambda: ledger.add_tags(a, "ana", ["vip"]), sinal.InvalidContact, "contact_id"),
+        (lambda: ledger.erase_contact("loja-1", c), sinal.InvalidContact, "account_id"),
+        (lambda: ledger.list_rejections("loja-1"), InvalidQuery, "account_id"),
+        (lambda: ledger.get_summary(a, number), InvalidQuery, "contact_id"),
+        (lambda: ledger.replay_rejection(a, "r-1"), InvalidQuery, "rejection_id"),
+    ]  # fmt: skip
+    for call, error, name in calls:
+        with pytest.raises(error) as caught:
+            call()
+        [problem] = caught.value.errors  # type: ignore[attr-defined]
+        assert (problem.field, problem.code) == (name, "invalid_uuid"), name
+        assert problem.message.startswith(f"{name} must be a UUID, got ")
+    assert count(database_url, "contacts") == 1
+    assert ledger.list_tags(a, c) == []
 
 
 def test_tags_given_as_one_string_are_invalid_not_tagged_letter_by_letter(
