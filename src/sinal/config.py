@@ -139,7 +139,8 @@ class Settings:
         or_zero=True,
     )
     rejections_retention_days: int = _retention(
-        "a kept rejection (an emit refused for its contact), replayed or not, stays"
+        "a kept rejection (an event refused for its contact, or an automation step's event "
+        "the database refused), replayed or not, stays"
     )
     webhook_deliveries_retention_days: int = _retention(
         "a finished webhook delivery (processed, unmappable, failed: a raw body, personal "
