@@ -27,8 +27,17 @@ from sinal.store.base import (
 
 
 def json_response(body: Any, status: int = 200) -> Response:
-    """A JSON answer serialized by orjson."""
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+    """A JSON answer serialized by orjson (a UUID as its text, as `str` writes it)."""
+    return Response(
+        orjson.dumps(body, default=_uuid_text), status_code=status, media_type="application/json"
+    )
+
+
+def _uuid_text(value: object) -> str:
+    """What orjson does not write itself: a UUID subclass (it writes a UUID at C speed)."""
+    if isinstance(value, UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def opt_str(value: object | None) -> str | None:

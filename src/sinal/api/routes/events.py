@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request
+from pydantic import TypeAdapter, ValidationError
 from starlette.responses import Response
 
 from sinal.aggregates import naive_time
@@ -110,17 +111,21 @@ async def post_batch(request: Request) -> Response:
             [FieldError("events", "too_many", f"a batch holds at most {MAX_BATCH} events")],
         )
     batch = validate(BatchIn, data)
+    checked = _checked_items(batch.events)
     results: list[dict[str, Any] | None] = [None] * len(batch.events)
     pending: list[tuple[int, EventIn, EmitEvent]] = []
     counted: list[tuple[str, str]] = []  # (source, status) of each item, for the metrics
     for i, raw in enumerate(batch.events):
         try:
-            item = validate(EventIn, raw, prefix=f"events[{i}]")
+            item = (
+                checked[i] if checked is not None else validate(EventIn, raw, prefix=f"events[{i}]")
+            )
             event = to_emit(item, key.account_id)
-            check_contact_choice(item, f"events[{i}].")
-            check_reserved(item, f"events[{i}].")
+            prefix = f"events[{i}]."
+            check_contact_choice(item, prefix)
+            check_reserved(item, prefix)
             if item.contact is not None:
-                check_event(event, item.contact, svc, f"events[{i}].")
+                check_event(event, item.contact, svc, prefix)
         except (InvalidInput, InvalidEvent, InvalidContact) as exc:
             results[i] = invalid_item(exc.errors)
             counted.append(("unknown", "rejected"))  # its source may be the problem
@@ -128,13 +133,26 @@ async def post_batch(request: Request) -> Response:
         pending.append((i, item, event))
     outcomes = await svc.run(_record_batch, svc, key.account_id, pending)
     for (i, _, event), result in zip(pending, outcomes, strict=True):
-        results[i] = batch_item(result, f"events[{i}].")
+        results[i] = batch_item(result, i)
         counted.append((event.source, result.status))
     svc.metrics.count_events(counted)
-    counts = {s: sum(1 for r in results if r and r["status"] == s) for s in _STATUSES}
+    counts = dict.fromkeys(_STATUSES, 0)
+    for _, status in counted:
+        counts[status] += 1
     return json_response({"results": results, **counts})
 
 
+def _checked_items(items: list[Any]) -> list[EventIn] | None:
+    """Every item as an `EventIn`, in one call to pydantic (~0.8 µs an item less than one
+    call each); None when any is invalid, and each is then validated alone, to be answered
+    with its own errors."""
+    try:
+        return _EVENT_LIST.validate_python(items)
+    except ValidationError:
+        return None
+
+
+_EVENT_LIST = TypeAdapter(list[EventIn])
 _STATUSES = ("created", "duplicate", "rejected")
 
 
@@ -257,7 +275,7 @@ def check_reserved(item: EventIn, prefix: str = "") -> None:
     could keep an automation from running for its event (``own_message``) or stop every
     one (``chain_too_deep``). No query: the events that carry none pay two lookups."""
     properties = item.properties
-    if not properties:
+    if not properties or properties.keys().isdisjoint(RESERVED_PROPERTIES):
         return
     errors = [
         FieldError(
@@ -339,13 +357,13 @@ def invalid_item(errors: tuple[FieldError, ...] | list[FieldError]) -> dict[str,
     }
 
 
-def batch_item(result: EmitResult, prefix: str) -> dict[str, Any]:
-    """A batch item's outcome."""
+def batch_item(result: EmitResult, index: int) -> dict[str, Any]:
+    """A batch item's outcome (its ids as UUIDs: `json_response` writes them as text)."""
     if result.status == "rejected" and result.reason == "invalid":
-        return invalid_item(renamed(result.errors, prefix))
+        return invalid_item(renamed(result.errors, f"events[{index}]."))
     item: dict[str, Any] = {
         "status": result.status,
-        "event_id": None if result.event_id is None else str(result.event_id),
+        "event_id": result.event_id,
         "unique_event_id": result.unique_event_id,
     }
     if result.status == "duplicate":
@@ -354,7 +372,7 @@ def batch_item(result: EmitResult, prefix: str) -> dict[str, Any]:
         item |= {
             "reason": result.reason,
             "message": result.message,
-            "rejection_id": None if result.rejection_id is None else str(result.rejection_id),
+            "rejection_id": result.rejection_id,
         }
     return item
 
