@@ -23,7 +23,7 @@ from sinal.automations.service import Automations
 from sinal.commerce import _abandonment_of, commerce_store, derive_all_abandoned
 from sinal.events import PreparedEvent
 from sinal.store.automations import Advance, Claim, Integration, StepFinish, StepStart
-from sinal.store.commerce import STOPPED_BY_RECOVERY, Checkout
+from sinal.store.commerce import STOPPED_BY_DISCONNECT, STOPPED_BY_RECOVERY, Checkout
 from sinal.store.erasure import erase_in
 from sinal.store.postgres_erasure import _ERASE as ERASE
 from sinal.store.postgres_erasure import LOCK_EVENTS, WRITE_EVENTS
@@ -389,18 +389,40 @@ def test_an_order_stopping_executions_a_worker_records_in_a_batch_does_not_deadl
         "AND status IN ('pending', 'waiting')", abandonment[0])]  # fmt: skip
     other = min(i for i in claims if i not in scanned)
     batch = [claims[scanned[1]], claims[other], claims[scanned[0]]]
+    buy = delivering(shop, "orders/create", "o-0", body("orders_create", 0, created_at=PLACED))
+
+    done = batch_racing(database_url, batch, record, lambda: buy(ledgers[1]))
+
+    assert done["racer"] == "processed"
+    assert_batch_recorded(database_url, done["record"], batch, record)
+    executions = {e.id: e for e in Automations(ledgers[0]).store.list_executions(shop.account_id)}
+    for ident in scanned:
+        assert (executions[ident].status, executions[ident].last_error) == (
+            "stopped", STOPPED_BY_RECOVERY)  # fmt: skip
+    assert executions[other].status == ("pending" if record == "start" else "waiting")
+
+
+def batch_racing(
+    database_url: str, batch: list[Claim], record: str, racer: Callable[[], object]
+) -> dict[str, object]:
+    """PostgreSQL: worker "w1" records step 0 of `batch` in one statement (`record`: a batch
+    of starts; or of finishes, once they started), in a session that reports a deadlock at
+    once (`deadlock_timeout` 10 ms), while another session holds the row of the batch's
+    second execution; once the worker waits for it, `racer` runs in a thread and waits for
+    a row the worker holds; then the holder commits. What the worker's statement and
+    `racer` returned or raised ("record", "racer")."""
     sep = "&" if "?" in database_url else "?"
     done: dict[str, object] = {}
     quick = f"{database_url}{sep}options=-c%20deadlock_timeout%3D10ms"
+    held = batch[1].execution
     with ExitStack() as stack:
-        worker = stack.enter_context(connect(quick))
-        store = Automations(worker).store
+        store = Automations(stack.enter_context(connect(quick))).store
         if record == "finish":
             assert all(isinstance(s, tuple) for s in store.start_steps(
                 [StepStart(c, 0, "wait") for c in batch]))  # fmt: skip
         holder = stack.enter_context(psycopg.connect(database_url))
         holder.execute("SELECT 1 FROM executions WHERE account_id = %s AND id = %s FOR UPDATE",
-                       (shop.account_id, other))  # fmt: skip
+                       (held.account_id, held.id))  # fmt: skip
 
         def run() -> object:
             if record == "start":
@@ -409,31 +431,28 @@ def test_an_order_stopping_executions_a_worker_records_in_a_batch_does_not_deadl
             return store.finish_steps([StepFinish(c, 0, "completed", {}, then=then)
                                        for c in batch])  # fmt: skip
 
-        recording = threading.Thread(target=_outcome, args=(done, "record", run))
-        recording.start()
-        wait_until(lambda: waiting(database_url) == 1)  # for the third execution's row
-        order = body("orders_create", 0, created_at=PLACED)
-        buy = delivering(shop, "orders/create", "o-0", order)
-        buyer = threading.Thread(target=_outcome, args=(done, "order", lambda: buy(ledgers[1])))
-        buyer.start()
+        threads = [threading.Thread(target=_outcome, args=(done, name, call))
+                   for name, call in (("record", run), ("racer", racer))]  # fmt: skip
+        threads[0].start()
+        wait_until(lambda: waiting(database_url) == 1)  # for the held execution's row
+        threads[1].start()
         wait_until(lambda: waiting(database_url) == 2)
-        assert waiting(database_url) == 2  # the order, for a row the worker holds
+        assert waiting(database_url) == 2  # the racer, for a row the worker holds
         holder.commit()
-        recording.join()
-        buyer.join()
+        for thread in threads:
+            thread.join()
+    return done
 
-    recorded = done["record"]
-    assert done["order"] == "processed"
+
+def assert_batch_recorded(
+    database_url: str, recorded: object, batch: list[Claim], record: str
+) -> None:
+    """The worker's statement of `batch_racing` recorded every step of its batch."""
     if record == "start":
         assert isinstance(recorded, list)
         assert all(isinstance(s, tuple) and s[1] for s in recorded)
     else:
         assert recorded == [True, True, True]
-    executions = {e.id: e for e in Automations(ledgers[0]).store.list_executions(shop.account_id)}
-    for ident in scanned:
-        assert (executions[ident].status, executions[ident].last_error) == (
-            "stopped", STOPPED_BY_RECOVERY)  # fmt: skip
-    assert executions[other].status == ("pending" if record == "start" else "waiting")
     steps = sql(database_url, "SELECT execution_id, status FROM execution_steps")
     expected = "started" if record == "start" else "completed"
     assert sorted(str(i) for i, s in steps if s == expected) == sorted(
@@ -610,3 +629,61 @@ def test_a_store_deleted_as_a_pass_abandons_its_checkout_waits_and_withdraws_it(
     assert len(cart_events(database_url, "Checkout Abandoned")[token(0)]) == 1
     assert_no_cart_message(database_url)
     assert sql(database_url, "SELECT count(*) FROM executions") == [(0,)]
+
+
+# The executions a store's delete stops (`DISCONNECT_EXECUTIONS_SQL`), in the order a scan
+# of the table finds them.
+_DISCONNECT_SCAN = (
+    "SELECT x.id FROM executions x WHERE x.account_id = ? AND x.status IN ('pending', "
+    "'waiting') AND EXISTS (SELECT 1 FROM events e WHERE e.account_id = x.account_id "
+    "AND e.id = x.event_id AND e.integration_id = ? AND e.metric_name = 'Checkout Abandoned')"
+)
+
+
+@postgres_only
+@pytest.mark.parametrize("record", ["start", "finish"])
+def test_a_store_deleted_as_a_worker_records_its_executions_in_a_batch_does_not_deadlock(
+    database_url: str, ledgers: list[Ledger], shop: Integration, record: str
+) -> None:
+    """PostgreSQL: a worker records steps of three executions in one statement: the first
+    and last (by id) of the store's abandonments, and between them one of another store's,
+    which another session holds, so the delete comes between the worker's first row and its
+    last. A scan finds the store's last execution before its first (its row version is the
+    newest). The worker's session reports a deadlock at once (`deadlock_timeout` 10 ms):
+    there is none, the delete waits for the worker, and both commit, the store's executions
+    stopped with the worker's records kept, the other store's going on."""
+    automations = Automations(ledgers[0])
+    automations.create(shop.account_id, {**CART, "name": "Carrinho 2"})
+    other_shop = automations.create_integration(shop.account_id, {"kind": "yampi", "secret": "s"})
+    carts = commerce_store(ledgers[0])
+    for n in range(2):
+        deliver(ledgers[0], shop, "checkouts/update", f"checkout-{n}", body("checkouts_update", n))
+    cart = carts.get_checkout(shop.account_id, shop.id, token(1))
+    assert cart is not None
+    built = _abandonment_of(ledgers[0])(cart)  # by a pass that records it last
+    now = DUE + timedelta(days=1)
+    carts.abandon_checkout(shop.account_id, shop.id, token(0), now, _abandonment_of(ledgers[0]))
+    assert fan_out(ledgers[0]) == 2
+    deliver(ledgers[0], other_shop, "", "reminder", yampi("cart_reminder"))
+    assert fan_out(ledgers[0]) == 2
+    carts.abandon_checkout(shop.account_id, shop.id, token(1), now, lambda _: built)
+    assert fan_out(ledgers[0]) == 2
+    claims = {c.execution.id: c for c in automations.store.claim_executions("w1", 10, 60.0)}
+    scanned = [UUID(str(r[0])) for r in sql(database_url, _DISCONNECT_SCAN, shop.account_id,
+                                               shop.id)]  # fmt: skip
+    first, last = min(scanned), max(scanned)
+    other = min(i for i in claims if i not in scanned)
+    assert first < other < last
+    assert scanned.index(last) < scanned.index(first)  # its abandonment's id is the smaller
+    batch = [claims[first], claims[other], claims[last]]
+    delete = Automations(ledgers[1]).store.delete_integration
+
+    done = batch_racing(database_url, batch, record, lambda: delete(shop.account_id, shop.id))
+
+    assert done["racer"] is True
+    assert_batch_recorded(database_url, done["record"], batch, record)
+    executions = {e.id: e for e in automations.store.list_executions(shop.account_id)}
+    for ident in scanned:
+        assert (executions[ident].status, executions[ident].last_error) == (
+            "stopped", STOPPED_BY_DISCONNECT)  # fmt: skip
+    assert executions[other].status == ("pending" if record == "start" else "waiting")

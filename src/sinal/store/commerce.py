@@ -101,7 +101,12 @@ STOPPED_BY_DISCONNECT = (
 # the account's outbox and its executions still to run, each one's event looked up by its
 # key (not every abandonment the integration ever recorded: the statuses repeat the partial
 # index's predicate of 0028, so a planner may use it). `{p}`: the backend's placeholder;
-# `{now}`: its current time.
+# `{now}`: its current time; `{lock}`: PostgreSQL's `FOR UPDATE OF x`, so that the rows
+# are taken in key order (account_id, id), as a worker's batch of step records takes them:
+# a scan's order (by event, through `executions_event`) took two executions a worker held
+# in the other order, and PostgreSQL aborted the worker's statement with a deadlock
+# (`_STOP_EXECUTIONS` in `postgres_commerce` does the same for an order). SQLite has one
+# writer at a time: no lock, no order needed.
 DISCONNECT_OUTBOX_SQL = (
     "DELETE FROM outbox WHERE account_id = {p} AND metric_name = {p} AND EXISTS ("
     "SELECT 1 FROM events e WHERE e.account_id = outbox.account_id "
@@ -109,10 +114,12 @@ DISCONNECT_OUTBOX_SQL = (
 )
 DISCONNECT_EXECUTIONS_SQL = (
     "UPDATE executions SET status = 'stopped', last_error = {p}, updated_at = {now} "
-    "WHERE account_id = {p} AND status NOT IN ('completed', 'stopped') "
-    "AND status IN ('pending', 'waiting') AND EXISTS (SELECT 1 FROM events e "
-    "WHERE e.account_id = executions.account_id AND e.id = executions.event_id "
-    "AND e.integration_id = {p} AND e.metric_name = {p})"
+    "FROM (SELECT x.account_id, x.id FROM executions x WHERE x.account_id = {p} "
+    "AND x.status NOT IN ('completed', 'stopped') AND x.status IN ('pending', 'waiting') "
+    "AND EXISTS (SELECT 1 FROM events e WHERE e.account_id = x.account_id "
+    "AND e.id = x.event_id AND e.integration_id = {p} AND e.metric_name = {p}) "
+    "ORDER BY x.id{lock}) d "
+    "WHERE executions.account_id = d.account_id AND executions.id = d.id"
 )
 
 

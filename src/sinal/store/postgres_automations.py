@@ -425,7 +425,7 @@ class PostgresAutomations:
                 DISCONNECT_OUTBOX_SQL.format(p="%s"), (account_id, abandoned, integration_id)
             )
             conn.execute(
-                DISCONNECT_EXECUTIONS_SQL.format(p="%s", now="now()"),
+                DISCONNECT_EXECUTIONS_SQL.format(p="%s", now="now()", lock=" FOR UPDATE OF x"),
                 (STOPPED_BY_DISCONNECT, account_id, integration_id, abandoned),
             )
             return True

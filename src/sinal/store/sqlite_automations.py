@@ -165,7 +165,7 @@ class SQLiteAutomations:
             abandoned = METRIC_CHECKOUT_ABANDONED
             conn.execute(DISCONNECT_OUTBOX_SQL.format(p="?"), (account, abandoned, ident))
             conn.execute(
-                DISCONNECT_EXECUTIONS_SQL.format(p="?", now="?"),
+                DISCONNECT_EXECUTIONS_SQL.format(p="?", now="?", lock=""),
                 (STOPPED_BY_DISCONNECT, now, account, ident, abandoned),
             )
             return True
