@@ -10,6 +10,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,13 @@ from sinal.automations.service import Automations
 from sinal.commerce import _abandonment_of, commerce_store, derive_all_abandoned
 from sinal.events import PreparedEvent
 from sinal.store.automations import Advance, Claim, Integration, StepFinish, StepStart
-from sinal.store.commerce import STOPPED_BY_DISCONNECT, STOPPED_BY_RECOVERY, Checkout
+from sinal.store.commerce import (
+    STOPPED_BY_DISCONNECT,
+    STOPPED_BY_RECOVERY,
+    BuildCheckoutEvent,
+    Checkout,
+    CheckoutUpdate,
+)
 from sinal.store.erasure import erase_in
 from sinal.store.postgres_erasure import _ERASE as ERASE
 from sinal.store.postgres_erasure import LOCK_EVENTS, WRITE_EVENTS
@@ -602,6 +609,24 @@ def test_a_store_deleted_as_a_pass_abandons_its_checkout_waits_and_withdraws_it(
     waits for the pass, then withdraws the abandonment from automations: no cart message.
     It did not wait: the abandonment, committed after it, fanned out to the automation."""
     deliver(ledgers[0], shop, "checkouts/update", "checkout-0", body("checkouts_update", 0))
+    now = DUE + timedelta(days=1)
+    carts = commerce_store(ledgers[1])
+
+    deleted_while_abandoning(
+        database_url, ledgers, shop,
+        lambda build: carts.abandon_checkout(shop.account_id, shop.id, token(0), now, build),
+    )  # fmt: skip
+
+
+def deleted_while_abandoning(
+    database_url: str,
+    ledgers: list[Ledger],
+    shop: Integration,
+    write: Callable[[BuildCheckoutEvent], object],
+) -> None:
+    """PostgreSQL: `write(build)` runs in a thread, on `ledgers[1]`, until it builds round
+    0's abandonment; the store is deleted then, on `ledgers[2]`, and the write is let go
+    once the delete waits for it (or ended). Recorded once, its automation did not run."""
     build = _abandonment_of(ledgers[1])
     building, release = threading.Event(), threading.Event()
 
@@ -610,19 +635,15 @@ def test_a_store_deleted_as_a_pass_abandons_its_checkout_waits_and_withdraws_it(
         release.wait(10)
         return build(checkout)
 
-    def abandon() -> None:
-        now = DUE + timedelta(days=1)
-        commerce_store(ledgers[1]).abandon_checkout(shop.account_id, shop.id, token(0), now, paused)
-
-    abandoning = threading.Thread(target=abandon)
-    abandoning.start()
+    writing = threading.Thread(target=lambda: write(paused))
+    writing.start()
     assert building.wait(10)
     store = Automations(ledgers[2]).store
     deleting = threading.Thread(target=lambda: store.delete_integration(shop.account_id, shop.id))
     deleting.start()
     wait_until(lambda: waiting(database_url) == 1 or not deleting.is_alive())
     release.set()
-    abandoning.join()
+    writing.join()
     deleting.join()
     fan_out(ledgers[0])
 
@@ -687,3 +708,61 @@ def test_a_store_deleted_as_a_worker_records_its_executions_in_a_batch_does_not_
         assert (executions[ident].status, executions[ident].last_error) == (
             "stopped", STOPPED_BY_DISCONNECT)  # fmt: skip
     assert executions[other].status == ("pending" if record == "start" else "waiting")
+
+
+@pytest.mark.parametrize("delivery", ["yampi-reminder", "shopify-lapsed"])
+def test_a_delivery_whose_store_is_deleted_before_its_write_abandons_nothing(
+    database_url: str, ledgers: list[Ledger], shop: Integration, delivery: str
+) -> None:
+    """A webhook found its store connected, then the store was deleted, then the webhook's
+    write came (a Yampi cart.reminder, or a Shopify checkouts/update after its checkout was
+    due): no cart automation runs for the disconnected store. Before, the abandonment the
+    write recorded fanned out to the automation, the delete having withdrawn only the
+    abandonments before it."""
+    store = Automations(ledgers[0])
+    if delivery == "yampi-reminder":
+        found = store.create_integration(shop.account_id, {"kind": "yampi", "secret": "s"})
+        topic, data = "", yampi("cart_reminder")
+    else:
+        found = shop
+        deliver(ledgers[0], shop, "checkouts/update", "checkout-0", body("checkouts_update", 0))
+        topic, data = "checkouts/update", body("checkouts_update", 0, updated_at=PLACED)
+
+    assert store.store.delete_integration(found.account_id, found.id)
+    deliver(ledgers[1], found, topic, "late", data)  # `found`: as the route read it
+    fan_out(ledgers[0])
+
+    assert_no_cart_message(database_url)
+    assert sql(database_url, "SELECT count(*) FROM executions") == [(0,)]
+    assert a_pass(ledgers[0]) == 0
+
+
+@postgres_only
+def test_a_store_deleted_as_a_checkout_update_abandons_its_checkout_waits_and_withdraws_it(
+    database_url: str, ledgers: list[Ledger], shop: Integration
+) -> None:
+    """PostgreSQL: the store is deleted while a checkouts/update, come after its checkout
+    was due, records the abandonment (after its transaction found the store connected,
+    before it commits). The delete waits for the write, then withdraws the abandonment from
+    automations: no cart message. It did not wait: the abandonment, committed after it,
+    fanned out to the automation."""
+    deliver(ledgers[0], shop, "checkouts/update", "checkout-0", body("checkouts_update", 0))
+    carts = commerce_store(ledgers[1])
+    current = carts.get_checkout(shop.account_id, shop.id, token(0))
+    assert current is not None
+    later = replace(_update_of(current), updated_at=DUE + timedelta(hours=1))
+
+    deleted_while_abandoning(
+        database_url, ledgers, shop, lambda build: carts.save_checkout(later, [], build)
+    )
+
+
+def _update_of(checkout: Checkout) -> CheckoutUpdate:
+    """A Shopify update of `checkout` as it is stored (30 minutes to abandonment)."""
+    c = checkout
+    return CheckoutUpdate(
+        account_id=c.account_id, integration_id=c.integration_id, provider=c.provider,
+        token=c.token, contact_id=c.contact_id, recovery_url=c.recovery_url, total=c.total,
+        currency=c.currency, details=c.details, updated_at=c.updated_at,
+        abandon_after=timedelta(minutes=30),
+    )  # fmt: skip

@@ -56,6 +56,7 @@ __all__ = [
     "OrderUpdate",
     "abandonment_keys",
     "checkout_events",
+    "connected_only",
     "is_due",
     "lapsed_abandonment",
     "late_reminder",
@@ -279,7 +280,8 @@ class CommerceStore(Protocol):
         checkout the update finds due before it (`lapsed_abandonment`) is abandoned first,
         with `abandon`'s event. A reminder that comes after an order of its cart placed
         after it (`late_reminder`) records its abandonment, which leaves the outbox at
-        once, and the recovery `recover` builds."""
+        once, and the recovery `recover` builds. A write of a store deleted since the
+        webhook's route read it abandons nothing (`connected_only`)."""
         ...
 
     def due_checkouts(self, now: datetime, limit: int = 500) -> list[Checkout]:
@@ -443,6 +445,27 @@ def checkout_events(
     """The events to record with `checkout` (merged from `update`): none for a reminder that
     abandoned nothing, because an order had completed the checkout first."""
     return () if update.abandoned and checkout.abandoned_at is None else events
+
+
+def connected_only(
+    update: CheckoutUpdate,
+    events: Sequence[PreparedEvent],
+    abandon: BuildCheckoutEvent | None,
+    is_live: Callable[[], bool],
+) -> tuple[CheckoutUpdate, Sequence[PreparedEvent], BuildCheckoutEvent | None]:
+    """`save_checkout`'s `update`, `events` and `abandon` as its transaction finds the
+    checkout's store: one deleted since the webhook's route read it (`is_live`, asked in the
+    transaction, and only of a write that would abandon the checkout) abandons nothing, as a
+    pass finds it (`abandon_checkout`): a reminder records no abandonment (its one event),
+    and a checkout found due no lapsed one (`lapsed_abandonment`). The delete withdrew the
+    abandonments recorded before it; one recorded after it would run the cart automations
+    of a store the user disconnected."""
+    if update.abandoned and not is_live():
+        return replace(update, abandoned=False), (), abandon
+    if abandon is None:
+        return update, events, None
+    build = abandon
+    return update, events, lambda checkout: build(checkout) if is_live() else None
 
 
 def is_due(checkout: Checkout, now: datetime) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -38,6 +39,7 @@ from sinal.store.commerce import (
     OrderUpdate,
     abandonment_keys,
     checkout_events,
+    connected_only,
     is_due,
     lapsed_abandonment,
     late_reminder,
@@ -186,18 +188,19 @@ class PostgresCommerce:
             orders = [Order(*r) for r in conn.execute(_ORDERS_OF, (*key, u.token)).fetchall()]
             has_order = bool(orders)
             now = datetime.now(UTC)
-            before, late = lapsed_abandonment(current, u, abandon, now=now, has_order=has_order)
+            change, kept, build = connected_only(u, events, abandon, partial(_is_live, conn, key))
+            before, late = lapsed_abandonment(current, change, build, now=now, has_order=has_order)
             if late is not None:
                 _record_in(conn, [late])
-            checkout = merge_checkout(before, u, now=now, has_order=has_order)
-            reminded = late_reminder(checkout, u, events, orders, recover, now=now)
+            checkout = merge_checkout(before, change, now=now, has_order=has_order)
+            reminded = late_reminder(checkout, change, kept, orders, recover, now=now)
             if reminded is not None:
                 checkout = reminded.checkout
             if checkout != current:
                 _write_checkout(conn, checkout, is_new=current is None)
             if reminded is not None:
                 return _record_late_reminder(conn, reminded, _record_in)
-            recorded = checkout_events(checkout, u, events)
+            recorded = checkout_events(checkout, change, kept)
             return _record_in(conn, recorded) if recorded else []
 
         return self._retrying(work)
@@ -250,7 +253,7 @@ class PostgresCommerce:
                 )
                 return None
             # A store the user disconnected abandons nothing: the checkout stops being due.
-            is_live = conn.execute(_IS_LIVE, key[:2]).fetchone() is not None
+            is_live = _is_live(conn, key)
             event = build(checkout) if is_live else None
             if event is None:
                 conn.execute(f"UPDATE checkouts SET due_at = NULL WHERE {_CHECKOUT_KEY}", key)
@@ -286,6 +289,11 @@ def _write_order(conn: Conn, order: Order, *, is_new: bool) -> None:
          o.checkout_token, o.cart_token, o.account_id, o.contact_id, o.source_updated_at,
          o.updated_at, o.placed_at, o.account_id, o.id),
     )  # fmt: skip
+
+
+def _is_live(conn: Conn, key: tuple[UUID, UUID, str]) -> bool:
+    """Whether the checkout's integration is connected, under `_IS_LIVE`'s FOR SHARE."""
+    return conn.execute(_IS_LIVE, key[:2]).fetchone() is not None
 
 
 def _write_checkout(conn: Conn, checkout: Checkout, *, is_new: bool) -> None:

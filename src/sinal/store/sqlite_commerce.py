@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -31,6 +32,7 @@ from sinal.store.commerce import (
     OrderUpdate,
     abandonment_keys,
     checkout_events,
+    connected_only,
     is_due,
     lapsed_abandonment,
     late_reminder,
@@ -126,18 +128,19 @@ class SQLiteCommerce:
             orders = [_order(r) for r in conn.execute(_ORDERS_OF, (*key, u.token)).fetchall()]
             has_order = bool(orders)
             now = datetime.now(UTC)
-            before, late = lapsed_abandonment(current, u, abandon, now=now, has_order=has_order)
+            change, kept, build = connected_only(u, events, abandon, partial(_is_live, conn, key))
+            before, late = lapsed_abandonment(current, change, build, now=now, has_order=has_order)
             if late is not None:
                 _record_in(conn, [late])
-            checkout = merge_checkout(before, u, now=now, has_order=has_order)
-            reminded = late_reminder(checkout, u, events, orders, recover, now=now)
+            checkout = merge_checkout(before, change, now=now, has_order=has_order)
+            reminded = late_reminder(checkout, change, kept, orders, recover, now=now)
             if reminded is not None:
                 checkout = reminded.checkout
             if checkout != current:
                 _write_checkout(conn, checkout)
             if reminded is not None:
                 return _record_late_reminder(conn, reminded, now)
-            recorded = checkout_events(checkout, u, events)
+            recorded = checkout_events(checkout, change, kept)
             return _record_in(conn, recorded) if recorded else []
 
     def get_checkout(self, account_id: UUID, integration_id: UUID, token: str) -> Checkout | None:
@@ -179,7 +182,7 @@ class SQLiteCommerce:
                 )
                 return None
             # A store the user disconnected abandons nothing: the checkout stops being due.
-            is_live = conn.execute(_IS_LIVE, key[:2]).fetchone() is not None
+            is_live = _is_live(conn, key)
             event = build(checkout) if is_live else None
             if event is None:
                 conn.execute(f"UPDATE checkouts SET due_at = NULL WHERE {_CHECKOUT_KEY}", key)
@@ -194,6 +197,12 @@ class SQLiteCommerce:
 def _find_order(conn: sqlite3.Connection, key: tuple[str, str, str]) -> Order | None:
     row = conn.execute(f"SELECT {ORDER_COLUMNS} FROM orders WHERE {_ORDER_KEY}", key).fetchone()
     return None if row is None else _order(row)
+
+
+def _is_live(conn: sqlite3.Connection, key: tuple[str, str, str]) -> bool:
+    """Whether the checkout's integration is connected (read in the write's transaction:
+    SQLite's one writer at a time, a delete committed before it is seen)."""
+    return conn.execute(_IS_LIVE, key[:2]).fetchone() is not None
 
 
 def _find_checkout(conn: sqlite3.Connection, key: tuple[str, str, str]) -> Checkout | None:
