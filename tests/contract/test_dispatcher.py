@@ -1748,6 +1748,34 @@ def test_a_tag_step_whose_event_the_database_refuses_ends_dead_at_once(world: Wo
     assert len(world.whatsapp.bodies()) == 1
 
 
+def test_a_tag_step_whose_schema_fault_is_retried_and_runs_once_the_schema_is_fixed(
+    world: World,
+) -> None:
+    """The database refuses a tag step's Tag Added for sinal's own statement (a schema
+    changed under it: `SchemaViolation`), not for its data: the step is retried with
+    backoff, not dead, and once an operator fixes the schema its next attempt tags the
+    contact, with no revival; the message before it sent once."""
+    _refuse_metric(world, "Tag Added", "schema")
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    dispatcher = world.dispatcher(retry=RetryPolicy(max_attempts=3, base=60, cap=3600))
+
+    world.drain(dispatcher)
+
+    [execution] = world.executions()
+    assert (execution.status, execution.attempts, execution.next_step) == ("pending", 1, 1)
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == []
+    for statement in _ALLOW_METRIC[_backend(world)]:  # the operator's fix
+        sql(world.url, statement)
+    sql(world.url, "UPDATE executions SET run_at = created_at")  # its backoff over
+    world.drain(dispatcher)
+
+    [execution] = world.executions()
+    assert execution.status == "completed"
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+    assert len(world.whatsapp.bodies()) == 1
+
+
 def test_a_step_whose_worker_dies_every_time_ends_dead(world: World) -> None:
     """A step taken over from a worker that stopped inside it counts as a failed attempt,
     so a step that kills its worker every time (a poison pill) ends dead instead of taking
