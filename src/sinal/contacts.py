@@ -218,10 +218,16 @@ def normalize_email(raw: str) -> str:
 
     The whole address is lowercased although RFC 5321 lets the local part be
     case-sensitive: no mainstream provider treats it so, and the CRM matches contacts by
-    email, so "Ana@Loja.com" and "ana@loja.com" must be one contact. Non-ASCII domains
-    use the stdlib "idna" codec (IDNA 2003, which maps "ß" to "ss"). No DNS is consulted.
+    email, so "Ana@Loja.com" and "ana@loja.com" must be one contact. Full-width and
+    half-width forms (what an East Asian keyboard types: "ａｎａ＠ｅｘａｍｐｌｅ.com") are
+    read as the usual characters, and the result is in NFC, as RFC 8265 prepares a user
+    name; a local part with any other compatibility character (a ligature "ﬁ", a
+    superscript "²", "µ") is refused, not mapped: it prints as a plain address it is not,
+    and mapping it could merge two mailboxes. Non-ASCII local parts are kept (RFC 6531).
+    Non-ASCII domains use the stdlib "idna" codec (IDNA 2003: NFKC, and "ß" as "ss").
+    No DNS is consulted.
     """
-    text = unicodedata.normalize("NFC", raw).strip().lower()
+    text = unicodedata.normalize("NFC", _narrowed(raw).strip().lower())
     if not text:
         raise _invalid_email("is empty")
     if text.count("@") != 1:
@@ -246,10 +252,28 @@ def _check_email_local(local: str) -> None:
     has_bad_unicode = any(not char.isascii() and not char.isalnum() for char in local)
     if has_bad_ascii or has_bad_unicode:
         raise _invalid_email("has characters not allowed before the '@'")
+    if not local.isascii() and unicodedata.normalize("NFKC", local) != local:
+        raise _invalid_email(
+            "has a compatibility character before the '@' (a ligature such as 'ﬁ', a "
+            "superscript, the micro sign 'µ'); type it as plain letters and digits"
+        )
     if len(local.encode("utf-8")) > MAX_EMAIL_LOCAL_LENGTH:
         raise _invalid_email(f"has more than {MAX_EMAIL_LOCAL_LENGTH} bytes before the '@'")
     if local.startswith(".") or local.endswith(".") or ".." in local:
         raise _invalid_email("cannot start or end with '.' or repeat '.' before the '@'")
+
+
+def _narrowed(text: str) -> str:
+    """`text` with its full-width and half-width forms as their usual characters ("ａ" as
+    "a", "＠" as "@", "ｶ" as "カ"): RFC 8264's width mapping, no other compatibility one."""
+    if text.isascii():
+        return text
+    return "".join(
+        unicodedata.normalize("NFKC", char)
+        if unicodedata.decomposition(char).startswith(("<wide>", "<narrow>"))
+        else char
+        for char in text
+    )
 
 
 def _encode_domain(domain: str) -> str:
@@ -278,8 +302,11 @@ def _invalid_email(reason: str) -> InvalidIdentity:
 
 
 def normalize_external_id(raw: str) -> str:
-    """Return ``raw`` stripped; it must be 1-255 characters with no control characters."""
-    text = raw.strip()
+    """Return ``raw`` stripped and in NFC; it must be 1-255 characters with no control
+    characters. NFC, as metric names and tags: "José" sent decomposed (e + U+0301) is the
+    id "José", not a second contact that prints as the first. No compatibility mapping
+    (NFKC) and no case folding: an id is the source's, and "Nº1" and "No1" may be two."""
+    text = unicodedata.normalize("NFC", raw.strip())
     if not text:
         raise _invalid_external_id("is empty")
     if len(text) > MAX_EXTERNAL_ID_LENGTH:

@@ -80,6 +80,50 @@ async def test_a_phone_pasted_with_bidi_marks_or_dashes_matches_and_other_digits
     assert sql(api.url, "SELECT count(*) FROM contacts") == [(1,)]
 
 
+async def test_an_address_typed_full_width_or_an_id_sent_decomposed_names_the_same_contact(
+    api: Api,
+) -> None:
+    made = await api.post(
+        "/v1/contacts", {"email": "ana@example.com", "external_id": "Jose\u0301-1"}
+    )
+    ident = made.json()["id"]
+    # an East Asian keyboard's full-width forms, and an NFD id: each made a second contact
+    # ("ａｎａ@example.com", "José-1" decomposed) or was 422 ("＠" is no "@")
+    for body in ({"email": "ａｎａ@ｅｘａｍｐｌｅ.com"}, {"email": "ana＠example.com"},
+                 {"external_id": "José-1"}):  # fmt: skip
+        matched = await api.post("/v1/contacts", body)
+        assert (matched.status_code, matched.json()["id"]) == (200, ident), body
+    for params in ({"email": "ＡＮＡ@example.com"}, {"external_id": "José-1"}):
+        listed = await api.client.get("/v1/contacts", params=params)
+        assert [c["id"] for c in listed.json()["data"]] == [ident], params
+
+    # "ﬁnance" prints as "finance" and "ana²" is not ana2: refused, neither kept nor mapped
+    for email in ("\ufb01nance@example.com", "ana\u00b2@example.com"):
+        refused = await api.post("/v1/contacts", {"email": email})
+        assert refused.status_code == 422
+        [error] = refused.json()["errors"]
+        assert (error["field"], error["code"]) == ("email", "invalid_email")
+        assert "compatibility character" in error["message"]
+    assert sql(api.url, "SELECT email, external_id FROM contacts") == [
+        ("ana@example.com", "José-1")
+    ]
+
+
+async def test_a_contact_kept_in_an_older_spelling_is_stored_anew_by_a_patch_of_it(
+    api: Api,
+) -> None:
+    # as rows were stored before full-width forms were read as ASCII and ids put in NFC
+    made = (await api.post("/v1/contacts", {"email": "bob@example.com", "external_id": "x"})).json()
+    for kind, old in (("email", "ｂｏｂ@example.com"), ("external_id", "Jose\u0301")):
+        sql(api.url, f"UPDATE contacts SET {kind} = ?", old)
+        sql(api.url, "UPDATE contact_identities SET value = ? WHERE kind = ?", old, kind)
+        patched = await api.client.patch(f"/v1/contacts/{made['id']}", json={kind: old})
+        assert patched.status_code == 200, patched.text
+    listed = await api.client.get("/v1/contacts", params={"email": "bob@example.com",
+                                                          "external_id": "José"})  # fmt: skip
+    assert [c["id"] for c in listed.json()["data"]] == [made["id"]]
+
+
 async def test_an_unknown_contact_field_is_named_with_the_fields_a_contact_takes(
     api: Api,
 ) -> None:

@@ -231,10 +231,54 @@ def test_normalize_phone_is_idempotent_and_variants_map_back(raw: str) -> None:
         ("cliente@Bücher.de", "cliente@xn--bcher-kva.de"),  # IDN domain, punycode
         ("joão@exemplo.com.br", "joão@exemplo.com.br"),  # UTF-8 local part kept
         ("x@sub-domain.example.co", "x@sub-domain.example.co"),
+        ("joa\u0303o@exemplo.com.br", "joão@exemplo.com.br"),  # decomposed: NFC
     ],
 )
 def test_normalize_email_lowercases_and_encodes_the_domain(raw: str, expected: str) -> None:
     assert normalize_email(raw) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        # as a Japanese or Chinese keyboard types them: the address a user sees
+        ("ａｎａ@ｅｘａｍｐｌｅ.com", "ana@example.com"),
+        ("ana＠example.com", "ana@example.com"),
+        ("ＡＮＡ．ＳＩＬＶＡ＠ＬＯＪＡ．ＣＯＭ．ＢＲ", "ana.silva@loja.com.br"),
+        ("\u3000ａｎａ@example.com\u3000", "ana@example.com"),  # ideographic spaces
+        ("ｶﾞｲ@example.jp", "ガイ@example.jp"),  # half-width katakana, voiced mark composed
+        ("ガイ@example.jp", "ガイ@example.jp"),
+        ("δοκιμή@παράδειγμα.δοκιμή", "δοκιμή@xn--hxajbheg2az3al.xn--jxalpdlp"),
+    ],
+)
+def test_normalize_email_reads_full_and_half_width_forms_as_the_usual_ones(
+    raw: str, expected: str
+) -> None:
+    assert normalize_email(raw) == expected
+
+
+@pytest.mark.parametrize(
+    "local", ["\ufb01nance", "ana\u00b2", "\u00b5", "\u2460ana", "1\u00aa.ana"]
+)
+def test_normalize_email_refuses_other_compatibility_characters_before_the_at(
+    local: str,
+) -> None:
+    # "ﬁnance" prints as "finance": kept, it was a second contact for the same address;
+    # mapped, "ana²" would be ana2's mailbox, which may be another person's
+    with pytest.raises(InvalidIdentity) as excinfo:
+        normalize_email(f"{local}@loja.com")
+    assert (excinfo.value.field, excinfo.value.code) == ("email", "invalid_email")
+    assert "compatibility character before the '@'" in excinfo.value.message
+
+
+@settings(database=None, max_examples=300)
+@given(st.text(max_size=12), st.sampled_from(["loja.com", "ｌｏｊａ.com", "bücher.de"]))
+def test_normalize_email_is_idempotent(local: str, domain: str) -> None:
+    try:
+        once = normalize_email(f"{local}@{domain}")
+    except InvalidIdentity:
+        return
+    assert normalize_email(once) == once
 
 
 @pytest.mark.parametrize(
@@ -283,6 +327,9 @@ def test_normalize_email_rejects_malformed_addresses_with_field_and_code(
         ("gid://shopify/Customer/7261", "gid://shopify/Customer/7261"),
         ("Cliente ABC", "Cliente ABC"),  # case and inner spaces are the source's business
         ("x" * 255, "x" * 255),
+        ("Jose\u0301", "José"),  # decomposed, as some systems send it: one id, in NFC
+        ("No\u0303o-\u00ba1", "Nõo-\u00ba1"),  # no compatibility mapping: "º" stays
+        ("e\u0301" * 255, "é" * 255),  # measured once composed
     ],
 )
 def test_normalize_external_id_strips_and_keeps_the_rest(raw: str, expected: str) -> None:
