@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import unicodedata
+from dataclasses import replace
 from typing import cast
 from uuid import UUID, uuid5
 
@@ -39,7 +40,7 @@ from sinal.integrations.links import (
 from sinal.ledger import Ledger
 from sinal.store.automations import AutomationStore, Execution
 from sinal.store.messaging import Link, MessagingStore
-from sinal.urls import target_url_problem
+from sinal.urls import target_url_problem, with_ascii_host
 
 __all__ = ["MAX_CAMPAIGN_LENGTH", "StepLinks", "create_link", "follow_link", "short_url"]
 
@@ -78,6 +79,8 @@ def create_link(
     problem = target_url_problem(url)
     if problem is not None:  # one code for every bad target, as documented
         errors.append(FieldError("url", "invalid_url", problem.message))
+    else:
+        url = with_ascii_host(url)  # a look-alike host is kept and shown as "xn--…"
     contact = _contact_id(ledger, account_id, contact_id, errors)
     execution = _execution_id(ledger, account_id, automation_execution_id, errors)
     clean_campaign = _campaign(campaign, errors)
@@ -136,7 +139,12 @@ def follow_link(
     if not is_token(token):
         return None
     link = _store(ledger).find_link(token)
-    if link is None or link.contact_id is None or not is_click:
+    if link is None:
+        return None
+    # a link kept with its target's host as typed (before it was stored as "xn--…") is
+    # redirected, and its clicks recorded, with the host as requested
+    link = replace(link, url=with_ascii_host(link.url))
+    if link.contact_id is None or not is_click:
         return link
     # Every browser (WhatsApp's and the other apps' in-app ones too) names itself; a request
     # without a User-Agent is a script or a scanner, and must not start click automations.

@@ -38,6 +38,7 @@ __all__ = [
     "UrlProblem",
     "base_url_problem",
     "target_url_problem",
+    "with_ascii_host",
 ]
 
 MAX_URL_LENGTH: Final = 2048  # what every browser and WhatsApp still open
@@ -80,6 +81,27 @@ def base_url_problem(url: str, field: str) -> UrlProblem | None:
             "invalid_url", f"{field} must have no query or fragment: paths are appended to it"
         )
     return problem
+
+
+def with_ascii_host(url: str) -> str:
+    """`url` (one `target_url_problem` accepts) with an internationalized host in the
+    ASCII form (IDNA 2008, "xn--…") that is requested and that browsers show for a
+    look-alike: "https://аpple.com/" with a Cyrillic "а" is "https://xn--pple-43d.com/",
+    not a URL that prints as Apple's. The rest of the URL is kept as given."""
+    if url.isascii():
+        return url
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.hostname.isascii():
+        return url
+    # No user name and no IPv6 brackets here (refused; ASCII): the netloc is the host and
+    # an optional ":port", and it follows the scheme's "//".
+    given = parts.netloc.partition(":")[0]
+    start = url.index("//") + 2
+    try:
+        ascii_host = idna.encode(parts.hostname).decode("ascii")  # as `_host_problem` does
+    except UnicodeError:  # kept before a newer idna refused it: redirected as kept
+        return url
+    return url[:start] + ascii_host + url[start + len(given) :]
 
 
 def _text_problem(url: str, field: str) -> str | None:

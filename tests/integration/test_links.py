@@ -14,7 +14,7 @@ import pytest
 from sinal import links
 from sinal.ledger import Ledger
 from tests.contract.test_schema import _primary_key, _unique_keys
-from tests.helpers import count
+from tests.helpers import count, sql
 from tests.integration.conftest import Api, running_api
 from tests.integration.whatsapp import events
 
@@ -145,6 +145,28 @@ async def test_link_redirects_to_the_stored_url_never_one_from_the_request(api: 
         headers={"Host": "evil.example", "Referer": "https://evil.example/"},
     )
     assert answer.headers["location"] == TARGET
+
+
+async def test_link_to_a_look_alike_host_is_kept_and_redirected_as_its_ascii_form(
+    api: Api,
+) -> None:
+    # "аpple.com" with a Cyrillic "а" (U+0430) prints as Apple's host; it is another one
+    contact = await _contact(api)
+    made = await _link(api, url="https://\u0430pple.com/conta?p=1", contact_id=contact)
+    assert made["url"] == "https://xn--pple-43d.com/conta?p=1"
+    answer = await _follow(api, made["token"])
+    assert (answer.status_code, answer.headers["location"]) == (302, made["url"])
+    [click] = events(api, "Link Clicked")
+    assert click.properties["url"] == made["url"]
+
+    # a link kept before with the host as typed is redirected the same way, as requested
+    kept = "https://\u0430pple.com:8443/conta"
+    sql(api.url, "UPDATE links SET url = ? WHERE token = ?", kept, made["token"])
+    again = await _follow(api, made["token"], "curl/8.5.0")
+    assert (again.status_code, again.headers["location"]) == (
+        302,
+        "https://xn--pple-43d.com:8443/conta",
+    )
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinal.urls import UrlProblem, base_url_problem, target_url_problem
+from sinal.urls import UrlProblem, base_url_problem, target_url_problem, with_ascii_host
 
 
 @pytest.mark.parametrize(
@@ -103,3 +103,26 @@ def test_base_url_problem_says_why_a_query_is_refused() -> None:
     found = base_url_problem("https://ana:pw@ai.example.com", "api_base_url")
     assert found is not None
     assert found.message.startswith("api_base_url must not carry a user name or password")
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://lojadaana.com.br/p?cor=azul#m", "https://lojadaana.com.br/p?cor=azul#m"),
+        ("HTTPS://LOJA.COM.BR/P", "HTTPS://LOJA.COM.BR/P"),  # ASCII: as given
+        ("http://[::1]:8080/x", "http://[::1]:8080/x"),
+        # "аpple.com" with a Cyrillic "а" (U+0430): it prints as Apple's host
+        ("https://\u0430pple.com/login", "https://xn--pple-43d.com/login"),
+        (
+            "https://\u0430pple.com:8443/a?b=\u0430#\u0430",
+            "https://xn--pple-43d.com:8443/a?b=\u0430#\u0430",
+        ),
+        ("https://PROMOÇÃO.com.br/P", "https://xn--promoo-7ta5a.com.br/P"),
+        ("https://promoção.com.br", "https://xn--promoo-7ta5a.com.br"),
+    ],
+)
+def test_with_ascii_host_gives_an_internationalized_host_as_requested(
+    url: str, expected: str
+) -> None:
+    assert target_url_problem(url) is None
+    assert with_ascii_host(url) == expected
