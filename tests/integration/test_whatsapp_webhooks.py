@@ -95,6 +95,21 @@ async def test_whatsapp_handshake_with_a_wrong_token_is_403(
     assert "1" not in answer.json()["detail"]
 
 
+@pytest.mark.parametrize("name", ["hub.mode", "hub.verify_token", "hub.challenge"])
+async def test_whatsapp_handshake_with_a_repeated_hub_parameter_is_403_naming_it(
+    api: Api, name: str
+) -> None:
+    wa = connect_whatsapp(api)
+    right = {"hub.mode": "subscribe", "hub.verify_token": VERIFY_TOKEN, "hub.challenge": "11"}
+    wrong = {"hub.mode": "unsubscribe", "hub.verify_token": "wrong", "hub.challenge": "22"}
+    # a wrong value first, the right one last: read by its last value, this passed
+    query = ((name, wrong[name]), *right.items())
+    answer = await api.client.get(f"/webhooks/whatsapp/{wa.id}", params=query)
+    assert answer.status_code == 403
+    assert answer.json()["type"] == "/problems/verification-failed"
+    assert answer.json()["detail"] == f"{name} given more than once; give each once"
+
+
 async def test_whatsapp_webhook_of_an_unknown_or_other_integration_is_404(api: Api) -> None:
     shopify = await api.post("/v1/integrations", {"kind": "shopify", "secret": "s"})
     wa = connect_whatsapp(api)

@@ -30,6 +30,7 @@ from sinal.store.automations import Integration
 router = APIRouter(tags=["webhooks"])
 # Meta batches at most a few hundred small changes per delivery.
 MAX_BODY = 1024 * 1024
+_HUB_PARAMETERS = ("hub.mode", "hub.verify_token", "hub.challenge")
 _WHATSAPP = Provider(
     "whatsapp", verify_whatsapp, WHATSAPP_SIGNATURE_HEADER, whatsapp_delivery, MAX_BODY
 )
@@ -64,9 +65,14 @@ async def verify_subscription(
     challenge: Annotated[str | None, Query(alias="hub.challenge")] = None,
 ) -> Response:
     """`hub.mode=subscribe` with the integration's verify token: 200 with `hub.challenge`
-    as plain text; any other answer is 403."""
+    as plain text; any other answer is 403, a `hub.` parameter given twice too."""
     svc = service(request)
     integration = await _integration(svc, integration_id)
+    # Meta sends each once. Read by its last value, "?hub.verify_token=x&hub.verify_token=
+    # <token>" passed, where a proxy or a log reading the first value saw a wrong token.
+    repeated = [name for name in _HUB_PARAMETERS if len(request.query_params.getlist(name)) > 1]
+    if repeated:
+        raise VerificationFailed(f"{', '.join(repeated)} given more than once; give each once")
     params = {"hub.mode": mode or "", "hub.verify_token": verify_token or "",
               "hub.challenge": challenge or ""}  # fmt: skip
     expected = str(integration.secrets.get("verify_token") or "")
