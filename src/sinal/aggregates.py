@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Literal, get_args
 from zoneinfo import ZoneInfo
 
+from sinal.currencies import is_currency
 from sinal.errors import FieldError, InvalidQuery
 from sinal.store.base import AggregateCell, Measurement
 from sinal.zones import iana_zone
@@ -43,11 +44,15 @@ class AggregateRow:
 
 @dataclass(frozen=True, slots=True)
 class Aggregate:
-    """An aggregate's answer: every bucket of the range, empty ones included."""
+    """An aggregate's answer: every bucket of the range, empty ones included.
+    `currency`: a `sum_value`'s, that of every value summed (None when no event of the
+    range had a value); the `currency` asked for, of any other measurement.
+    """
 
     timezone: str
     rows: list[AggregateRow]
     groups_truncated: bool = False
+    currency: str | None = None
 
 
 def parse_zone(name: str, field: str = "timezone") -> ZoneInfo:
@@ -156,8 +161,10 @@ def densify(
     by: str | None,
     zero: int | Decimal,
     timezone: str,
+    currency: str | None = None,
 ) -> Aggregate:
-    """Every bucket (per group, with `by`) in order, with `zero` where no event fell."""
+    """Every bucket (per group, with `by`) in order, with `zero` where no event fell;
+    `cells` of one currency (`sum_currency`)."""
     values: dict[tuple[int, str | None], int | Decimal] = {}
     totals: dict[str | None, int | Decimal] = {}
     for cell in cells:
@@ -165,7 +172,7 @@ def densify(
         totals[cell.group] = totals.get(cell.group, zero) + cell.value
     if by is None:
         rows = [AggregateRow(s, values.get((i, None), zero)) for i, s in enumerate(starts)]
-        return Aggregate(timezone, rows)
+        return Aggregate(timezone, rows, currency=currency)
     # Largest groups first; ties by name (None, "no such property", last).
     ranked = sorted(totals, key=lambda g: (-totals[g], g is None, g or ""))
     keep = max(1, min(MAX_GROUPS, MAX_ROWS // max(1, len(starts))))
@@ -173,4 +180,30 @@ def densify(
     rows = [
         AggregateRow(s, values.get((i, g), zero), g) for i, s in enumerate(starts) for g in groups
     ]
-    return Aggregate(timezone, rows, groups_truncated=len(ranked) > keep)
+    return Aggregate(timezone, rows, groups_truncated=len(ranked) > keep, currency=currency)
+
+
+def parse_currency(code: str | None) -> str | None:
+    """The ISO 4217 code `code` (any case) an aggregate is asked in, upper case; None for
+    none; `InvalidQuery` naming `currency` for anything else."""
+    if code is None or is_currency(code.upper()):
+        return None if code is None else code.upper()
+    message = f"currency must be an ISO 4217 code, as BRL or USD, got {code[:80]!r}"
+    raise InvalidQuery([FieldError("currency", "invalid_currency", message)])
+
+
+def sum_currency(cells: Sequence[AggregateCell], asked: str | None) -> str | None:
+    """The one currency of a `sum_value`'s cells (None when there are none), or `asked`.
+
+    Values in two currencies are never added: a sum over a range whose values are in
+    several, asked in none, is `InvalidQuery` naming `currency` and listing them."""
+    found = sorted({c.currency for c in cells if c.currency is not None})
+    if asked is not None or not found:
+        return asked
+    if len(found) > 1:
+        message = (
+            f"the metric's values in this range are in {', '.join(found)}; sums are never "
+            f"added across currencies: ask for one, as currency={found[0]}"
+        )
+        raise InvalidQuery([FieldError("currency", "mixed_currencies", message)])
+    return found[0]

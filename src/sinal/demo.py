@@ -137,8 +137,8 @@ def _print_summary(
             names.get(s.contact_id, str(s.contact_id)),
             c.get_metric_label(s.metric_name, "pt-BR"),
             str(s.event_count),
-            # no total: none of its events had a value (a message); the demo's are all BRL
-            NO_VALUE if s.total_value is None else format_money(s.total_value),
+            # no total: none of its events had a value (a message); a row per currency
+            NO_VALUE if s.total_value is None else format_money(s.total_value, s.currency),
             s.first_event_at.astimezone().strftime("%H:%M"),
             s.last_event_at.astimezone().strftime("%H:%M"),
         )

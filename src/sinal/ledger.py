@@ -21,8 +21,10 @@ from sinal.aggregates import (
     bucket_starts,
     check_range,
     densify,
+    parse_currency,
     parse_zone,
     property_key,
+    sum_currency,
 )
 from sinal.auth import DEFAULT_SCOPES, generate_key, hash_key, key_account
 from sinal.catalog import (
@@ -367,7 +369,8 @@ class Ledger:
     def get_summary(
         self, account_id: UUID | str, contact_id: UUID | str | None = None
     ) -> list[SummaryRow]:
-        """The per-contact metric summaries of an account (or of one contact)."""
+        """The per-contact metric summaries of an account (or of one contact): a row per
+        contact, metric and currency, as values of two currencies are never added."""
         contact = None if contact_id is None else _uuid(contact_id, "contact_id")
         return self.store.get_summary(_uuid(account_id, "account_id"), contact)
 
@@ -672,9 +675,12 @@ class Ledger:
         until: datetime,
         timezone: str | None = None,
         by: str | None = None,
+        currency: str | None = None,
     ) -> Aggregate | None:
         """A metric per time bucket in `timezone` (default: the account's), every bucket
-        of [since, until) included; None if the account has no such metric."""
+        of [since, until) included; None if the account has no such metric. `currency`
+        (ISO 4217) counts only the events in it; a `sum_value` never adds two currencies:
+        values in several, with no `currency`, are `InvalidQuery` (`mixed_currencies`)."""
         account = self.store.get_account(_uuid(account_id, "account_id"))
         if account is None:
             raise AccountNotFound(f"account {account_id} does not exist")
@@ -682,6 +688,7 @@ class Ledger:
         zone = parse_zone(zone_name)
         check_range(since, until)
         by = property_key(by)
+        currency = parse_currency(currency)
         metric_name = normalize_metric_name(metric_name)
         if not _could_name_metric(metric_name) or not self.store.list_metrics(
             account.id, metric_name
@@ -689,11 +696,13 @@ class Ledger:
             return None
         starts = bucket_starts(since, until, interval, zone)
         query = AggregateQuery(
-            account.id, metric_name, measurement, tuple(starts), since, until, by
+            account.id, metric_name, measurement, tuple(starts), since, until, by, currency
         )
-        zero: int | Decimal = Decimal(0) if measurement == "sum_value" else 0
         cells = self.store.aggregate(query)
-        return densify(starts, cells, by=by, zero=zero, timezone=zone_name)
+        if measurement == "sum_value":
+            currency = sum_currency(cells, currency)
+        zero: int | Decimal = Decimal(0) if measurement == "sum_value" else 0
+        return densify(starts, cells, by=by, zero=zero, timezone=zone_name, currency=currency)
 
     def list_rejections_page(
         self, account_id: UUID | str, limit: int = 100, before: UUID | str | None = None

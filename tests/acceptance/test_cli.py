@@ -758,7 +758,7 @@ def test_cli_rebuild_summaries_names_a_drifted_metric_as_typed(database_url: str
     fixed = run(database_url, "rebuild-summaries")  # committed, then crashed printing it
 
     assert fixed.returncode == 0, fixed.stderr
-    assert f"  account {account.id}: wrong figures: contact {contact.id}, Promo [/x]\n" in (
+    assert f"  account {account.id}: wrong figures: contact {contact.id}, Promo [/x] in BRL\n" in (
         fixed.stdout
     )
     assert "fixed 1 drifted row(s)" in fixed.stdout

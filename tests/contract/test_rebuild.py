@@ -32,16 +32,20 @@ def _event(account: sinal.Account, contact: UUID, rnd: random.Random, n: int) ->
         source="rebuild",
         source_id=str(rnd.randrange(n)),  # repeats: duplicates too
         value=Decimal(rnd.randrange(-500, 5000)) / 100 if rnd.random() < 0.8 else None,
+        currency=rnd.choice(["BRL", "BRL", "USD"]),  # a row per currency
         occurred_at=T0 + timedelta(minutes=rnd.randrange(-50_000, 50_000)),  # out of order
     )
 
 
-def _group_by(ledger: Ledger, account: sinal.Account) -> dict[tuple[UUID, str], tuple[object, ...]]:
-    """The oracle: the account's events, added up in Python (a total None while none has a
-    value, as SQL's SUM)."""
-    truth: dict[tuple[UUID, str], tuple[int, Decimal | None, datetime, datetime]] = {}
+Key = tuple[UUID, str, str]  # contact, metric, currency
+
+
+def _group_by(ledger: Ledger, account: sinal.Account) -> dict[Key, tuple[object, ...]]:
+    """The oracle: the account's events, added up in Python by contact, metric and
+    currency (a total None while none has a value, as SQL's SUM)."""
+    truth: dict[Key, tuple[int, Decimal | None, datetime, datetime]] = {}
     for ev in ledger.list_events(EventQuery(account.id, limit=100_000)):
-        key = (ev.contact_id, ev.metric_name)
+        key = (ev.contact_id, ev.metric_name, ev.currency)
         n, total, first, last = truth.get(key, (0, None, ev.occurred_at, ev.occurred_at))
         if ev.value is not None:
             total = ev.value if total is None else total + ev.value
@@ -49,12 +53,10 @@ def _group_by(ledger: Ledger, account: sinal.Account) -> dict[tuple[UUID, str], 
     return dict(truth)
 
 
-def _summaries(
-    ledger: Ledger, account: sinal.Account
-) -> dict[tuple[UUID, str], tuple[object, ...]]:
+def _summaries(ledger: Ledger, account: sinal.Account) -> dict[Key, tuple[object, ...]]:
     return {
-        (s.contact_id, s.metric_name): (s.event_count, s.total_value, s.first_event_at,
-                                        s.last_event_at)
+        (s.contact_id, s.metric_name, s.currency):
+            (s.event_count, s.total_value, s.first_event_at, s.last_event_at)
         for s in ledger.get_summary(account.id)
     }  # fmt: skip
 
@@ -80,8 +82,8 @@ def test_rebuilds_during_writes_leave_summaries_equal_to_the_events(
         str(contacts[-1]))  # fmt: skip
     sql(database_url, "DELETE FROM contact_metrics_summary WHERE contact_id = ?", str(contacts[1]))
     sql(database_url, "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, "
-        "id, event_count, total_value, first_event_at, last_event_at, updated_at) "
-        "VALUES (?, ?, ?, ?, 3, 9, ?, ?, ?)", str(account.id), str(contacts[2]),
+        "currency, id, event_count, total_value, first_event_at, last_event_at, updated_at) "
+        "VALUES (?, ?, ?, 'BRL', ?, 3, 9, ?, ?, ?)", str(account.id), str(contacts[2]),
         "Never Emitted", str(uuid4()), ts(T0), ts(T0), ts(T0))  # fmt: skip
 
     errors: list[BaseException] = []

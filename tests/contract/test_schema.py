@@ -30,7 +30,7 @@ EXPECTED_KEYS = {
     "contact_identities": ["account_id", "kind", "value"],
     "metrics": ["account_id", "id"],
     "events": ["account_id", "id"],
-    "contact_metrics_summary": ["account_id", "contact_id", "metric_name"],
+    "contact_metrics_summary": ["account_id", "contact_id", "metric_name", "currency"],
     "outbox": ["account_id", "event_id"],
     "rejections": ["account_id", "id"],
     "orders": ["account_id", "id"],
@@ -242,6 +242,37 @@ def test_migration_0026_gives_automations_and_their_executions_made_before_it_ve
     assert sql(empty_url, "SELECT count(*) FROM automation_versions") == [(0,)]
 
 
+def _old_event(
+    url: str,
+    account: UUID,
+    contact: UUID,
+    metric: str,
+    *,
+    value: str | None,
+    at: str,
+    **columns: str,
+) -> None:
+    """An event as the schemas of before hold one, written by hand (sinal's own writes
+    name the columns of its latest schema): `columns` such as currency, unique_event_id."""
+    names = "".join(f", {name}" for name in columns)
+    sql(url, "INSERT INTO events (account_id, id, contact_id, metric_id, metric_name, value, "
+        f"source, occurred_at, received_at, schema_version, created_at{names}) "
+        f"VALUES (?, ?, ?, ?, ?, ?, 'api', ?, ?, 1, ?{', ?' * len(columns)})",
+        str(account), str(uuid4()), str(contact), str(uuid4()), metric, value, at, at, at,
+        *columns.values())  # fmt: skip
+
+
+def _old_summary(
+    url: str, account: UUID, contact: UUID, metric: str, *, count: int, total: str | None
+) -> None:
+    """A summary row as the schemas before 0031 hold one (no currency)."""
+    at = "2026-01-01T00:00:00.000000Z"
+    sql(url, "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, id, "
+        "event_count, total_value, first_event_at, last_event_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", str(account), str(contact), metric, str(uuid4()),
+        count, total, at, at, at)  # fmt: skip
+
+
 def test_migration_0029_dates_the_yampi_orders_kept_before_it_by_their_order_placed(
     empty_url: str,
 ) -> None:
@@ -254,11 +285,10 @@ def test_migration_0029_dates_the_yampi_orders_kept_before_it_by_their_order_pla
     with connect(empty_url) as ledger:
         account = ledger.create_account("Loja").id
         ana = ledger.create_contact(account, email="ana@loja.com").id
-        ledger.emit_event(
-            account_id=account, contact_id=ana, metric_name="Order Placed", source="yampi",
-            source_id="318", entity_type="order_placed", occurred_at=placed,
-            value=Decimal("99.90"),  # at 0028 a summary needs a total (0030 lets it be NULL)
-        )  # fmt: skip
+    _old_event(
+        empty_url, account, ana, "Order Placed", value="99.90",
+        at="2024-05-11T13:00:00.000000Z", unique_event_id="yampi:order_placed:318",
+    )  # fmt: skip
     for order in ("318", "319"):  # 319: its Order Placed never came (only order.paid did)
         sql(empty_url, "INSERT INTO orders (account_id, id, provider, integration_id, "
             "external_id, status, refunded, cart_token, created_at, updated_at) "
@@ -292,14 +322,8 @@ def test_migration_0030_takes_the_total_from_summaries_whose_events_had_no_value
     }
     for metric, (values, total) in written.items():
         for value in values:
-            sql(empty_url, "INSERT INTO events (account_id, id, contact_id, metric_id, "
-                "metric_name, value, source, occurred_at, received_at, schema_version, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?, 'api', ?, ?, 1, ?)", str(account.id),
-                str(uuid4()), str(ana.id), str(uuid4()), metric, value, at, at, at)  # fmt: skip
-        sql(empty_url, "INSERT INTO contact_metrics_summary (account_id, contact_id, "
-            "metric_name, id, event_count, total_value, first_event_at, last_event_at, "
-            "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", str(account.id), str(ana.id),
-            metric, str(uuid4()), len(values), total, at, at, at)  # fmt: skip
+            _old_event(empty_url, account.id, ana.id, metric, value=value, at=at)
+        _old_summary(empty_url, account.id, ana.id, metric, count=len(values), total=total)
 
     with connect(empty_url) as ledger:
         backend = "sqlite" if empty_url.startswith("sqlite:") else "postgres"
@@ -314,6 +338,52 @@ def test_migration_0030_takes_the_total_from_summaries_whose_events_had_no_value
                               source="api", value=value)  # fmt: skip
         totals = {s.metric_name: s.total_value for s in ledger.get_summary(account.id)}
     assert (totals["Message Read"], totals["Order Refunded"]) == (Decimal("0.25"), Decimal(0))
+
+
+def test_migration_0031_splits_the_summaries_that_added_currencies_up(empty_url: str) -> None:
+    """A summary whose events are in BRL and USD (its total added them: 100 + 50 = 150)
+    becomes a row per currency, recounted from its events; one whose events are all in USD
+    is kept as it was, in USD; one with no events behind it (drift) is left as it was, in
+    BRL. The migrated database then adds each event to its currency's row."""
+    _migrate_up_to(empty_url, 30)
+    with connect(empty_url) as ledger:
+        account = ledger.create_account("Loja")
+        ana = ledger.create_contact(account.id, external_id="ana")
+    # metric: (its events' (currency, value, day of occurrence), the summary as written)
+    written: dict[str, tuple[list[tuple[str, str | None, int]], tuple[int, str | None]]] = {
+        "Order Paid": ([("BRL", "100", 3), ("USD", "50", 1), ("USD", None, 2)], (3, "150")),
+        "Order Placed": ([("USD", "20", 1), ("USD", "5", 2)], (2, "25")),
+        "Message Read": ([("BRL", None, 1)], (1, None)),
+        "Never Emitted": ([], (4, "9")),
+    }
+    for metric, (events, (count, total)) in written.items():
+        for currency, value, day in events:
+            at = f"2026-01-0{day}T00:00:00.000000Z"
+            _old_event(empty_url, account.id, ana.id, metric, value=value, at=at, currency=currency)
+        _old_summary(empty_url, account.id, ana.id, metric, count=count, total=total)
+
+    with connect(empty_url) as ledger:
+        backend = "sqlite" if empty_url.startswith("sqlite:") else "postgres"
+        assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v > 30]
+        migrated = [(s.metric_name, s.currency, s.event_count, s.total_value,
+                     s.first_event_at.day, s.last_event_at.day)
+                    for s in ledger.get_summary(account.id)]  # fmt: skip
+        assert sorted(migrated) == [
+            ("Message Read", "BRL", 1, None, 1, 1),
+            ("Never Emitted", "BRL", 4, 9, 1, 1),
+            ("Order Paid", "BRL", 1, 100, 3, 3),
+            ("Order Paid", "USD", 2, 50, 1, 2),
+            ("Order Placed", "USD", 2, 25, 1, 1),  # kept as written (its last day was 1)
+        ]
+        for currency in ("USD", "BRL", "EUR"):
+            ledger.emit_event(account_id=account.id, contact_id=ana.id, currency=currency,
+                              metric_name="Order Paid", source="api", value="1")  # fmt: skip
+        totals = {(s.metric_name, s.currency): s.total_value
+                  for s in ledger.get_summary(account.id)}  # fmt: skip
+        [report] = ledger.rebuild_summaries(account.id)
+    assert [totals[("Order Paid", c)] for c in ("BRL", "EUR", "USD")] == [101, 1, 51]
+    # the drift left to rebuild-summaries: the row with no events, Order Placed's last day
+    assert (report.deleted, report.changed) == (1, 1)
 
 
 def test_check_schema_refuses_a_database_behind_this_code(empty_url: str) -> None:

@@ -1,4 +1,5 @@
-"""Summaries are derived data: any sequence of emits leaves them equal to a GROUP BY."""
+"""Summaries are derived data: any sequence of emits leaves them equal to a GROUP BY
+over the events by contact, metric and currency."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ emit = st.fixed_dictionaries(
         "metric": st.sampled_from(["Order Paid", "Message Read", "Quiz Answered"]),
         "source_id": st.none() | st.integers(0, 6).map(str),  # small pool: many duplicates
         "value": st.none() | st.decimals(-1000, 1000, places=4, allow_nan=False),
+        "currency": st.sampled_from([None, "BRL", "USD"]),  # None: BRL, the default
         "minutes": st.integers(-100_000, 100_000),  # out of order, both ways
     }
 )
@@ -47,6 +49,7 @@ def test_summaries_equal_group_by_over_events(
                 source="prop",
                 source_id=e["source_id"],  # type: ignore[arg-type]
                 value=e["value"],  # type: ignore[arg-type]
+                currency=e["currency"],  # type: ignore[arg-type]
                 occurred_at=T0 + timedelta(minutes=int(str(e["minutes"]))),
             )
             for e in batch
@@ -62,17 +65,17 @@ def test_summaries_equal_group_by_over_events(
     # the oracle: a GROUP BY over what the events table says, computed independently
     in_table = ledger.list_events(EventQuery(account.id, limit=10_000))
     assert len(in_table) == expected_count
-    # SQL's SUM(value): None while no event of the key has a value
-    truth: dict[tuple[UUID, str], tuple[int, Decimal | None, datetime, datetime]] = {}
+    # SQL's SUM(value): None while no event of the key has a value; never two currencies
+    truth: dict[tuple[UUID, str, str], tuple[int, Decimal | None, datetime, datetime]] = {}
     for ev in in_table:
-        key = (ev.contact_id, ev.metric_name)
+        key = (ev.contact_id, ev.metric_name, ev.currency)
         n, total, first, last = truth.get(key, (0, None, ev.occurred_at, ev.occurred_at))
         if ev.value is not None:
             total = ev.value if total is None else total + ev.value
         truth[key] = (n + 1, total, min(first, ev.occurred_at), max(last, ev.occurred_at))
     summary = {
-        (s.contact_id, s.metric_name): (s.event_count, s.total_value, s.first_event_at,
-                                        s.last_event_at)
+        (s.contact_id, s.metric_name, s.currency):
+            (s.event_count, s.total_value, s.first_event_at, s.last_event_at)
         for s in ledger.get_summary(account.id)
     }  # fmt: skip
     assert summary == truth

@@ -100,5 +100,31 @@ def test_rebuild_summaries_gives_a_metric_without_values_no_total(
     [report] = ledger.rebuild_summaries(account.id)
 
     assert (report.changed, report.details) == (1, [f"wrong figures: contact {contact.id}, "
-                                                    "Message Read"])  # fmt: skip
+                                                    "Message Read in BRL"])  # fmt: skip
     assert _totals(ledger, account) == {"Order Paid": Decimal(0), "Message Read": None}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_summary_never_adds_values_of_two_currencies(
+    ledger: Ledger, account: sinal.Account, path: str
+) -> None:
+    """Order Paid 100 BRL and 50 USD are a row each, not a total of 150: a row per
+    currency, with its own count, total, first and last occurrence."""
+    contact = ledger.create_contact(account.id, external_id="ana")
+    paid = [("BRL", "100", 1), ("USD", "50", 2), ("USD", None, 3), ("BRL", "0.10", 4)]
+    events = [
+        EmitEvent(account_id=account.id, contact_id=contact.id, metric_name="Order Paid",
+                  source="test", source_id=f"paid:{day}", currency=currency, value=value,
+                  occurred_at=f"2026-11-0{day}T12:00:00Z")
+        for currency, value, day in paid
+    ]  # fmt: skip
+    _emit(ledger, [*events, *_events(account, contact, 1, {})[4:]], PATHS[path])
+
+    rows = [
+        (s.currency, s.event_count, s.total_value, s.first_event_at.day, s.last_event_at.day)
+        for s in ledger.get_summary(account.id, contact.id)
+        if s.metric_name == "Order Paid"
+    ]
+    assert rows == [("BRL", 2, Decimal("100.10"), 1, 4), ("USD", 2, Decimal(50), 2, 3)]
+    [report] = ledger.rebuild_summaries(account.id)
+    assert report.drift == 0

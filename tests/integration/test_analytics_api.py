@@ -341,3 +341,57 @@ async def test_by_a_key_no_store_can_address_is_invalid_from_the_library_too(
             by=by,
         )  # fmt: skip
     assert [(e.field, e.code) for e in raised.value.errors] == [("by", "invalid_property")]
+
+
+async def test_sum_value_never_adds_two_currencies(api: Api, ana: str) -> None:
+    """100 BRL and 50 USD in a range: a sum asked in no currency is 422 naming both, not
+    150; asked in one, only its values count, and the answer says which."""
+    for n, (currency, value) in enumerate([("BRL", "100"), ("USD", "50"), ("BRL", "0.5")]):
+        response = await api.post("/v1/events", {
+            "metric": "Order Paid", "contact_id": ana, "value": value, "currency": currency,
+            "source": "shopify", "source_id": str(n), "occurred_at": "2026-11-10T12:00:00Z",
+        })  # fmt: skip
+        assert response.status_code == 201, response.text
+    params = {"since": "2026-11-01T00:00:00Z", "until": "2026-12-01T00:00:00Z",
+              "interval": "month", "timezone": "UTC", "measurement": "sum_value"}  # fmt: skip
+
+    mixed = await api.client.get(AGG, params=params)
+    brl = (await api.client.get(AGG, params=params | {"currency": "brl"})).json()
+    usd = (await api.client.get(AGG, params=params | {"currency": "USD"})).json()
+    count = (await api.client.get(AGG, params=params | {"measurement": "count"})).json()
+    bad = await api.client.get(AGG, params=params | {"currency": "R$"})
+
+    assert mixed.status_code == 422, mixed.text
+    [error] = mixed.json()["errors"]
+    assert (error["field"], error["code"]) == ("currency", "mixed_currencies")
+    assert "BRL, USD" in error["message"]
+    assert (brl["currency"], [b["value"] for b in brl["data"]]) == ("BRL", ["100.50"])
+    assert (usd["currency"], [b["value"] for b in usd["data"]]) == ("USD", ["50.00"])
+    assert (count["currency"], [b["value"] for b in count["data"]]) == (None, [3])
+    assert bad.status_code == 422
+    assert bad.json()["errors"][0]["code"] == "invalid_currency"
+
+
+async def test_sum_value_in_one_currency_says_it(api: Api, ana: str) -> None:
+    """Values all in USD: the sum needs no currency asked, and names USD; a metric whose
+    events carry no value sums to 0 in no currency."""
+    await api.post(
+        "/v1/events",
+        {
+            "metric": "Order Paid",
+            "contact_id": ana,
+            "value": "7",
+            "currency": "USD",
+            "occurred_at": "2026-11-10T12:00:00Z",
+        },
+    )
+    await api.post("/v1/events", {"metric": "Message Read", "contact_id": ana,
+                                  "occurred_at": "2026-11-10T12:00:00Z"})  # fmt: skip
+    params = {"since": "2026-11-01T00:00:00Z", "until": "2026-12-01T00:00:00Z",
+              "interval": "month", "timezone": "UTC", "measurement": "sum_value"}  # fmt: skip
+
+    paid = (await api.client.get(AGG, params=params)).json()
+    read = (await api.client.get("/v1/metrics/Message Read/aggregates", params=params)).json()
+
+    assert (paid["currency"], [b["value"] for b in paid["data"]]) == ("USD", ["7.00"])
+    assert (read["currency"], [b["value"] for b in read["data"]]) == (None, ["0.00"])

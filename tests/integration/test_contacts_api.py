@@ -469,3 +469,29 @@ async def test_cli_erases_a_contact_once(api: Api) -> None:
     assert again.exit_code == 1
     assert f"no contact {contact['id']}" in again.output
     assert (await api.client.get(f"/v1/contacts/{contact['id']}")).status_code == 404
+
+
+async def test_metrics_give_a_total_per_currency_never_one_across_them(api: Api) -> None:
+    """Order Paid 100 BRL and 50 USD: not a total of 150, but each currency's; a metric
+    in one currency keeps its total_value, with that currency."""
+    contact = (await api.post("/v1/contacts", {"email": "ana@example.com"})).json()
+    bodies = [
+        {"metric": "Order Paid", "value": "100", "currency": "BRL", "source_id": "1"},
+        {"metric": "Order Paid", "value": "50", "currency": "usd", "source_id": "2"},
+        {"metric": "Order Paid", "currency": "EUR", "source_id": "3"},  # no value
+        {"metric": "Order Placed", "value": "20", "currency": "USD", "source_id": "4"},
+    ]
+    for body in bodies:
+        sent = await api.post("/v1/events", {**body, "contact_id": contact["id"]})
+        assert sent.status_code == 201, sent.text
+
+    metrics = await api.client.get(f"/v1/contacts/{contact['id']}/metrics")
+
+    rows = {r["metric"]: r for r in metrics.json()["data"]}
+    paid, placed = rows["Order Paid"], rows["Order Placed"]
+    assert (paid["count"], paid["total_value"], paid["currency"]) == (3, None, None)
+    assert paid["totals"] == [{"currency": "BRL", "total_value": "100.00"},
+                              {"currency": "USD", "total_value": "50.00"}]  # fmt: skip
+    assert (placed["count"], placed["total_value"], placed["currency"]) == (1, "20.00", "USD")
+    assert placed["totals"] == [{"currency": "USD", "total_value": "20.00"}]
+    assert (rows["Contact Created"]["currency"], rows["Contact Created"]["totals"]) == (None, [])

@@ -214,15 +214,28 @@ class ContactPage(BaseModel):
     next_cursor: str | None
 
 
+class CurrencyTotal(BaseModel):
+    """The sum of a contact's values of one metric in one currency."""
+
+    currency: str
+    total_value: DecimalText
+
+
 class ContactMetricOut(BaseModel):
     """A contact's totals for one metric."""
 
     metric: str
     label: str
-    count: int
+    count: int = Field(description="Its events, whatever their currency")
     total_value: DecimalText | None = Field(
-        description='The sum of its events\' values, exact, as a string ("297.90"); null when '
-        'none of them carried a value (a message), "0.00" when values added up to 0'
+        description='The sum of its events\' values, exact, as a string ("297.90"), when they '
+        "are in one currency; null when none of them carried a value (a message) or when "
+        'they are in several (see totals); "0.00" when values added up to 0'
+    )
+    currency: str | None = Field(description="The ISO 4217 currency of total_value")
+    totals: list[CurrencyTotal] = Field(
+        description="One per currency its values are in, by code: values of two currencies "
+        "are never added"
     )
     first_event_at: Stamp
     last_event_at: Stamp
@@ -265,6 +278,10 @@ class AggregateOut(BaseModel):
     measurement: str
     interval: str
     timezone: str
+    currency: str | None = Field(
+        description="sum_value: the ISO 4217 currency of every sum (null when no event of the "
+        "range carried a value); otherwise the currency asked for, if any"
+    )
     data: list[Bucket]
     groups_truncated: bool = False
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
@@ -87,15 +88,33 @@ def contact_view(contact: Contact, tags: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def summary_view(row: SummaryRow, locale: str) -> dict[str, Any]:
-    """A contact's summary row."""
+def summary_views(rows: Iterable[SummaryRow], locale: str) -> list[dict[str, Any]]:
+    """A contact's summary rows, one item per metric (its rows, one per currency, are
+    by contact, metric and currency, as `get_summary` gives them)."""
+    return [
+        _metric_view(list(same), locale)
+        for _, same in itertools.groupby(rows, key=lambda r: (r.contact_id, r.metric_name))
+    ]
+
+
+def _metric_view(rows: list[SummaryRow], locale: str) -> dict[str, Any]:
+    """A contact's totals for one metric: its count, first and last occurrence over its
+    rows, a total per currency with a value, and the one total when there is one."""
+    totals = [
+        {"currency": r.currency, "total_value": decimal_text(r.total_value)}
+        for r in rows
+        if r.total_value is not None
+    ]
+    only = totals[0] if len(totals) == 1 else None  # no total, or several currencies'
     return {
-        "metric": row.metric_name,
-        "label": get_metric_label(row.metric_name, locale),
-        "count": row.event_count,
-        "total_value": None if row.total_value is None else decimal_text(row.total_value),
-        "first_event_at": stamp(row.first_event_at),
-        "last_event_at": stamp(row.last_event_at),
+        "metric": rows[0].metric_name,
+        "label": get_metric_label(rows[0].metric_name, locale),
+        "count": sum(r.event_count for r in rows),
+        "total_value": None if only is None else only["total_value"],
+        "currency": None if only is None else only["currency"],
+        "totals": totals,
+        "first_event_at": stamp(min(r.first_event_at for r in rows)),
+        "last_event_at": stamp(max(r.last_event_at for r in rows)),
     }
 
 
@@ -126,6 +145,7 @@ def aggregate_view(
         "measurement": measurement,
         "interval": interval,
         "timezone": result.timezone,
+        "currency": result.currency,
         "data": data,
         "groups_truncated": result.groups_truncated,
     }

@@ -121,11 +121,15 @@ class StoredEvent:
 
 @dataclass(frozen=True, slots=True)
 class SummaryRow:
-    """One contact's running totals for one metric."""
+    """One contact's running totals for one metric in one currency: its events of that
+    metric whose `currency` is this one (an event without a value carries one too, BRL
+    unless given). A total never adds two currencies' values: a contact who paid in BRL
+    and in USD has a row for each (migration 0031)."""
 
     account_id: UUID
     contact_id: UUID
     metric_name: str
+    currency: str  # ISO 4217, of `total_value` and of every event the row counts
     event_count: int
     total_value: Decimal | None  # None: none of the events carried a value (SUM's NULL)
     first_event_at: datetime
@@ -358,6 +362,9 @@ class AggregateQuery:
     `starts` are the buckets' first instants, ascending; bucket i holds the events with
     starts[i] <= occurred_at < starts[i + 1] (the last one up to `until`). Only events
     with since <= occurred_at < until count.
+
+    `currency` given, only the events in that currency count. A `sum_value` never adds two
+    currencies' values: its cells are per currency (of the events with a value).
     """
 
     account_id: UUID
@@ -367,15 +374,19 @@ class AggregateQuery:
     since: datetime
     until: datetime
     by: str | None = None
+    currency: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AggregateCell:
-    """One non-empty (bucket, group) of an aggregate: bucket is an index into `starts`."""
+    """One non-empty (bucket, group) of an aggregate: bucket is an index into `starts`.
+    For `sum_value`, a cell per currency of the values summed (`currency`).
+    """
 
     bucket: int
     group: str | None
     value: int | Decimal
+    currency: str | None = None  # `sum_value`'s: the currency of `value`
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,7 +508,7 @@ class Store(Protocol):
         ...
 
     def get_summary(self, account_id: UUID, contact_id: UUID | None = None) -> list[SummaryRow]:
-        """Summary rows of the account (or of one contact), by contact then metric."""
+        """Summary rows of the account (or of one contact), by contact, metric, currency."""
         ...
 
     def list_rejections(
@@ -626,12 +637,13 @@ def latest_schema_version(backend: str) -> int:
     return max(v for v, _, _ in read_migrations("sqlite" if backend == "sqlite" else "postgres"))
 
 
-def summary_deltas(
-    created: Iterable[PreparedEvent],
-) -> dict[tuple[UUID, UUID | None, str], list[Any]]:
-    """What newly stored events add to each summary row, by (account, contact, metric),
-    in order of first appearance: [event count, total value (None when none of them has
-    a value), first and last occurred_at, the id of the first of them].
+SummaryKey = tuple[UUID, UUID | None, str, str]  # account, contact, metric, currency
+
+
+def summary_deltas(created: Iterable[PreparedEvent]) -> dict[SummaryKey, list[Any]]:
+    """What newly stored events add to each summary row, by (account, contact, metric,
+    currency), in order of first appearance: [event count, total value (None when none of
+    them has a value), first and last occurred_at, the id of the first of them].
 
     That id becomes the row's own when these events create the row. A summary row's `id`
     is the id of an event that created it: unique, since an event adds to one row only,
@@ -639,9 +651,9 @@ def summary_deltas(
     before it finds the row exists: ~0.4 ms of PostgreSQL's ~2 ms for a batch's ~320
     summary rows). Nothing refers to it; the seed's model has it. Rebuilt rows get new
     ones."""
-    deltas: dict[tuple[UUID, UUID | None, str], list[Any]] = {}
+    deltas: dict[SummaryKey, list[Any]] = {}
     for e in created:
-        delta = deltas.get(key := (e.account_id, e.contact_id, e.metric_name))
+        delta = deltas.get(key := (e.account_id, e.contact_id, e.metric_name, e.currency))
         if delta is None:
             deltas[key] = [1, e.value, e.occurred_at, e.occurred_at, e.id]
         else:
@@ -661,20 +673,23 @@ def add_values(total: Decimal | None, value: Decimal | None) -> Decimal | None:
 
 
 def compare_summaries(
-    account_id: UUID, truth: dict[tuple[Any, str], Any], kept: dict[tuple[Any, str], Any]
+    account_id: UUID,
+    truth: dict[tuple[Any, str, str], Any],
+    kept: dict[tuple[Any, str, str], Any],
 ) -> RebuildReport:
-    """Compare summaries recomputed from events (`truth`) with the stored ones (`kept`)."""
+    """Compare summaries recomputed from events (`truth`) with the stored ones (`kept`),
+    both by (contact, metric, currency)."""
     report = RebuildReport(account_id, rows=len(truth))
-    for contact, metric in truth.keys() - kept.keys():
+    for contact, metric, currency in truth.keys() - kept.keys():
         report.inserted += 1
-        report.details.append(f"missing: contact {contact}, {metric}")
-    for contact, metric in kept.keys() - truth.keys():
+        report.details.append(f"missing: contact {contact}, {metric} in {currency}")
+    for contact, metric, currency in kept.keys() - truth.keys():
         report.deleted += 1
-        report.details.append(f"no events behind: contact {contact}, {metric}")
-    for key in truth.keys() & kept.keys():
-        if truth[key] != kept[key]:
+        report.details.append(f"no events behind: contact {contact}, {metric} in {currency}")
+    for contact, metric, currency in truth.keys() & kept.keys():
+        if truth[(contact, metric, currency)] != kept[(contact, metric, currency)]:
             report.changed += 1
-            report.details.append(f"wrong figures: contact {key[0]}, {key[1]}")
+            report.details.append(f"wrong figures: contact {contact}, {metric} in {currency}")
     return report
 
 

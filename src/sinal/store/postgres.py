@@ -251,13 +251,14 @@ stored AS (
            execution_id, occurred_at, received_at, {SCHEMA_VERSION:d}
     FROM known ORDER BY account_id, unique_event_id COLLATE "C", ord
     ON CONFLICT (account_id, unique_event_id) DO NOTHING
-    RETURNING account_id, id, contact_id, metric_name, value, occurred_at,
+    RETURNING account_id, id, contact_id, metric_name, currency, value, occurred_at,
               automation_execution_id
 )"""
-# A new summary row takes the id of an event that created it (`summary_deltas`).
+# A new summary row takes the id of an event that created it (`summary_deltas`). A row
+# counts the events of one currency (migration 0031): a total never adds two currencies.
 _SUMMARY_COLUMNS = (
-    "account_id, contact_id, metric_name, id, event_count, total_value, first_event_at, "
-    "last_event_at, updated_at"
+    "account_id, contact_id, metric_name, currency, id, event_count, total_value, "
+    "first_event_at, last_event_at, updated_at"
 )
 # A total stays NULL until an event with a value comes, as SUM(value) over the events
 # does (`base.add_values`): the new events' NULL (none had a value) leaves it as it was.
@@ -265,7 +266,7 @@ _SUMMARY_COLUMNS = (
 # excluded's: the record statements stay within the 4,096 characters psycopg caches the
 # conversion of (`test_the_record_statements_stay_within_psycopgs_cache_limit`).
 _SUMMARY_CONFLICT = """
-ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET
+ON CONFLICT (account_id, contact_id, metric_name, currency) DO UPDATE SET
     event_count = s.event_count + excluded.event_count,
     total_value = coalesce(coalesce(s.total_value, 0) + excluded.total_value, s.total_value),
     first_event_at = least(s.first_event_at, excluded.first_event_at),
@@ -274,10 +275,10 @@ ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET
 _SUMMARY = f"""
 summary AS (
     INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
-    SELECT account_id, contact_id, metric_name, (array_agg(id))[1], count(*),
+    SELECT account_id, contact_id, metric_name, currency, (array_agg(id))[1], count(*),
            sum(value), min(occurred_at), max(occurred_at), now()
-    FROM stored GROUP BY account_id, contact_id, metric_name
-    ORDER BY account_id, contact_id, metric_name COLLATE "C"
+    FROM stored GROUP BY account_id, contact_id, metric_name, currency
+    ORDER BY account_id, contact_id, metric_name COLLATE "C", currency
     {_SUMMARY_CONFLICT}
 )"""
 _OUTBOXED = """
@@ -339,10 +340,10 @@ _RECORD_BODY = ",".join((_KNOWN, _STORED, _NEW_METRICS, _SUMMARY, _OUTBOXED, _RE
 # the statement.
 _SUMMARY_SQL = f"""
 INSERT INTO contact_metrics_summary AS s ({_SUMMARY_COLUMNS})
-SELECT a, c, m, i, n, v::numeric, f, l, now()
-FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::int[], %b::text[], %b::timestamptz[],
-            %b::timestamptz[], %b::uuid[]) AS t(a, c, m, n, v, f, l, i)
-ORDER BY a, c, m COLLATE "C"
+SELECT a, c, m, k, i, n, v::numeric, f, l, now()
+FROM unnest(%b::uuid[], %b::uuid[], %b::text[], %b::text[], %b::int[], %b::text[],
+            %b::timestamptz[], %b::timestamptz[], %b::uuid[]) AS t(a, c, m, k, n, v, f, l, i)
+ORDER BY a, c, m COLLATE "C", k
 {_SUMMARY_CONFLICT}
 """
 _METRICS_SQL = """
@@ -1218,7 +1219,7 @@ class PostgresStore(
     def get_summary(self, account_id: UUID, contact_id: UUID | None = None) -> list[SummaryRow]:
         """Summary rows of the account (or one contact)."""
         statement = (
-            "SELECT account_id, contact_id, metric_name, event_count, total_value, "
+            "SELECT account_id, contact_id, metric_name, currency, event_count, total_value, "
             "first_event_at, last_event_at FROM contact_metrics_summary WHERE account_id = %s"
         )
         args: list[UUID] = [account_id]
@@ -1226,7 +1227,9 @@ class PostgresStore(
             statement += " AND contact_id = %s"
             args.append(contact_id)
         with self._conn() as conn:
-            rows = conn.execute(statement + " ORDER BY contact_id, metric_name", args).fetchall()
+            rows = conn.execute(
+                statement + " ORDER BY contact_id, metric_name, currency", args
+            ).fetchall()
         return [SummaryRow(*row) for row in rows]
 
     def list_rejections(
@@ -1489,13 +1492,18 @@ class PostgresStore(
         return [MetricInfo(*r) for r in rows]
 
     def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
-        """One scan of the metric's index range; `width_bucket` places each event."""
+        """One scan of the metric's index range; `width_bucket` places each event. A sum
+        is per currency, of the events with a value."""
         group = "NULL::text" if query.by is None else _GROUP
+        is_sum = query.measurement == "sum_value"
         statement = (
             f"SELECT width_bucket(occurred_at, %(starts)s::timestamptz[]) - 1, {group}, "
-            f"{_MEASURES[query.measurement]} FROM events "
+            f"{_MEASURES[query.measurement]}, {'currency' if is_sum else 'NULL'} FROM events "
             "WHERE account_id = %(account)s AND metric_name = %(metric)s "
-            "AND occurred_at >= %(since)s AND occurred_at < %(until)s GROUP BY 1, 2"
+            "AND occurred_at >= %(since)s AND occurred_at < %(until)s"
+            + (" AND value IS NOT NULL" if is_sum else "")
+            + ("" if query.currency is None else " AND currency = %(currency)s")
+            + (" GROUP BY 1, 2, 4" if is_sum else " GROUP BY 1, 2")
         )
         params = {
             "starts": list(query.starts),
@@ -1504,10 +1512,11 @@ class PostgresStore(
             "metric": query.metric_name,
             "since": query.since,
             "until": query.until,
+            "currency": query.currency,
         }
         with self._conn() as conn:
             rows = conn.execute(statement.encode(), params).fetchall()
-        return [AggregateCell(b, g, v) for b, g, v in rows if b >= 0]
+        return [AggregateCell(b, g, v, k) for b, g, v, k in rows if b >= 0]
 
     def replay_rejection(
         self, account_id: UUID, rejection_id: UUID, build: BuildReplayEvent
@@ -1975,11 +1984,12 @@ def _summary_params(created: Sequence[PreparedEvent]) -> tuple[list[Any], ...]:
     them into lock order."""
     deltas = summary_deltas(created)
     keys, rows = deltas.keys(), deltas.values()
-    contacts = [c for _, c, _ in keys]  # every created event has its contact
+    contacts = [c for _, c, _, _ in keys]  # every created event has its contact
     return (
-        _UuidArray([a for a, _, _ in keys]),
+        _UuidArray([a for a, _, _, _ in keys]),
         _UuidArray(cast(list[UUID], contacts)),
-        _TextArray([m for _, _, m in keys]),
+        _TextArray([m for _, _, m, _ in keys]),
+        _TextArray([k for _, _, _, k in keys]),  # currency
         [d[0] for d in rows],  # event count
         # total value: a Decimal's text is exact; None (NULL) when none of the events had one
         _TextArray(cast(list[str], [None if d[1] is None else str(d[1]) for d in rows])),
@@ -2025,46 +2035,47 @@ def _outcome(
 # The summary keys of some contacts of an account: those their events have, and those
 # stored (rows with no events behind them are found this way).
 _REBUILD_KEYS_SQL = """
-SELECT contact_id, metric_name FROM events
+SELECT contact_id, metric_name, currency FROM events
 WHERE account_id = %(account)s AND contact_id = ANY(%(contacts)s)
 UNION
-SELECT contact_id, metric_name FROM contact_metrics_summary
+SELECT contact_id, metric_name, currency FROM contact_metrics_summary
 WHERE account_id = %(account)s AND contact_id = ANY(%(contacts)s)
 """
 # Lock each key's summary row, creating the missing ones (a placeholder, rewritten or
 # deleted before the commit), in the writers' order: `DO UPDATE ... WHERE false` locks a
 # row it does not change. Answers the keys it created.
 _REBUILD_LOCK_SQL = """
-INSERT INTO contact_metrics_summary AS s (account_id, contact_id, metric_name, event_count,
-                                          total_value, first_event_at, last_event_at)
-SELECT %s, c, m, 0, 0, 'epoch', 'epoch'
-FROM unnest(%s::uuid[], %s::text[]) AS k(c, m)
-ORDER BY c, m COLLATE "C"
-ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET event_count = s.event_count
-WHERE false
-RETURNING contact_id, metric_name
+INSERT INTO contact_metrics_summary AS s (account_id, contact_id, metric_name, currency,
+                                          event_count, total_value, first_event_at,
+                                          last_event_at)
+SELECT %s, c, m, k, 0, 0, 'epoch', 'epoch'
+FROM unnest(%s::uuid[], %s::text[], %s::text[]) AS t(c, m, k)
+ORDER BY c, m COLLATE "C", k
+ON CONFLICT (account_id, contact_id, metric_name, currency) DO UPDATE
+SET event_count = s.event_count WHERE false
+RETURNING contact_id, metric_name, currency
 """
 _REBUILD_KEPT_SQL = (
-    "SELECT contact_id, metric_name, event_count, total_value, first_event_at, last_event_at "
-    "FROM contact_metrics_summary WHERE account_id = %s AND contact_id = ANY(%s)"
+    "SELECT contact_id, metric_name, currency, event_count, total_value, first_event_at, "
+    "last_event_at FROM contact_metrics_summary WHERE account_id = %s AND contact_id = ANY(%s)"
 )
 _REBUILD_TRUTH_SQL = (
-    "SELECT contact_id, metric_name, count(*), sum(value), min(occurred_at), "
+    "SELECT contact_id, metric_name, currency, count(*), sum(value), min(occurred_at), "
     "max(occurred_at) FROM events WHERE account_id = %s AND contact_id = ANY(%s) "
-    "GROUP BY contact_id, metric_name"
+    "GROUP BY contact_id, metric_name, currency"
 )
 _REBUILD_SET_SQL = """
 UPDATE contact_metrics_summary AS s
 SET event_count = t.n, total_value = t.v, first_event_at = t.f, last_event_at = t.l,
     updated_at = now()
-FROM unnest(%s::uuid[], %s::text[], %s::bigint[], %s::numeric[], %s::timestamptz[],
-            %s::timestamptz[]) AS t(c, m, n, v, f, l)
-WHERE s.account_id = %s AND s.contact_id = t.c AND s.metric_name = t.m
+FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::bigint[], %s::numeric[],
+            %s::timestamptz[], %s::timestamptz[]) AS t(c, m, k, n, v, f, l)
+WHERE s.account_id = %s AND s.contact_id = t.c AND s.metric_name = t.m AND s.currency = t.k
 """
 _REBUILD_DELETE_SQL = """
 DELETE FROM contact_metrics_summary AS s
-USING unnest(%s::uuid[], %s::text[]) AS t(c, m)
-WHERE s.account_id = %s AND s.contact_id = t.c AND s.metric_name = t.m
+USING unnest(%s::uuid[], %s::text[], %s::text[]) AS t(c, m, k)
+WHERE s.account_id = %s AND s.contact_id = t.c AND s.metric_name = t.m AND s.currency = t.k
 """
 
 
@@ -2084,22 +2095,20 @@ def _rebuild_contacts(
     keys = conn.execute(_REBUILD_KEYS_SQL, {"account": account, "contacts": contacts}).fetchall()
     if not keys:
         return RebuildReport(account)
-    locked = {(c, m) for c, m in keys}
+    locked = {(c, m, k) for c, m, k in keys}  # by (contact, metric, currency)
     created = {
-        (c, m)
-        for c, m in conn.execute(
-            _REBUILD_LOCK_SQL, (account, [k[0] for k in keys], [k[1] for k in keys])
-        ).fetchall()
+        (c, m, k)
+        for c, m, k in conn.execute(_REBUILD_LOCK_SQL, (account, *_key_columns(keys))).fetchall()
     }
     kept = {
-        (r[0], r[1]): tuple(r[2:])
+        (r[0], r[1], r[2]): tuple(r[3:])
         for r in conn.execute(_REBUILD_KEPT_SQL, (account, contacts))
-        if (r[0], r[1]) in locked and (r[0], r[1]) not in created
+        if (r[0], r[1], r[2]) in locked and (r[0], r[1], r[2]) not in created
     }
     truth = {
-        (r[0], r[1]): tuple(r[2:])
+        (r[0], r[1], r[2]): tuple(r[3:])
         for r in conn.execute(_REBUILD_TRUTH_SQL, (account, contacts))
-        if (r[0], r[1]) in locked
+        if (r[0], r[1], r[2]) in locked
     }
     report = compare_summaries(account, truth, kept)
     wrong = [(key, figures) for key, figures in truth.items() if kept.get(key) != figures]
@@ -2108,5 +2117,10 @@ def _rebuild_contacts(
         conn.execute(_REBUILD_SET_SQL, (*(list(c) for c in columns), account))
     empty = sorted(locked - truth.keys())  # no events behind: kept rows and placeholders
     if empty:
-        conn.execute(_REBUILD_DELETE_SQL, ([k[0] for k in empty], [k[1] for k in empty], account))
+        conn.execute(_REBUILD_DELETE_SQL, (*_key_columns(empty), account))
     return report
+
+
+def _key_columns(keys: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """Summary keys (contact, metric, currency) as three arrays, one per column."""
+    return [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]

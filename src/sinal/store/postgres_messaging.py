@@ -46,7 +46,8 @@ _LAST_INBOUND_NUMBER = (
     "  AND e.properties ? 'phone_number_id' "
     "  ORDER BY e.occurred_at DESC, e.id DESC LIMIT 1) "
     "FROM contact_metrics_summary s "
-    "WHERE s.account_id = %s AND s.contact_id = %s AND s.metric_name = %s"
+    "WHERE s.account_id = %s AND s.contact_id = %s AND s.metric_name = %s "
+    "ORDER BY s.last_event_at DESC LIMIT 1"  # a row per currency (migration 0031)
 )
 
 

@@ -772,7 +772,7 @@ class SQLiteStore(
     def get_summary(self, account_id: UUID, contact_id: UUID | None = None) -> list[SummaryRow]:
         """Summary rows of the account (or one contact)."""
         sql = (
-            "SELECT account_id, contact_id, metric_name, event_count, total_value, "
+            "SELECT account_id, contact_id, metric_name, currency, event_count, total_value, "
             "first_event_at, last_event_at FROM contact_metrics_summary WHERE account_id = ?"
         )
         args: list[str] = [str(account_id)]
@@ -780,7 +780,9 @@ class SQLiteStore(
             sql += " AND contact_id = ?"
             args.append(str(contact_id))
         with self._read() as conn:
-            rows = conn.execute(sql + " ORDER BY contact_id, metric_name", args).fetchall()
+            rows = conn.execute(
+                sql + " ORDER BY contact_id, metric_name, currency", args
+            ).fetchall()
         return [_summary_row(row) for row in rows]
 
     def list_rejections(
@@ -1040,33 +1042,43 @@ class SQLiteStore(
         return [MetricInfo(r[0], r[1], bool(r[2]), int(r[3]), parse_ts(r[4])) for r in rows]
 
     def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
-        """Cells computed in Python: exact decimals, buckets by bisection."""
+        """Cells computed in Python: exact decimals, buckets by bisection; a sum per
+        currency, of the events with a value."""
         group = "NULL" if query.by is None else "properties -> ?"
         args: list[str] = [] if query.by is None else ['$."' + query.by + '"']
         args += [str(query.account_id), query.metric_name, ts(query.since), ts(query.until)]
+        is_sum = query.measurement == "sum_value"
+        where = " AND value IS NOT NULL" if is_sum else ""
+        if query.currency is not None:
+            where += " AND currency = ?"
+            args.append(query.currency)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT occurred_at, value, contact_id, {group} FROM events "
+                f"SELECT occurred_at, value, contact_id, currency, {group} FROM events "
                 "WHERE account_id = ? AND metric_name = ? AND occurred_at >= ? "
-                "AND occurred_at < ?",
+                f"AND occurred_at < ?{where}",
                 args,
             ).fetchall()
         starts = [ts(s) for s in query.starts]
-        cells: dict[tuple[int, str | None], Any] = {}
+        cells: dict[tuple[int, str | None, str | None], Any] = {}
         labels: dict[str | None, str | None] = {}  # a property's few values, labelled once
-        for occurred_at, value, contact, raw_group in rows:
+        for occurred_at, value, contact, currency, raw_group in rows:
             if raw_group not in labels:
                 labels[raw_group] = _group_text(raw_group)
-            key = (bisect_right(starts, occurred_at) - 1, labels[raw_group])
+            key = (
+                bisect_right(starts, occurred_at) - 1,
+                labels[raw_group],
+                currency if is_sum else None,
+            )
             if query.measurement == "count":
                 cells[key] = cells.get(key, 0) + 1
-            elif query.measurement == "sum_value":
-                cells[key] = cells.get(key, Decimal(0)) + (Decimal(value) if value else 0)
+            elif is_sum:
+                cells[key] = cells.get(key, Decimal(0)) + Decimal(value)
             else:
                 cells.setdefault(key, set()).add(contact)
         return [
-            AggregateCell(b, g, len(v) if isinstance(v, set) else v)
-            for (b, g), v in cells.items()
+            AggregateCell(b, g, len(v) if isinstance(v, set) else v, k)
+            for (b, g, k), v in cells.items()
             if b >= 0
         ]
 
@@ -1252,29 +1264,30 @@ class _Batch:
         return Outcome("rejected", reason=reason, message=message, rejection_id=event.id)
 
     def flush_summaries(self) -> None:
-        for (account_id, contact_id, metric), delta in summary_deltas(self.created).items():
+        deltas = summary_deltas(self.created).items()
+        for (account_id, contact_id, metric, currency), delta in deltas:
             assert contact_id is not None  # stored events all have their contact
             account, contact = self.text(account_id), self.text(contact_id)
             row = self.conn.execute(
                 "SELECT event_count, total_value, first_event_at, last_event_at "
-                "FROM contact_metrics_summary "
-                "WHERE account_id = ? AND contact_id = ? AND metric_name = ?",
-                (account, contact, metric),
+                "FROM contact_metrics_summary WHERE account_id = ? AND contact_id = ? "
+                "AND metric_name = ? AND currency = ?",
+                (account, contact, metric, currency),
             ).fetchone()
             count, total, first, last = delta[0], delta[1], ts(delta[2]), ts(delta[3])
             if row is not None:
                 count, total = count + row[0], add_values(_opt_decimal(row[1]), total)
                 first, last = min(first, row[2]), max(last, row[3])
             self.conn.execute(
-                "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, id, "
-                "event_count, total_value, first_event_at, last_event_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (account_id, contact_id, metric_name) DO UPDATE SET "
+                "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, "
+                "currency, id, event_count, total_value, first_event_at, last_event_at, "
+                "updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (account_id, contact_id, metric_name, currency) DO UPDATE SET "
                 "event_count = excluded.event_count, total_value = excluded.total_value, "
                 "first_event_at = excluded.first_event_at, "
                 "last_event_at = excluded.last_event_at, updated_at = excluded.updated_at",
-                (account, contact, metric, str(delta[4]), count, _opt(total), first, last,
-                 self.now),
+                (account, contact, metric, currency, str(delta[4]), count, _opt(total), first,
+                 last, self.now),
             )  # fmt: skip
 
 
@@ -1384,19 +1397,20 @@ def _rebuild_contacts(conn: sqlite3.Connection, account: str, contacts: list[str
     transaction (no other writer runs), and rewrite their rows if any is wrong."""
     ids = orjson.dumps(contacts).decode()
     truth = {
-        (r[0], r[1]): (r[2], _opt_decimal(r[3]), r[4], r[5])
+        (r[0], r[1], r[2]): (r[3], _opt_decimal(r[4]), r[5], r[6])
         for r in conn.execute(
-            "SELECT contact_id, metric_name, count(*), decimal_sum(value), min(occurred_at), "
-            "max(occurred_at) FROM events WHERE account_id = ? "
-            "AND contact_id IN (SELECT value FROM json_each(?)) GROUP BY contact_id, metric_name",
+            "SELECT contact_id, metric_name, currency, count(*), decimal_sum(value), "
+            "min(occurred_at), max(occurred_at) FROM events WHERE account_id = ? "
+            "AND contact_id IN (SELECT value FROM json_each(?)) "
+            "GROUP BY contact_id, metric_name, currency",
             (account, ids),
         )
     }
     kept = {
-        (r[0], r[1]): (r[2], _opt_decimal(r[3]), r[4], r[5])
+        (r[0], r[1], r[2]): (r[3], _opt_decimal(r[4]), r[5], r[6])
         for r in conn.execute(
-            "SELECT contact_id, metric_name, event_count, total_value, first_event_at, "
-            "last_event_at FROM contact_metrics_summary WHERE account_id = ? "
+            "SELECT contact_id, metric_name, currency, event_count, total_value, "
+            "first_event_at, last_event_at FROM contact_metrics_summary WHERE account_id = ? "
             "AND contact_id IN (SELECT value FROM json_each(?))",
             (account, ids),
         )
@@ -1410,12 +1424,12 @@ def _rebuild_contacts(conn: sqlite3.Connection, account: str, contacts: list[str
             (account, ids),
         )
         conn.executemany(
-            "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, id, "
-            "event_count, total_value, first_event_at, last_event_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO contact_metrics_summary (account_id, contact_id, metric_name, currency, "
+            "id, event_count, total_value, first_event_at, last_event_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (account, c, m, str(new_id()), n, _opt(total), first, last, now)
-                for (c, m), (n, total, first, last) in truth.items()
+                (account, c, m, k, str(new_id()), n, _opt(total), first, last, now)
+                for (c, m, k), (n, total, first, last) in truth.items()
             ],
         )
     return report
@@ -1448,10 +1462,11 @@ def _summary_row(row: Sequence[Any]) -> SummaryRow:
         account_id=UUID(row[0]),
         contact_id=UUID(row[1]),
         metric_name=row[2],
-        event_count=row[3],
-        total_value=_opt_decimal(row[4]),
-        first_event_at=parse_ts(row[5]),
-        last_event_at=parse_ts(row[6]),
+        currency=row[3],
+        event_count=row[4],
+        total_value=_opt_decimal(row[5]),
+        first_event_at=parse_ts(row[6]),
+        last_event_at=parse_ts(row[7]),
     )
 
 

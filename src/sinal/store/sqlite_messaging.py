@@ -44,7 +44,8 @@ _LAST_INBOUND_NUMBER = (
     "  AND json_extract(e.properties, '$.phone_number_id') IS NOT NULL "
     "  ORDER BY e.occurred_at DESC, e.id DESC LIMIT 1) "
     "FROM contact_metrics_summary s "
-    "WHERE s.account_id = ? AND s.contact_id = ? AND s.metric_name = ?"
+    "WHERE s.account_id = ? AND s.contact_id = ? AND s.metric_name = ? "
+    "ORDER BY s.last_event_at DESC LIMIT 1"  # a row per currency (migration 0031)
 )
 
 

@@ -60,10 +60,18 @@ async def aggregates(
         str | None,
         Query(description="Group by this property's value: its key, as total or properties.total"),
     ] = None,
+    currency: Annotated[
+        str | None,
+        Query(
+            description="ISO 4217: only events in this currency count; sum_value needs it "
+            "when the range's values are in more than one"
+        ),
+    ] = None,
 ) -> Response:
     """Buckets follow the zone's calendar (days of 23 or 25 hours across DST, weeks from
     Monday); every bucket of [since, until) is listed, empty ones with 0. `since` and
-    `until` may be at most a year apart. Sums are exact decimal strings."""
+    `until` may be at most a year apart. Sums are exact decimal strings, in one currency
+    (`currency`): values in several, with no `currency` asked, are 422 mixed_currencies."""
     svc = service(request)
     key = await svc.authorize(request, "read")
     for field, when in (("since", since), ("until", until)):
@@ -72,7 +80,7 @@ async def aggregates(
     result = await svc.run(
         lambda: svc.ledger.aggregate(
             key.account_id, name, measurement=measurement, interval=interval,
-            since=since, until=until, timezone=timezone, by=by,
+            since=since, until=until, timezone=timezone, by=by, currency=currency,
         )
     )  # fmt: skip
     if result is None:

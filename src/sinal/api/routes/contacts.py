@@ -35,7 +35,7 @@ from sinal.api.views import (
     json_response,
     locale_of,
     parse_path_id,
-    summary_view,
+    summary_views,
 )
 from sinal.errors import FieldError, InvalidContact
 from sinal.ledger import contact_query
@@ -241,13 +241,14 @@ async def contact_metrics(
     locale: Annotated[str | None, Query(description="pt-BR, en or es")] = None,
     accept_language: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Response:
-    """Count, total value, first and last occurrence of each metric the contact has."""
+    """Count, total value (per currency: values of two currencies are never added), first
+    and last occurrence of each metric the contact has."""
     svc = service(request)
     key = await svc.authorize(request, "read")
     contact = await _contact(svc, key.account_id, contact_id)
     rows = await svc.run(svc.ledger.get_summary, key.account_id, contact.id)
     lang = locale_of(locale, accept_language)
-    return json_response({"data": [summary_view(r, lang) for r in rows]})
+    return json_response({"data": summary_views(rows, lang)})
 
 
 def _listed_view(listed: ListedContact) -> dict[str, object]:
