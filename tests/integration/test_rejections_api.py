@@ -111,3 +111,36 @@ async def test_replay_body_is_checked(api: Api) -> None:
     response = await api.post(f"/v1/rejections/{rejection}/replay", {"contact_id": "x"})
     assert response.status_code == 422
     assert response.json()["errors"][0]["field"] == "contact_id"
+
+
+async def test_a_rejection_shows_its_event_under_the_api_names(api: Api) -> None:
+    """What a client sent is what it reads back: `metric`, as POST /v1/events takes it and
+    GET /v1/events shows it; it read the ledger's names (`metric_name`, and the key's own
+    `account_id`). One kept from the Python API (`emit_event(metric_name=)`) reads alike."""
+    sent = {"metric": "Order Paid", "contact_id": str(uuid.uuid4()), "value": "10.50",
+            "source": "shopify", "source_id": "1", "entity_type": "order",
+            "properties": {"order_id": "1"},
+            "occurred_at": "2026-11-01T10:00:00-03:00"}  # fmt: skip
+    assert (await api.post("/v1/events", sent)).status_code == 422
+    api.ledger.emit_event(account_id=api.account.id, contact_id=None,
+                          metric_name="Quiz Answered", source="quiz", source_id="7")  # fmt: skip
+    contact = api.ledger.create_contact(api.account.id, email="ana@example.com")
+
+    python, http = (await api.client.get("/v1/rejections")).json()["data"]  # newest first
+    replayed = await api.post(f"/v1/rejections/{http['id']}/replay",
+                              {"contact_id": str(contact.id)})  # fmt: skip
+    event = (await api.client.get(f"/v1/events/{replayed.json()['event_id']}")).json()
+
+    assert http["payload"] == {
+        "metric": "Order Paid", "contact_id": sent["contact_id"],
+        "properties": {"order_id": "1"}, "value": "10.50", "currency": "BRL",
+        "source": "shopify", "source_id": "1", "integration_id": None,
+        "entity_type": "order", "entity_id": None, "occurred_at": "2026-11-01T13:00:00Z",
+        "automation_execution_id": None,
+    }  # fmt: skip
+    # every field read as the event it became shows it (but its contact, given at replay)
+    assert {k: event[k] for k in http["payload"]} == http["payload"] | {
+        "contact_id": str(contact.id)
+    }
+    assert python["payload"]["metric"] == "Quiz Answered"
+    assert set(python["payload"]) == set(http["payload"])

@@ -292,7 +292,12 @@ class RejectionOut(BaseModel):
     id: str
     reason: str
     message: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] = Field(
+        description="The event that was not recorded, normalized, under the names POST "
+        "/v1/events takes and GET /v1/events shows (metric, contact_id, properties, value, "
+        "currency, source, source_id, entity_type, entity_id, occurred_at, integration_id, "
+        "automation_execution_id)"
+    )
     created_at: Stamp
     replayed_event_id: str | None
 

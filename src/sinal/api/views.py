@@ -158,13 +158,24 @@ def zone_stamp(when: datetime) -> str:
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
+# The ledger's field names -> the API's: as POST /v1/events takes them and GET /v1/events
+# shows them.
+API_NAMES = {"metric_name": "metric"}
+# A kept input's fields the API never shows: its account is the API key's (an event
+# shows none either).
+_UNSHOWN = frozenset({"account_id"})
+
+
 def rejection_view(rejection: Rejection) -> dict[str, Any]:
-    """A kept rejection."""
+    """A kept rejection; its input (`payload`) under the API's field names, whatever sent
+    it (an HTTP request, a webhook, the Python API, an automation step): the ledger keeps
+    it under its own, which a replay reads."""
+    payload = {API_NAMES.get(k, k): v for k, v in rejection.payload.items() if k not in _UNSHOWN}
     return {
         "id": str(rejection.id),
         "reason": rejection.reason,
         "message": rejection.message,
-        "payload": rejection.payload,
+        "payload": payload,
         "created_at": stamp(rejection.created_at),
         "replayed_event_id": opt_str(rejection.replayed_event_id),
     }

@@ -31,6 +31,7 @@ from sinal.api.models import (
 from sinal.api.openapi import body_of
 from sinal.api.service import Service, service
 from sinal.api.views import (
+    API_NAMES,
     event_view,
     feed_view,
     json_response,
@@ -50,8 +51,8 @@ router = APIRouter(tags=["events"])
 # (the status's executions are one deeper in its chain). They decide which automations run,
 # so they are sinal's word, never a client's.
 RESERVED_PROPERTIES = (SENT_BY_AUTOMATION, SENT_BY_EXECUTION)
-_RENAMED = {"metric_name": "metric"}  # the ledger's field names -> the API's
-_RENAMED_WORD = re.compile(r"\b(" + "|".join(_RENAMED) + r")\b")  # ... in a message
+# The ledger's field names in a message, to say with the API's.
+_RENAMED_WORD = re.compile(r"\b(" + "|".join(API_NAMES) + r")\b")
 
 
 @router.post(
@@ -314,8 +315,8 @@ def renamed(errors: tuple[FieldError, ...], prefix: str = "") -> list[FieldError
     out = []
     for e in errors:
         head, dot, rest = e.field.partition(".")
-        field = _RENAMED.get(head, head) + dot + rest
-        message = _RENAMED_WORD.sub(lambda m: _RENAMED[m[1]], e.message)
+        field = API_NAMES.get(head, head) + dot + rest
+        message = _RENAMED_WORD.sub(lambda m: API_NAMES[m[1]], e.message)
         out.append(FieldError(prefix + field, e.code, message))
     return out
 
