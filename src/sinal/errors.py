@@ -19,7 +19,9 @@ SinalError
 │   ├── UnstorableInput   # data the database refused (a value, a text, a constraint)
 │   │   └── UnstorableText  # a NUL character PostgreSQL refused: the input's fault
 │   ├── SchemaViolation   # a row sinal itself wrote broke the schema: a bug, not the input
-│   └── SchemaOutOfDate   # migrations not applied
+│   ├── SchemaOutOfDate   # migrations not applied
+│   ├── StoreMisconfigured  # .code, .fix: a privilege, a grant, a file not writable
+│   └── StoreUnavailable  # .code: the database cannot take it now; a retry may pass
 ├── WebhookError
 │   ├── SignatureMismatch
 │   ├── UnmappablePayload # sinal.integrations: .reason; the delivery is kept for replay
@@ -136,6 +138,9 @@ class SecretUnreadable(SinalError):
 class StoreError(SinalError):
     """The storage backend failed; the driver's exception is chained as __cause__."""
 
+    # What failed, for a program to branch on (the API's 503 carries it as `code`).
+    code: str = "database_error"
+
 
 class DuplicateKey(StoreError):
     """A unique key was violated."""
@@ -177,13 +182,13 @@ class SchemaViolation(StoreError):
     input: a NOT NULL column left empty, a reference to a row that is not there (sinal
     checks each one it takes from an input first), a value of a type its column does not
     take, a statement beyond the database's limits, a table, column or function that is
-    not there, SQL the database cannot parse, a privilege the role lacks (PostgreSQL's
+    not there, SQL the database cannot parse (PostgreSQL's
     SQLSTATEs 23502, 23503 but a contact's key, 23001, 22004, 22012, 54001, 54011, 54023,
-    and classes 42, 0A, 20, 21, 24, 25 but for 25006, 25P03 and 25P04
-    (`StoreUnavailable`), 26, 27, 2D, 2F, 34, 38 (an exception escaped a routine in another
-    language), 39, 3B and 3F; SQLite's NOT NULL, FOREIGN KEY and datatype constraints, and
-    its generic SQLITE_ERROR; either driver's refusal before sending, as for parameters
-    not matching the placeholders). Also PostgreSQL's class
+    and classes 42 but for 42501 (`StoreMisconfigured`), 0A, 0B, 0Z, 20, 21, 24, 25 but
+    for 25006, 25P03 and 25P04 (`StoreUnavailable`), 26, 27, 2D, 2F, 34, 38 (an exception
+    escaped a routine in another language), 39, 3B and 3F; SQLite's NOT NULL, FOREIGN KEY
+    and datatype constraints, and its generic SQLITE_ERROR; either driver's refusal before
+    sending, as for parameters not matching the placeholders). Also PostgreSQL's class
     XX (internal error, data or index corrupted), the database's own fault, which a retry
     reads again. A bug in sinal, or a schema changed under it: the API
     answers 500 with an error id and logs the traceback, rather than tell the client to
@@ -195,12 +200,41 @@ class SchemaViolation(StoreError):
 class StoreUnavailable(StoreError):
     """The database cannot be reached, or cannot take this now (a lost connection, a
     server restarting, a lock not granted in time, a transaction to retry, a standby that
-    takes no writes, a session ended for a timeout): trying again later may succeed,
-    unlike a `StoreError` of a statement the database refused."""
+    takes no writes, a session ended for a timeout, a snapshot too old): trying again
+    later may succeed, unlike a `StoreError` of a statement the database refused. `code`
+    says which, where it is known ("snapshot_too_old")."""
+
+    code = "database_unavailable"
+
+    def __init__(self, message: str = "", code: str = "") -> None:
+        super().__init__(message)
+        self.code = code or type(self).code
+
+
+class StoreMisconfigured(StoreError):
+    """The database refuses sinal what only its operator can give, whatever the input and
+    whatever sinal's SQL: a privilege its role lacks (PostgreSQL's 42501), a grant or a
+    role that is not valid (classes 0L, 0P), objects someone added in the way of sinal's
+    (2B), a trigger someone added failing on sinal's tables (09), a SQLite file or
+    directory this process cannot write. No retry helps until the operator acts: `code`
+    names the trouble for a program ("insufficient_privilege", "database_read_only"),
+    `fix` what the operator does, in words that name no table, host or path (the API
+    answers with it); the message is the database's first line and the fix."""
+
+    def __init__(self, reason: str, code: str, fix: str) -> None:
+        super().__init__(f"{reason}; {fix}")
+        self.reason = reason
+        self.code = code
+        self.fix = fix
+
+    def __reduce__(self) -> tuple[type[StoreMisconfigured], tuple[str, str, str]]:
+        return (type(self), (self.reason, self.code, self.fix))
 
 
 class SchemaOutOfDate(StoreError):
     """The database's schema is older than this code: run `sinal migrate`."""
+
+    code = "schema_out_of_date"
 
 
 class WebhookError(SinalError):

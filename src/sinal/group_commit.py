@@ -10,7 +10,9 @@ transaction holding its event has committed, so an acknowledged event is durable
 
 A transaction that fails fails every caller in it when the database is away or busy
 (`StoreUnavailable`: each may retry) or refuses sinal's own SQL (`SchemaViolation`: a
-table dropped, say, fails any part alike, so it is not split). An event whose data the
+table dropped, say, fails any part alike, so it is not split), or its configuration
+refuses sinal (`StoreMisconfigured`: a privilege its role lacks, alike; but for a trigger
+someone added, which may fail for one row alone). An event whose data the
 database refuses comes back rejected ("refused") from the store, which stores the others
 of the transaction.
 One that fails otherwise (another `StoreError`, rolled back whole) is tried again in
@@ -23,12 +25,20 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from sinal.errors import SchemaViolation, StoreError, StoreUnavailable
+from sinal.errors import SchemaViolation, StoreError, StoreMisconfigured, StoreUnavailable
 from sinal.events import EmitEvent, EmitResult, PreparedEvent, prepare
 from sinal.ledger import MAX_BATCH, Ledger
 
 # The longest an event may wait for company before its transaction starts, in seconds.
 MAX_DELAY = 1.0
+
+
+def _is_about_none(exc: StoreError) -> bool:
+    """Whether a failed transaction's error is about none of its events: its parts would
+    fail alike."""
+    if isinstance(exc, StoreMisconfigured):
+        return exc.code != "trigger_failed"  # a trigger may fail for one row alone
+    return isinstance(exc, StoreUnavailable | SchemaViolation)
 
 
 def check_limits(max_batch: int, max_inflight: int, max_delay: float) -> None:
@@ -107,7 +117,7 @@ class GroupCommitter:
             results = await asyncio.to_thread(self.ledger.record_prepared, batch.events)
         except StoreError as exc:
             # not about any one event: halves would fail alike, 2N-1 transactions for N
-            if isinstance(exc, StoreUnavailable | SchemaViolation) or len(batch.events) == 1:
+            if _is_about_none(exc) or len(batch.events) == 1:
                 _fail(batch, exc)
             else:
                 await self._isolate(batch)

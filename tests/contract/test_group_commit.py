@@ -147,16 +147,25 @@ async def test_an_event_the_database_refuses_is_rejected_alone(
 
 
 @pytest.mark.postgres
-async def test_an_event_the_database_fails_otherwise_fails_its_caller_alone(pg_url: str) -> None:
-    """A statement failing for one event with an error sinal does not classify (09000,
-    triggered action exception, raised by a trigger; a plain RAISE is the data's refusal):
-    the transaction is tried again in halves, down to that event, whose caller gets it."""
+@pytest.mark.parametrize(
+    ("sqlstate", "error"),
+    [
+        ("0F000", sinal.StoreError),  # one sinal does not classify (locator exception)
+        ("09000", sinal.StoreMisconfigured),  # a trigger set up wrong: it may judge the row
+    ],
+)
+async def test_an_event_the_database_fails_otherwise_fails_its_caller_alone(
+    pg_url: str, sqlstate: str, error: type[sinal.StoreError]
+) -> None:
+    """A statement failing for one event with an error raised by a trigger (a plain RAISE
+    is the data's refusal): the transaction is tried again in halves, down to that event,
+    whose caller gets it."""
     with sinal.connect(pg_url) as ledger:
         account = ledger.create_account("Loja")
         contact = ledger.create_contact(account.id, phone="+5511987654321")
         sql(pg_url, "CREATE FUNCTION fail_13() RETURNS trigger LANGUAGE plpgsql AS $$ "
                     "BEGIN IF NEW.source_id = '13' THEN "
-                    "RAISE EXCEPTION 'no 13' USING ERRCODE = '09000'; END IF; "
+                    f"RAISE EXCEPTION 'no 13' USING ERRCODE = '{sqlstate}'; END IF; "
                     "RETURN NEW; END $$")  # fmt: skip
         sql(pg_url, "CREATE TRIGGER fail_13 BEFORE INSERT ON events FOR EACH ROW "
                     "EXECUTE FUNCTION fail_13()")  # fmt: skip
@@ -172,7 +181,7 @@ async def test_an_event_the_database_fails_otherwise_fails_its_caller_alone(pg_u
         assert watched.sizes[0] == 21  # all in one transaction first, which failed
         assert len(watched.sizes) > 2  # then in halves
         failed = answers.pop(13)
-        assert type(failed) is sinal.StoreError, failed
+        assert type(failed) is error, failed
         results = [a for a in answers if isinstance(a, EmitResult)]
         assert [r.status for r in results] == ["created"] * 19 + ["duplicate"], answers
         assert (results[-1].event_id, results[-1].differs) == (results[5].event_id, False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +54,11 @@ def ledger_at(database_url: str) -> Iterator[Ledger]:
         yield led
 
 
-async def running_api(database_url: str, ledger: Ledger, **settings: Any) -> AsyncIterator[Api]:
-    """An app on `database_url` with its lifespan running."""
-    account = ledger.create_account("Loja Exemplo")
-    key, _ = ledger.create_api_key(account.id, ["ingest", "read", "admin"])
+@asynccontextmanager
+async def serving(
+    database_url: str, key: str, **settings: Any
+) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """An app on `database_url` with its lifespan running, and a client sending `key`."""
     base = {"database_url": database_url, "auth_cache_ttl": 0, "serve_worker": False}
     app = create_app(Settings(**{**base, **settings}))
     async with app.router.lifespan_context(app):
@@ -65,10 +67,26 @@ async def running_api(database_url: str, ledger: Ledger, **settings: Any) -> Asy
         async with httpx.AsyncClient(
             transport=transport, base_url="http://sinal.test", headers=headers
         ) as client:
-            yield Api(client, app, ledger, database_url, account, key)
+            yield app, client
+
+
+async def running_api(database_url: str, ledger: Ledger, **settings: Any) -> AsyncIterator[Api]:
+    """An app on `database_url` with its lifespan running."""
+    account = ledger.create_account("Loja Exemplo")
+    key, _ = ledger.create_api_key(account.id, ["ingest", "read", "admin"])
+    async with serving(database_url, key, **settings) as (app, client):
+        yield Api(client, app, ledger, database_url, account, key)
 
 
 @pytest.fixture
 async def api(database_url: str, ledger_at: Ledger) -> AsyncIterator[Api]:
     async for running in running_api(database_url, ledger_at):
         yield running
+
+
+@pytest.fixture
+async def pg_api(pg_url: str) -> AsyncIterator[Api]:
+    """The app on PostgreSQL alone."""
+    with connect(pg_url) as ledger:
+        async for running in running_api(pg_url, ledger):
+            yield running

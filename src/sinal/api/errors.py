@@ -51,6 +51,7 @@ from sinal.errors import (
     SecretUnreadable,
     SignatureMismatch,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     UnstorableInput,
     UnstorableText,
@@ -121,13 +122,15 @@ class VerificationFailed(ApiError):
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One row of the table: the answer's status, `type` slug and title, and the
-    `WWW-Authenticate` challenge it carries (only where a credential is expected)."""
+    """One row of the table: the answer's status, `type` slug and title, the
+    `WWW-Authenticate` challenge it carries (only where a credential is expected), and
+    whether a 503 says when to try again (`Retry-After`: only where a retry may pass)."""
 
     status: int
     slug: str
     title: str
     challenge: str | None = None
+    retry: bool = True
 
 
 # The one table. Looked up along the exception's MRO, so subclasses inherit an answer.
@@ -170,6 +173,14 @@ PROBLEMS: dict[type[BaseException], Problem] = {
     # fix; the answer names no key (webhook routes answer anyone), the log line does.
     SecretUnreadable: Problem(
         503, "secret-unreadable", "A stored secret cannot be opened with the server's keys"
+    ),
+    # Before StoreError: the database's configuration refuses sinal (a privilege, a file
+    # not writable), its operator's to fix; not a bug (500), and no retry helps until then.
+    StoreMisconfigured: Problem(
+        503,
+        "database-misconfigured",
+        "The database refuses what sinal needs; its operator must fix it",
+        retry=False,
     ),
     StoreError: Problem(503, "store-unavailable", "The database is unavailable; retry"),
     Exception: Problem(500, "internal-error", "Something went wrong on our side"),
@@ -245,18 +256,22 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     problem = problem_for(exc)
     errors = _errors_of(exc)
     headers = None if problem.challenge is None else {"WWW-Authenticate": problem.challenge}
-    if problem.status == 503:
+    if problem.status == 503 and problem.retry:
         headers = {"Retry-After": RETRY_AFTER}
     if isinstance(exc, StoreUnavailable | SchemaOutOfDate):
         _unavailable.log(request.method, path, exc)
+    elif isinstance(exc, StoreMisconfigured):  # the operator's to fix: no traceback
+        _misconfigured.log(request.method, path, exc)
     elif isinstance(exc, UnstorableInput):  # a check validation lacks: worth a look
         log.warning("%s %s: the database refused the request's data: %s", request.method,
                     path, exc)  # fmt: skip
     elif isinstance(exc, SecretUnreadable):  # a configuration, not a bug: no traceback
         log.error("%s %s: answered 503: %s", request.method, path, exc)
     extra = dict(exc.extra) if isinstance(exc, ApiError) else {}
+    if problem.status == 503 and isinstance(exc, StoreError):
+        extra["code"] = exc.code  # what is wrong with the database, for a program
     if problem.status >= 500 and not isinstance(
-        exc, StoreUnavailable | SchemaOutOfDate | SecretUnreadable
+        exc, StoreUnavailable | SchemaOutOfDate | SecretUnreadable | StoreMisconfigured
     ):
         # a bug (or a statement the database failed): the answer names its log line, which
         # holds the traceback, by an id that tells the client nothing else
@@ -290,12 +305,21 @@ CLIENT_CLOSED = 499
 RETRY_AFTER = "2"
 
 
-class _UnavailableLog:
+class _ThrottledLog:
     """Requests the database could not serve (503), logged as one line at most every
     `interval` seconds with the number left out: an outage met by thousands of requests a
-    second must not write a traceback for each (a bug's 500 still gets its own)."""
+    second must not write a traceback for each (a bug's 500 still gets its own). The line
+    says what happened (`says`, in which "{code}" stands for the error's `code`), then
+    the error's message, which names the fix where there is one."""
 
-    def __init__(self, interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        says: str = "the database is unavailable",
+        level: int = logging.WARNING,
+        interval: float = 10.0,
+    ) -> None:
+        self.says = says
+        self.level = level
         self.interval = interval
         self.next_at = 0.0
         self.left_out = 0
@@ -306,12 +330,15 @@ class _UnavailableLog:
             self.left_out += 1
             return
         more = f" ({self.left_out} more since the last line)" if self.left_out else ""
-        log.warning("%s %s: the database is unavailable, answered 503: %s%s",
-                    method, path, exc, more)  # fmt: skip
+        says = self.says.format(code=getattr(exc, "code", ""))
+        log.log(self.level, "%s %s: %s, answered 503: %s%s", method, path, says, exc, more)
         self.next_at, self.left_out = now + self.interval, 0
 
 
-_unavailable = _UnavailableLog()  # requests are answered on one thread: the event loop's
+# Requests are answered on one thread: the event loop's.
+_unavailable = _ThrottledLog()
+# An error: nothing gets better until an operator acts.
+_misconfigured = _ThrottledLog("the database refuses what sinal needs ({code})", logging.ERROR)
 
 
 def _errors_of(exc: BaseException) -> tuple[FieldError, ...]:
@@ -328,6 +355,8 @@ def _errors_of(exc: BaseException) -> tuple[FieldError, ...]:
 
 
 def _detail(exc: BaseException, problem: Problem, errors: Sequence[FieldError]) -> str:
+    if isinstance(exc, StoreMisconfigured):  # the fix, in words naming no table nor path
+        return exc.fix
     if problem.status >= 500 or type(exc) is UnstorableInput:
         # Never echo a driver's message: it may name tables, hosts or data.
         return problem.title
@@ -477,6 +506,12 @@ class ProblemBody(BaseModel):
     errors: list[FieldProblem]
     reason: str | None = None
     rejection_id: str | None = None
+    code: str | None = Field(
+        None,
+        description="With a 503 of the database's: what is wrong, for a program to branch "
+        "on (database_unavailable, snapshot_too_old, schema_out_of_date, "
+        "insufficient_privilege, database_read_only, …)",
+    )
     error_id: str | None = Field(
         None,
         description="With an answer of ours whose traceback was logged (a 500: a bug): the "

@@ -15,7 +15,13 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from sinal.errors import ConfigurationError, StoreError
+from sinal.errors import (
+    ConfigurationError,
+    SchemaViolation,
+    StoreError,
+    StoreMisconfigured,
+    UnstorableInput,
+)
 from sinal.events import PreparedEvent
 from sinal.integrations.whatsapp import SENT_BY_EXECUTION
 from sinal.keyring import (
@@ -671,6 +677,13 @@ def unrecorded_event_error(event: PreparedEvent, outcome: Outcome) -> str:
     else:
         kept = f"kept as rejection {outcome.rejection_id}, to replay once the cause is fixed"
     return f"the step's {event.metric_name} event was not recorded ({why}); {kept}"
+
+
+# What the database refuses a step's event for, whatever the step: its data
+# (`UnstorableInput`), sinal's own statement (`SchemaViolation`) or its operator's
+# configuration (`StoreMisconfigured`: a privilege its role lacks). The event is kept as a
+# rejection instead, so that the step's own record does not fail with it.
+EVENT_REFUSALS = (UnstorableInput, SchemaViolation, StoreMisconfigured)
 
 
 def refusal_outcome(

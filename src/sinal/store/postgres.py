@@ -94,6 +94,7 @@ from sinal.errors import (
     IdentityConflict,
     SchemaViolation,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     UnstorableInput,
     UnstorableText,
@@ -495,8 +496,11 @@ _OWN_FAULTS = frozenset({"23502", "23503", "23001", "22004", "22012", "54001", "
 # again fails alike, and the input is not at fault. So do these, which a retry cannot fix
 # either (psycopg raises 3B as an OperationalError, which said "retry" for it):
 _OWN_FAULT_CLASSES = (
-    "42",
+    "42",  # but for 42501 (`_MISCONFIGURED`)
     "0A",
+    "0B",  # invalid transaction initiation: a transaction begun where none can be, as 2D
+    "0Z",  # diagnostics exception (0Z002: GET STACKED DIAGNOSTICS outside a handler): a
+    # plpgsql routine's bug, as 2F and 20 are
     "21",  # cardinality violation: a subquery or an upsert of sinal's met more rows than it expects
     "26",  # invalid SQL statement name: a prepared statement not there (a pooler in between)
     "2D",  # invalid transaction termination: sinal's own transaction handling
@@ -534,6 +538,44 @@ _OWN_FAULT_CLASSES = (
 # long (25P03 idle_in_transaction_session_timeout, 25P04 transaction_timeout; the
 # connection closed with it), as a statement_timeout's 57014 is a retry's.
 _PASSING = frozenset({"25006", "25P03", "25P04"})
+# ... and a snapshot too old (72000: a statement's snapshot outlived old_snapshot_threshold,
+# PostgreSQL 16 and older, the rows it needed since vacuumed): the next try takes a new one.
+_SNAPSHOT_TOO_OLD = "72000"
+
+# A statement the database's configuration refuses, whatever the input and whatever
+# sinal's SQL (`StoreMisconfigured`: 503 without Retry-After, as no retry helps until the
+# operator acts; not a bug's 500): by SQLSTATE, else by its class, the answer's `code`
+# and the operator's fix. Sinal runs no GRANT, REVOKE, SET ROLE, nor a trigger that
+# raises these: a migration run by another role, a REVOKE, a row-level security policy,
+# or a trigger, function or role setting someone added does.
+_MISCONFIGURED = {
+    "42501": (
+        "insufficient_privilege",
+        "grant the role sinal connects as SELECT, INSERT, UPDATE and DELETE on sinal's "
+        "tables and EXECUTE on its functions (`sinal migrate` needs CREATE on the schema "
+        "too), or connect as the role that ran `sinal migrate`",
+    ),
+    "0L": (  # invalid grantor, invalid grant operation
+        "invalid_grant",
+        "fix or drop the GRANT or REVOKE that a trigger, function or setting someone added "
+        "to the database runs for sinal's role",
+    ),
+    "0P": (  # invalid role specification
+        "invalid_role",
+        "fix the role that a trigger, function or role setting (ALTER ROLE ... SET role) "
+        "someone added names for sinal's role",
+    ),
+    "2B": (  # dependent privilege descriptors, or objects, still exist
+        "dependent_objects",
+        "objects someone added depend on one sinal changes or drops (a view, a foreign key, "
+        "a grant): drop them, run sinal again, then make them again",
+    ),
+    "09": (  # triggered action exception: raised by a trigger set up wrong (contrib's)
+        "trigger_failed",
+        "fix or drop the trigger someone added to sinal's tables whose action fails (sinal "
+        "adds none that raises this)",
+    ),
+}
 
 
 @contextmanager
@@ -558,10 +600,21 @@ def _raise_translated(exc: psycopg.Error) -> NoReturn:
     if isinstance(exc, psycopg.DataError) and _NUL_REFUSED in str(exc):
         # psycopg's own check, before anything is sent: a text parameter holds a NUL
         raise UnstorableText from exc
+    misconfigured = _MISCONFIGURED.get(exc.sqlstate or "") or _MISCONFIGURED.get(
+        (exc.sqlstate or "")[:2]
+    )
+    if misconfigured is not None:  # the operator's to fix, whatever the input
+        raise StoreMisconfigured(_reason(exc), *misconfigured) from exc
     if _is_own_fault(exc):  # a bug of sinal's (or a schema changed under it)
         raise SchemaViolation(_reason(exc)) from exc
     if _is_refused(exc):  # its first line: the next ones may quote the whole row
         raise UnstorableInput(_reason(exc)) from exc
+    if exc.sqlstate == _SNAPSHOT_TOO_OLD:
+        raise StoreUnavailable(
+            f"{_reason(exc)}; the request may be retried, and a larger old_snapshot_threshold "
+            "(or shorter statements beside it) makes it rarer",
+            code="snapshot_too_old",
+        ) from exc
     if _is_passing(exc):
         # the connection (lost, refused, the pool's timeout), the server (shutting down, a
         # standby), or a transaction it rolled back to be retried (serialization, deadlock)

@@ -31,13 +31,14 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from sinal.catalog import METRIC_CHECKOUT_ABANDONED
-from sinal.errors import SchemaViolation, StoreError, UnstorableInput
+from sinal.errors import StoreError
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.keyring import Keyring
 from sinal.store.automations import (
     AUTOMATION_COLUMNS,
     CLAIMED_AUTOMATION_COLUMNS,
+    EVENT_REFUSALS,
     EXECUTION_COLUMNS,
     HELD_WHILE_PAUSED,
     INTEGRATION_COLUMNS,
@@ -702,7 +703,7 @@ class PostgresAutomations:
                 return held_of(_by_key(conn, _FINISH_STEPS_SQL, params))
         try:
             return self._retrying(lambda conn: work(conn, _record_in))
-        except (UnstorableInput, SchemaViolation):
+        except EVENT_REFUSALS:
             # An event the database refuses fails no step's record: again, each event on
             # its own (`_record_step_events`). Rare: it costs round trips.
             return self._retrying(lambda conn: work(conn, _record_step_events))
@@ -1082,7 +1083,7 @@ _Recorder = Callable[[Conn, Sequence[PreparedEvent]], list[Outcome]]
 
 def _record_step_events(conn: Conn, events: Sequence[PreparedEvent]) -> list[Outcome]:
     """Steps' events, each under a savepoint: one the database refuses to record, for its
-    data or its schema (`UnstorableInput`, `SchemaViolation`), is kept as a rejection
+    data, its schema or its configuration (`EVENT_REFUSALS`), is kept as a rejection
     instead (`_keep_refused`): the step it records happened, and its record must not fail
     with it (left `started`, a send would end `unknown`, its WAMID lost)."""
     from sinal.store.postgres import _record_in, translated_errors
@@ -1092,7 +1093,7 @@ def _record_step_events(conn: Conn, events: Sequence[PreparedEvent]) -> list[Out
         try:
             with translated_errors(), conn.transaction():
                 outcomes += _record_in(conn, [event])
-        except (UnstorableInput, SchemaViolation) as exc:
+        except EVENT_REFUSALS as exc:
             outcomes.append(_keep_refused(conn, event, exc))
     return outcomes
 
@@ -1107,7 +1108,7 @@ def _keep_refused(conn: Conn, event: PreparedEvent, cause: StoreError) -> Outcom
         with translated_errors(), conn.transaction():
             conn.execute(_KEEP_REFUSED, (account, ident, contact, message, source,
                                          Jsonb(payload)))  # fmt: skip
-    except (UnstorableInput, SchemaViolation) as exc:
+    except EVENT_REFUSALS as exc:
         return refusal_outcome(event, cause, exc)
     return refusal_outcome(event, cause)
 

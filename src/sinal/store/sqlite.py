@@ -44,6 +44,7 @@ from sinal.errors import (
     IdentityConflict,
     SchemaViolation,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     UnstorableInput,
 )
@@ -209,9 +210,57 @@ def _is_statement_fault(exc: sqlite3.Error) -> bool:
     return code is not None and code & 0xFF == sqlite3.SQLITE_ERROR
 
 
+_FILE_FIX = (
+    "make the SQLite database file, and its -wal, -shm and -lock files beside it, writable "
+    "by the user sinal runs as (chmod, chown)"
+)
+_FOLDER_FIX = (
+    "make the SQLite database's directory writable by the user sinal runs as (chmod, "
+    "chown): SQLite writes its -wal and -shm files beside the database, sinal its -lock"
+)
+
+
+def _unwritable(reason: str, path: str | None) -> StoreMisconfigured | None:
+    """`StoreMisconfigured` naming what of the database at `path` this process cannot
+    write (the file, its -wal or -shm, or its directory, where SQLite makes those), for a
+    failure saying `reason`; None when each can be written. Read-only permissions or
+    mount, an immutable file: the operator's to fix, whatever the input, and no retry
+    helps until then."""
+    if path is None:
+        return None
+    for name in (path, f"{path}-wal", f"{path}-shm", f"{path}-lock"):
+        if os.path.exists(name) and not os.access(name, os.W_OK):
+            return StoreMisconfigured(
+                f"the SQLite file {name} is not writable by this process ({reason})",
+                "database_read_only",
+                _FILE_FIX,
+            )
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return StoreMisconfigured(
+            f"the directory {folder} of the SQLite database is not writable by this process "
+            f"({reason})",
+            "directory_read_only",
+            _FOLDER_FIX,
+        )
+    return None
+
+
+def _read_only(exc: sqlite3.Error, path: str | None) -> StoreMisconfigured:
+    """The `StoreMisconfigured` of a write SQLite refused as read-only (SQLITE_READONLY):
+    naming what is not writable where that can be told."""
+    where = f" {path}" if path else ""
+    return _unwritable(str(exc), path) or StoreMisconfigured(
+        f"the SQLite database{where} is read-only to this process ({exc})",
+        "database_read_only",
+        _FILE_FIX,
+    )
+
+
 @contextmanager
-def translated_errors() -> Iterator[None]:
-    """Turn sqlite3's exceptions into sinal's, chained."""
+def translated_errors(path: str | None = None) -> Iterator[None]:
+    """Turn sqlite3's exceptions into sinal's, chained; `path`, the database's, is named
+    in the error when its file or directory is not writable."""
     try:
         yield
     except sqlite3.IntegrityError as exc:
@@ -226,6 +275,12 @@ def translated_errors() -> Iterator[None]:
         raise SchemaViolation(str(exc)) from exc
     except sqlite3.Error as exc:
         code = getattr(exc, "sqlite_errorcode", None)  # the extended code; its low byte
+        if code is not None and code & 0xFF == sqlite3.SQLITE_READONLY:
+            raise _read_only(exc, path) from exc
+        if code is not None and code & 0xFF == sqlite3.SQLITE_CANTOPEN:
+            # a file or directory not writable is the operator's; a file the system cannot
+            # open now (out of descriptors, say), a retry's
+            raise (_unwritable(str(exc), path) or StoreUnavailable(str(exc))) from exc
         if code is not None and code & 0xFF in _UNAVAILABLE:
             raise StoreUnavailable(str(exc)) from exc
         if _is_statement_fault(exc):
@@ -424,7 +479,7 @@ class SQLiteStore(
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            with translated_errors():
+            with translated_errors(self.path):
                 conn = self._open()
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self._synchronous}")
@@ -463,7 +518,7 @@ class SQLiteStore(
         with self._using() as conn:
             fd = self._writers_turn()
             try:
-                with translated_errors():
+                with translated_errors(self.path):
                     conn.execute("BEGIN IMMEDIATE")
                     try:
                         yield conn
@@ -471,11 +526,23 @@ class SQLiteStore(
                         conn.execute("ROLLBACK")
                         raise
                     conn.execute("COMMIT")
+            except StoreMisconfigured:
+                # SQLite opens a file it cannot write read-only, and the connection stays
+                # so: the next write opens the file again, the operator's fix seen at once
+                self._forget(conn)
+                raise
             finally:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_UN)
                 finally:
                     self._turn.release()
+
+    def _forget(self, conn: sqlite3.Connection) -> None:
+        """Close this thread's connection `conn`: its next call opens another."""
+        self._local.conn = None
+        with self._all_lock:
+            self._all.remove(conn)
+        conn.close()
 
     def _writers_turn(self) -> int:
         """Take this process's turn, then the writers' lock file, waiting at most the busy
@@ -539,7 +606,8 @@ class SQLiteStore(
             try:
                 fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise StoreError(f"cannot open the writers' lock {self._lock_path}: {exc}") from exc
+                reason = f"cannot open the writers' lock {self._lock_path}: {exc}"
+                raise (_unwritable(str(exc), self.path) or StoreError(reason)) from exc
             self._hold_lock_fd(fd)
         return fd
 
@@ -551,7 +619,7 @@ class SQLiteStore(
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        with self._using() as conn, translated_errors():
+        with self._using() as conn, translated_errors(self.path):
             conn.execute("BEGIN")
             try:
                 yield conn
@@ -579,7 +647,7 @@ class SQLiteStore(
     def migrate(self) -> list[int]:
         """Apply pending migrations, each in its own transaction."""
         applied: list[int] = []
-        with self._using() as conn, translated_errors():
+        with self._using() as conn, translated_errors(self.path):
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
                 "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"

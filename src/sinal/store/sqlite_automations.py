@@ -13,13 +13,14 @@ from uuid import UUID
 import orjson
 
 from sinal.catalog import METRIC_CHECKOUT_ABANDONED
-from sinal.errors import SchemaViolation, StoreError, UnstorableInput
+from sinal.errors import StoreError
 from sinal.events import PreparedEvent, dumps_json
 from sinal.ids import new_id
 from sinal.keyring import Keyring
 from sinal.store.automations import (
     AUTOMATION_COLUMNS,
     CLAIMED_AUTOMATION_COLUMNS,
+    EVENT_REFUSALS,
     EXECUTION_COLUMNS,
     HELD_WHILE_PAUSED,
     INTEGRATION_COLUMNS,
@@ -612,8 +613,8 @@ def _start(conn: sqlite3.Connection, start: StepStart, now: datetime) -> StepSta
 
 
 def _record_step_event(conn: sqlite3.Connection, event: PreparedEvent) -> Outcome:
-    """A step's event, under a savepoint: one the database refuses to record, for its data
-    or its schema (`UnstorableInput`, `SchemaViolation`), is kept as a rejection instead
+    """A step's event, under a savepoint: one the database refuses to record, for its data,
+    its schema or its configuration (`EVENT_REFUSALS`), is kept as a rejection instead
     (`_keep_refused`): the step it records happened, and its record must not fail with it
     (left `started`, a send would end `unknown`, its WAMID lost)."""
     from sinal.store.sqlite import _record_in, translated_errors
@@ -621,7 +622,7 @@ def _record_step_event(conn: sqlite3.Connection, event: PreparedEvent) -> Outcom
     try:
         with translated_errors(), _savepoint(conn, "step_event"):
             return _record_in(conn, [event])[0]
-    except (UnstorableInput, SchemaViolation) as exc:
+    except EVENT_REFUSALS as exc:
         return _keep_refused(conn, event, exc)
 
 
@@ -639,7 +640,7 @@ def _keep_refused(conn: sqlite3.Connection, event: PreparedEvent, cause: StoreEr
                 (str(account), str(ident), None if contact is None else str(contact), message,
                  source, dumps_json(payload), _ts(_now())),
             )  # fmt: skip
-    except (UnstorableInput, SchemaViolation) as exc:
+    except EVENT_REFUSALS as exc:
         return refusal_outcome(event, cause, exc)
     return refusal_outcome(event, cause)
 
