@@ -127,26 +127,33 @@ def raw(url: str, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any,
         return cur.fetchall() if cur.description else []
 
 
-def group_by(url: str, account: UUID) -> dict[tuple[str, str], tuple[int, Decimal, str, str]]:
-    """The oracle: the account's events added up here, from their raw rows."""
-    truth: dict[tuple[str, str], tuple[int, Decimal, str, str]] = {}
-    rows = raw(url, "SELECT contact_id, metric_name, value, occurred_at FROM events "
+# A summary's key (contact, metric, currency) and its figures (count, total, first, last).
+_Key = tuple[str, str, str]
+_Figures = tuple[int, Decimal | None, str, str]
+
+
+def group_by(url: str, account: UUID) -> dict[_Key, _Figures]:
+    """The oracle: the account's events added up here, from their raw rows (a total is
+    None while no event of its row carried a value, as SUM is)."""
+    truth: dict[_Key, _Figures] = {}
+    rows = raw(url, "SELECT contact_id, metric_name, currency, value, occurred_at FROM events "
                "WHERE account_id = ?", (str(account),))  # fmt: skip
-    for contact, metric, value, when in rows:
-        key, at = (str(contact), metric), _time(when)
-        n, total, first, last = truth.get(key, (0, Decimal(0), at, at))
-        total += Decimal(str(value)) if value is not None else 0
+    for contact, metric, currency, value, when in rows:
+        key, at = (str(contact), metric, currency), _time(when)
+        n, total, first, last = truth.get(key, (0, None, at, at))
+        if value is not None:
+            total = (total or Decimal(0)) + Decimal(str(value))
         truth[key] = (n + 1, total, min(first, at), max(last, at))
     return truth
 
 
-def summaries(url: str, account: UUID) -> dict[tuple[str, str], tuple[int, Decimal, str, str]]:
-    rows = raw(url, "SELECT contact_id, metric_name, event_count, total_value, first_event_at, "
-               "last_event_at FROM contact_metrics_summary WHERE account_id = ?",
+def summaries(url: str, account: UUID) -> dict[_Key, _Figures]:
+    rows = raw(url, "SELECT contact_id, metric_name, currency, event_count, total_value, "
+               "first_event_at, last_event_at FROM contact_metrics_summary WHERE account_id = ?",
                (str(account),))  # fmt: skip
     return {
-        (str(c), m): (int(n), Decimal(str(v)), _time(f), _time(last))
-        for c, m, n, v, f, last in rows
+        (str(c), m, cur): (int(n), None if v is None else Decimal(str(v)), _time(f), _time(last))
+        for c, m, cur, n, v, f, last in rows
     }
 
 
