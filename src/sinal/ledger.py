@@ -659,10 +659,21 @@ class Ledger:
         """The account's event with this `unique_event_id` (a duplicate's key), or None."""
         return self.store.find_event(_uuid(account_id, "account_id"), unique_event_id)
 
-    def list_metrics(self, account_id: UUID | str, name: str | None = None) -> list[MetricInfo]:
-        """The account's metrics (or the one named) with their event counts."""
+    def list_metrics(
+        self,
+        account_id: UUID | str,
+        name: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[MetricInfo]:
+        """The account's metrics (or the one named) with their event counts, by name (code
+        point order): the first `limit` (None: every one) named after `after` (the last
+        name of the previous page), when given."""
         named = None if name is None else normalize_metric_name(name)
-        return self.store.list_metrics(_uuid(account_id, "account_id"), named)
+        return self.store.list_metrics(
+            _uuid(account_id, "account_id"), named, after=after, limit=limit
+        )
 
     def aggregate(
         self,

@@ -236,6 +236,48 @@ async def test_metrics_list_and_another_accounts_metric_is_404(api: Api, ana: st
     assert (theirs.status_code, unknown.status_code) == (404, 404)
 
 
+async def test_metrics_page_by_name_with_limit_and_cursor(api: Api, ana: str) -> None:
+    """An account with many custom metrics got every one in one answer: the list pages as
+    every list does, by name (code point order, alike on both backends), and a name
+    holding the "|" between a cursor's parts pages on as any other."""
+    names = ["Quiz Answered", "A|B", "Avaliação Enviada", "zeta", "Order Paid", "A|A"]
+    for n, name in enumerate(names):
+        sent = await api.post(
+            "/v1/events", {"metric": name, "contact_id": ana, "source_id": str(n)}
+        )
+        assert sent.status_code == 201, sent.text
+
+    pages, cursor = [], None
+    while True:
+        params = {"limit": 2, **({} if cursor is None else {"cursor": cursor})}
+        page = await api.client.get("/v1/metrics", params=params)
+        assert page.status_code == 200, page.text
+        pages.append([m["name"] for m in page.json()["data"]])
+        cursor = page.json()["next_cursor"]
+        if cursor is None:
+            break
+    whole = (await api.client.get("/v1/metrics")).json()
+
+    # code point order: "v" < "|"; the first page's cursor is "A|A"'s
+    assert pages == [["Avaliação Enviada", "A|A"], ["A|B", "Order Paid"], ["Quiz Answered", "zeta"]]
+    assert ([m["name"] for m in whole["data"]], whole["next_cursor"]) == (sorted(names), None)
+    assert {m["count"] for m in whole["data"]} == {1}
+
+
+@pytest.mark.parametrize(
+    ("limit", "code"),
+    [("0", "greater_than_equal"), ("1001", "less_than_equal"), ("many", "int_parsing")],
+)
+async def test_metrics_limit_out_of_range_is_422_as_every_lists(
+    api: Api, limit: str, code: str
+) -> None:
+    answer = await api.client.get("/v1/metrics", params={"limit": limit})
+
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert (error["field"], error["code"]) == ("limit", code)  # not unknown_parameter
+
+
 @pytest.mark.parametrize(
     ("params", "fields"),
     [

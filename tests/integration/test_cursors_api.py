@@ -44,6 +44,7 @@ async def _lists(api: Api) -> dict[str, str]:
         "rejections": "/v1/rejections",
         "conversations": "/v1/conversations",
         "contacts": "/v1/contacts",
+        "metrics": "/v1/metrics",
     }
 
 
@@ -168,6 +169,12 @@ def _malformed(cursor: str) -> dict[str, str]:
                            ("year 0 in UTC", "0001-01-01T00:00:00+01:00"),
                            ("year 10000 in UTC", "9999-12-31T23:59:59-01:00")]:  # fmt: skip
             broken[case] = _cursor("|".join([name, digest, when, ident]))
+    if name == "metrics":  # the position is a name in base64: ours, and no other spelling
+        for case, text in [("a name not in base64", "Order Paid"),
+                           ("a name padded", _cursor("Order Paid") + "=="),
+                           ("a name not UTF-8", _cursor(b"\xff")),
+                           ("a name with a NUL", _cursor("Order\x00Paid"))]:  # fmt: skip
+            broken[case] = _cursor("|".join([name, digest, text]))
     return broken
 
 
@@ -220,7 +227,7 @@ async def test_a_bare_id_given_to_a_list_that_never_had_one_says_it_is_another_l
     [automation] = (await api.client.get(paths["automations"], params={"limit": 1})).json()["data"]
     answers = {
         name: await _answer(api, paths[name], _cursor(automation["id"]))
-        for name in ("contacts", "events", "timeline")
+        for name in ("contacts", "events", "timeline", "metrics")
     }
     assert answers == {
         name: _refused(
@@ -228,7 +235,7 @@ async def test_a_bare_id_given_to_a_list_that_never_had_one_says_it_is_another_l
             "a bare id): leave cursor out to list from the first page"
         )
         for name, listed in (("contacts", "contacts"), ("events", "events"),
-                             ("timeline", "events"))
+                             ("timeline", "events"), ("metrics", "metrics"))
     }  # fmt: skip
 
 

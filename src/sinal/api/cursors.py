@@ -2,18 +2,19 @@
 
 A list's cursor names the list and, by a digest, the query it pages: the account, the
 path's id (an automation's executions) and the filters (`contact_id`, `metric`, `since`,
-`until`; `status`; `email`, `phone`, `external_id`, `tag`). Every list is ordered by
-time-ordered ids (or by time), so a position taken from one list reads as a place in any
-other: another list's cursor, or this list's under other filters, paged from a wrong place
-without a word. Each is 422
-`invalid_cursor` on `cursor` now, its message saying which. `limit` is not bound: a page
-may be of any size. A contact's timeline is `GET /v1/events?contact_id=`, one list.
+`until`; `status`; `email`, `phone`, `external_id`, `tag`). Lists are ordered by
+time-ordered ids, by time or (the metrics) by name, so a position taken from one list reads
+as a place in another: another list's cursor, or this list's under other filters, paged
+from a wrong place without a word. Each is 422 `invalid_cursor` on `cursor` now, its
+message saying which. `limit` is not bound: a page may be of any size. A contact's
+timeline is `GET /v1/events?contact_id=`, one list.
 
 ```
 base64url("automations|<digest>|<id>")              # integrations, automations, executions,
                                                     # rejections, conversations, contacts
 base64url("events|<digest>|<occurred_at>|<id>")     # GET /v1/events, a contact's timeline
 base64url("feed|<digest>|<arrival>|<id>")           # the change feed's `after`
+base64url("metrics|<digest>|<base64url(name)>")     # GET /v1/metrics (a name may hold "|")
 ```
 
 The feed's digest covers the account alone (`after` takes no filter): another account's
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, NoReturn, get_args
@@ -45,7 +47,7 @@ from sinal.events import in_utc
 from sinal.store.base import FEED_START, FeedPosition
 
 ListName = Literal["events", "integrations", "automations", "executions", "rejections",
-                   "conversations", "contacts"]  # fmt: skip
+                   "conversations", "contacts", "metrics"]  # fmt: skip
 # Where a change feed starts: the `after` of a poller's first read.
 FEED_FROM_START = "start"
 _FEED: Literal["feed"] = "feed"
@@ -112,6 +114,25 @@ def decode_id_cursor(cursor: str | None, listing: Listing) -> UUID | None:
     return _uuid(ident, "cursor")
 
 
+def encode_name_cursor(name: str, listing: Listing) -> str:
+    """The cursor to the rows after the one named `name` in `listing`'s list by name: the
+    name in base64url, since a metric's may hold the "|" between a cursor's parts."""
+    return listing.encode(_encode(name))
+
+
+def decode_name_cursor(cursor: str | None, listing: Listing) -> str | None:
+    """The name in a cursor of `listing`'s list by name (None for none); `InvalidQuery`
+    naming `cursor` for any other."""
+    if cursor is None:
+        return None
+    [text] = listing.position(cursor, 1)
+    name = _text(text, "cursor")
+    # ours is the canonical encoding of a name, which holds no control character
+    if _encode(name) != text or any(unicodedata.category(ch) == "Cc" for ch in name):
+        _refuse("cursor", _NOT_OURS)
+    return name
+
+
 def decode_event_cursor(cursor: str | None, listing: Listing) -> tuple[datetime, UUID] | None:
     """(occurred_at, id) in a cursor of `listing`'s events list (None for none);
     `InvalidQuery` naming `cursor` for any other."""
@@ -160,8 +181,13 @@ def _encode(*parts: str) -> str:
 def _parts(cursor: str, field: str) -> list[str]:
     """The parts of a cursor's text; `InvalidQuery` naming `field` if it is not base64 of
     UTF-8."""
+    return _text(cursor, field).split("|")
+
+
+def _text(encoded: str, field: str) -> str:
+    """The UTF-8 text in base64url `encoded`; `InvalidQuery` naming `field` if it holds none."""
     try:
-        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().split("|")
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
     except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors too
         _refuse(field, _NOT_OURS)
 

@@ -258,9 +258,10 @@ class MetricOut(BaseModel):
 
 
 class MetricList(BaseModel):
-    """The account's metrics."""
+    """The account's metrics, by name."""
 
     data: list[MetricOut]
+    next_cursor: str | None
 
 
 class Bucket(BaseModel):

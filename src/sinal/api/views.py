@@ -207,6 +207,7 @@ class _Identified(Protocol):
 
 
 _T = TypeVar("_T", bound=_Identified)
+_Row = TypeVar("_Row")
 
 
 def id_page(
@@ -215,11 +216,18 @@ def id_page(
     """A page of `listing`'s list read by id (newest first, or oldest first), `limit + 1`
     rows asked for: its first `limit` rows as `view` shows them, and the cursor to the
     rest, its last row's id (null when none is left; `decode_id_cursor` reads it back)."""
+    return keyset_page(rows, limit, view, lambda last: listing.encode(str(last.id)))
+
+
+def keyset_page(
+    rows: Sequence[_Row], limit: int, view: Callable[[_Row], Any], cursor: Callable[[_Row], str]
+) -> dict[str, Any]:
+    """A page of a list read by keyset, `limit + 1` rows asked for: its first `limit` rows
+    as `view` shows them, and `cursor(its last row)` to the rest (null when none is left)."""
     page = rows[:limit]
-    more = len(rows) > limit
     return {
         "data": [view(r) for r in page],
-        "next_cursor": listing.encode(str(page[-1].id)) if more else None,
+        "next_cursor": cursor(page[-1]) if len(rows) > limit else None,
     }
 
 

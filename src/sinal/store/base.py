@@ -604,8 +604,16 @@ class Store(Protocol):
         """The account's event with this `unique_event_id` (by its unique key), or None."""
         ...
 
-    def list_metrics(self, account_id: UUID, name: str | None = None) -> list[MetricInfo]:
-        """The account's metrics (or the one named), by name, with their event counts."""
+    def list_metrics(
+        self,
+        account_id: UUID,
+        name: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[MetricInfo]:
+        """The account's metrics (or the one named), by name (code point order), with their
+        event counts: the first `limit` (None: every one) named after `after`, when given."""
         ...
 
     def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:

@@ -1531,16 +1531,30 @@ class PostgresStore(
             ).fetchone()
         return None if row is None else StoredEvent(*row)
 
-    def list_metrics(self, account_id: UUID, name: str | None = None) -> list[MetricInfo]:
-        """The account's metrics with their event counts (from the summaries)."""
+    def list_metrics(
+        self,
+        account_id: UUID,
+        name: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[MetricInfo]:
+        """The account's metrics with their event counts (from the summaries of the page's
+        metrics alone); names compare as COLLATE "C", code point order for UTF8, as
+        SQLite's do."""
         with self._conn() as conn:
             rows = conn.execute(
-                "SELECT m.name, m.category, m.is_system, coalesce(s.n, 0)::bigint, m.created_at "
-                "FROM metrics m LEFT JOIN (SELECT metric_name, sum(event_count) AS n "
-                "FROM contact_metrics_summary WHERE account_id = %s GROUP BY metric_name) s "
-                "ON s.metric_name = m.name WHERE m.account_id = %s "
-                'AND (%s::text IS NULL OR m.name = %s) ORDER BY m.name COLLATE "C"',
-                (account_id, account_id, name, name),
+                "WITH page AS (SELECT name, category, is_system, created_at FROM metrics "
+                "WHERE account_id = %(account)s "
+                "AND (%(name)s::text IS NULL OR name = %(name)s) "
+                'AND (%(after)s::text IS NULL OR name > %(after)s COLLATE "C") '
+                'ORDER BY name COLLATE "C" LIMIT %(limit)s) '  # NULL: no limit
+                "SELECT p.name, p.category, p.is_system, coalesce(s.n, 0)::bigint, p.created_at "
+                "FROM page p LEFT JOIN (SELECT metric_name, sum(event_count) AS n "
+                "FROM contact_metrics_summary WHERE account_id = %(account)s "
+                "AND metric_name IN (SELECT name FROM page) GROUP BY metric_name) s "
+                'ON s.metric_name = p.name ORDER BY p.name COLLATE "C"',
+                {"account": account_id, "name": name, "after": after, "limit": limit},
             ).fetchall()
         return [MetricInfo(*r) for r in rows]
 

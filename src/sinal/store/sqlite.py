@@ -1093,20 +1093,29 @@ class SQLiteStore(
             ).fetchone()
         return None if row is None else _stored_event(row)
 
-    def list_metrics(self, account_id: UUID, name: str | None = None) -> list[MetricInfo]:
-        """The account's metrics with their event counts (from the summaries)."""
-        sql = (
-            "SELECT m.name, m.category, m.is_system, coalesce(s.n, 0), m.created_at "
-            "FROM metrics m LEFT JOIN (SELECT metric_name, sum(event_count) AS n "
-            "FROM contact_metrics_summary WHERE account_id = ? GROUP BY metric_name) s "
-            "ON s.metric_name = m.name WHERE m.account_id = ?"
-        )
-        args: list[str] = [str(account_id), str(account_id)]
-        if name is not None:
-            sql += " AND m.name = ?"
-            args.append(name)
+    def list_metrics(
+        self,
+        account_id: UUID,
+        name: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[MetricInfo]:
+        """The account's metrics with their event counts (from the summaries of the page's
+        metrics alone); names compare as BINARY, code point order for UTF-8."""
         with self._read() as conn:
-            rows = conn.execute(sql + " ORDER BY m.name", args).fetchall()
+            rows = conn.execute(
+                "WITH page AS (SELECT name, category, is_system, created_at FROM metrics "
+                "WHERE account_id = :account AND (:name IS NULL OR name = :name) "
+                "AND (:after IS NULL OR name > :after) ORDER BY name LIMIT :limit) "
+                "SELECT p.name, p.category, p.is_system, coalesce(s.n, 0), p.created_at "
+                "FROM page p LEFT JOIN (SELECT metric_name, sum(event_count) AS n "
+                "FROM contact_metrics_summary WHERE account_id = :account "
+                "AND metric_name IN (SELECT name FROM page) GROUP BY metric_name) s "
+                "ON s.metric_name = p.name ORDER BY p.name",
+                {"account": str(account_id), "name": name, "after": after,
+                 "limit": -1 if limit is None else limit},  # -1: no limit
+            ).fetchall()  # fmt: skip
         return [MetricInfo(r[0], r[1], bool(r[2]), int(r[3]), parse_ts(r[4])) for r in rows]
 
     def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:

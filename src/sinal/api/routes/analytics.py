@@ -9,10 +9,17 @@ from fastapi import APIRouter, Header, Query, Request
 from starlette.responses import Response
 
 from sinal.aggregates import Interval, naive_time
+from sinal.api.cursors import Listing, decode_name_cursor, encode_name_cursor
 from sinal.api.errors import NotFound, problem_responses
 from sinal.api.models import AggregateOut, MetricList
 from sinal.api.service import service
-from sinal.api.views import aggregate_view, json_response, locale_of, metric_view
+from sinal.api.views import (
+    aggregate_view,
+    json_response,
+    keyset_page,
+    locale_of,
+    metric_view,
+)
 from sinal.errors import InvalidQuery
 from sinal.events import normalize_metric_name
 from sinal.store.base import Measurement
@@ -24,19 +31,29 @@ router = APIRouter(tags=["metrics"])
     "/v1/metrics",
     summary="The account's metrics",
     response_model=MetricList,
-    responses=problem_responses(401, 403, 503),
+    responses=problem_responses(401, 403, 422, 503),
 )
 async def list_metrics(
     request: Request,
     locale: Annotated[str | None, Query(description="pt-BR, en or es")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
     accept_language: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Response:
-    """Name, label, category, whether it is a catalog (system) metric, and its events."""
+    """Name, label, category, whether it is a catalog (system) metric, and its events; by
+    name (as code points order it). Keyset pagination, as every list."""
     svc = service(request)
     key = await svc.authorize(request, "read")
-    metrics = await svc.run(svc.ledger.list_metrics, key.account_id)
+    listing = Listing.of("metrics", key.account_id)
+    after = decode_name_cursor(cursor, listing)
+    metrics = await svc.run(
+        lambda: svc.ledger.list_metrics(key.account_id, after=after, limit=limit + 1)
+    )
     lang = locale_of(locale, accept_language)
-    return json_response({"data": [metric_view(m, lang) for m in metrics]})
+    return json_response(
+        keyset_page(metrics, limit, lambda m: metric_view(m, lang),
+                    lambda last: encode_name_cursor(last.name, listing))
+    )  # fmt: skip
 
 
 @router.get(

@@ -35,6 +35,7 @@ from sinal.api.views import (
     event_view,
     feed_view,
     json_response,
+    keyset_page,
     locale_of,
     parse_path_id,
 )
@@ -238,13 +239,10 @@ async def event_page(
     listing = Listing.of("events", query.account_id, **filters)
     before = decode_event_cursor(cursor, listing)
     rows = await svc.run(svc.ledger.list_events, replace(query, before=before, limit=limit + 1))
-    page, more = rows[:limit], len(rows) > limit
-    next_cursor = (
-        listing.encode(page[-1].occurred_at.isoformat(), str(page[-1].id)) if more else None
-    )
     return json_response(
-        {"data": [event_view(e, locale) for e in page], "next_cursor": next_cursor}
-    )
+        keyset_page(rows, limit, lambda e: event_view(e, locale),
+                    lambda last: listing.encode(last.occurred_at.isoformat(), str(last.id)))
+    )  # fmt: skip
 
 
 def to_emit(item: EventIn, account_id: UUID) -> EmitEvent:
