@@ -12,15 +12,18 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import partial
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any, cast
+from uuid import UUID
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
+from typer.core import TyperCommand, TyperGroup
+from typer.models import CommandFunctionType
 
 from sinal.config import Settings
 from sinal.errors import (
@@ -33,9 +36,53 @@ from sinal.errors import (
 )
 from sinal.keyring import Keyring
 from sinal.ledger import Ledger, connect, contact_query
-from sinal.store.base import ContactQuery, ListedContact, latest_schema_version
+from sinal.store.base import (
+    ContactQuery,
+    ListedContact,
+    RebuildReport,
+    latest_schema_version,
+    read_pages,
+)
 
-app = typer.Typer(
+
+def _untyped_flags(params: Iterable[Any]) -> None:
+    """A flag (--json, --help, --migrate/--no-migrate) takes no value: shown with no type
+    in --help, where typer put `<bool>` beside each, as if it took one."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+
+
+class _Command(TyperCommand):
+    """A command whose --help shows its flags with no type."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _untyped_flags(self.get_params(ctx))
+        super().format_help(ctx, formatter)
+
+
+class _Group(TyperGroup):
+    """A group of commands whose --help shows its flags with no type."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _untyped_flags(self.get_params(ctx))
+        super().format_help(ctx, formatter)
+
+
+class _Typer(typer.Typer):
+    """`typer.Typer` whose groups and commands show their flags with no type."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(cls=_Group, **settings)
+
+    def command(
+        self, *args: Any, **settings: Any
+    ) -> Callable[[CommandFunctionType], CommandFunctionType]:
+        """`typer.Typer.command`, of class `_Command`."""
+        return super().command(*args, cls=_Command, **settings)
+
+
+app = _Typer(
     name="sinal",
     help="sinal: the event system of a commerce + WhatsApp CRM platform.",
     no_args_is_help=True,
@@ -53,6 +100,7 @@ DatabaseOption = Annotated[
     str | None,
     typer.Option(
         "--database-url",
+        metavar="URL",
         envvar="SINAL_DATABASE_URL",
         help="sqlite:///file.db or postgresql://user@host:port/db (default: sqlite:///sinal.db)",
         show_default=False,
@@ -100,7 +148,7 @@ def migrate(database_url: DatabaseOption = None) -> None:
 def rebuild_summaries(
     database_url: DatabaseOption = None,
     account: Annotated[
-        str | None, typer.Option(help="Only this account's summaries (default: all).")
+        str | None, typer.Option(metavar="ID", help="Only this account's summaries (default: all).")
     ] = None,
 ) -> None:
     """Recompute contact_metrics_summary from the events table and report the drift fixed."""
@@ -113,21 +161,28 @@ def rebuild_summaries(
             def advance(done: int, total: int) -> None:
                 progress.update(task, completed=done, total=total)
 
-            reports = ledger.rebuild_summaries(account_id, advance)
-    drift = sum(r.drift for r in reports)
-    for report in reports:
-        for line in report.details:
-            console.print(f"  account {report.account_id}: {line}")
+            accounts, total = _added_up(ledger.rebuild_each_account(account_id, advance))
+    for line in total.details:  # after the bar: while it runs, stdout goes through it
+        console.print(f"  {line}")
     console.print(
-        f"{len(reports)} account(s), {sum(r.rows for r in reports)} summary rows; "
-        f"fixed {drift} drifted row(s)"
+        f"{accounts} account(s), {total.rows} summary rows; fixed {total.drift} drifted row(s)"
         + (
-            f" ({sum(r.inserted for r in reports)} missing, "
-            f"{sum(r.changed for r in reports)} wrong, {sum(r.deleted for r in reports)} orphaned)"
-            if drift
+            f" ({total.inserted} missing, {total.changed} wrong, {total.deleted} orphaned)"
+            if total.drift
             else ""
         )
     )
+
+
+def _added_up(reports: Iterable[RebuildReport]) -> tuple[int, RebuildReport]:
+    """How many accounts were rebuilt, and their reports added up, each detail naming its
+    account: only the details are held, not a report per account."""
+    accounts, total = 0, RebuildReport(UUID(int=0))
+    for report in reports:
+        accounts += 1
+        report.details = [f"account {report.account_id}: {line}" for line in report.details]
+        total.add(report)
+    return accounts, total
 
 
 @app.command()
@@ -140,8 +195,8 @@ def demo(database_url: DatabaseOption = None) -> None:
         run_demo(ledger, Console())  # its tables style fixed text with markup
 
 
-accounts_app = typer.Typer(help="Accounts (tenants).", no_args_is_help=True)
-keys_app = typer.Typer(help="API keys: the text is shown once; only its hash is kept.",
+accounts_app = _Typer(help="Accounts (tenants).", no_args_is_help=True)
+keys_app = _Typer(help="API keys: the text is shown once; only its hash is kept.",
                        no_args_is_help=True)  # fmt: skip
 app.add_typer(accounts_app, name="accounts")
 app.add_typer(keys_app, name="keys")
@@ -153,23 +208,16 @@ def _echo_json(data: Any) -> None:
 
 
 Row = dict[str, Any]
-_T = TypeVar("_T")
 
 
-def _pages(read: Callable[[_T | None], list[_T]], size: int) -> Iterator[list[_T]]:
-    """Every row of a list read by keyset, a page at a time: `read(None)` the first page,
-    `read(its last row)` the next, until one of fewer than `size` rows."""
-    page = read(None)
-    while page:
-        yield page
-        page = read(page[-1]) if len(page) == size else []
-
-
-def _print_pages(name: str, pages: Iterable[list[Row]], line: Callable[[Row], str] | None) -> None:
+def _print_pages(
+    name: str, pages: Iterable[list[Row]], line: Callable[[Row], str] | None, empty: str
+) -> None:
     """Print a list's rows as each page (never empty) is read, so that only one page is
     held: with `line` None, as `_echo_json({name: rows})` prints them all (one JSON
-    object), else `line(row)` for each. A failure past the first page leaves what was
-    printed (and exits 1)."""
+    object), else `line(row)` for each, and `empty` on stderr when there is none (an
+    empty stdout read as a command that did nothing). A failure past the first page
+    leaves what was printed (and exits 1)."""
     if line is None:
         opening, started = f"{{{json.dumps(name)}: [", False
         for page in pages:
@@ -178,15 +226,19 @@ def _print_pages(name: str, pages: Iterable[list[Row]], line: Callable[[Row], st
             started = True
         typer.echo(("" if started else opening) + "]}")
         return
+    printed = False
     for page in pages:  # one print a page: rich's own work per call is most of a row's
         console.print("\n".join(line(row) for row in page))
+        printed = True
+    if not printed:
+        err_console.print(empty, soft_wrap=True)
 
 
 @accounts_app.command("create")
 def accounts_create(
-    name: Annotated[str, typer.Option(help="The account's name.")],
+    name: Annotated[str, typer.Option(metavar="NAME", help="The account's name.")],
     timezone: Annotated[
-        str, typer.Option(help="IANA zone: the default of aggregates.")
+        str, typer.Option(metavar="ZONE", help="IANA zone: the default of aggregates.")
     ] = "America/Sao_Paulo",
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
@@ -211,9 +263,10 @@ def accounts_list(as_json: JsonOption = False, database_url: DatabaseOption = No
     with open_ledger(database_url) as ledger:
         pages = (
             [{"id": str(a.id), "name": a.name, "timezone": a.timezone} for a in page]
-            for page in _pages(partial(ledger.list_accounts, ACCOUNTS_PAGE), ACCOUNTS_PAGE)
+            for page in read_pages(partial(ledger.list_accounts, ACCOUNTS_PAGE), ACCOUNTS_PAGE)
         )
-        _print_pages("accounts", pages, None if as_json else _account_line)
+        empty = f"no accounts: create one with `{_this_command()} accounts create --name NAME`"
+        _print_pages("accounts", pages, None if as_json else _account_line, empty)
 
 
 def _account_line(row: Row) -> str:
@@ -222,11 +275,11 @@ def _account_line(row: Row) -> str:
 
 @keys_app.command("create")
 def keys_create(
-    account: Annotated[str, typer.Option(help="The account's id.")],
-    scopes: Annotated[str, typer.Option(help="Comma-separated: ingest, read, admin.")] = (
-        "ingest,read"
-    ),
-    name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+    account: Annotated[str, typer.Option(metavar="ID", help="The account's id.")],
+    scopes: Annotated[
+        str, typer.Option(metavar="SCOPES", help="Comma-separated: ingest, read, admin.")
+    ] = ("ingest,read"),
+    name: Annotated[str | None, typer.Option(metavar="NAME", help="A label for the key.")] = None,
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
@@ -249,33 +302,42 @@ def keys_create(
         err_console.print("store it now: it is not shown again", style="yellow")
 
 
+# Keys read per query by `keys list`, which pages through every one of the account's,
+# printing each page as it is read.
+KEYS_PAGE = 1000
+
+
 @keys_app.command("list")
 def keys_list(
-    account: Annotated[str, typer.Option(help="The account's id.")],
+    account: Annotated[str, typer.Option(metavar="ID", help="The account's id.")],
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
-    """List an account's keys (ids, scopes, last characters; never the text)."""
+    """List an account's keys, oldest first (ids, scopes, last characters; never the text)."""
     account_id = _parse_id(account, "--account")
     with open_ledger(database_url) as ledger:
         _check_account(ledger, account_id)
-        keys = ledger.list_api_keys(account_id)
-    rows = [
-        {"id": str(k.id), "name": k.name, "scopes": list(k.scopes), "hint": f"…{k.hint}",
-         "revoked": k.revoked_at is not None}
-        for k in keys
-    ]  # fmt: skip
-    if as_json:
-        _echo_json({"keys": rows})
-    for k in [] if as_json else keys:
-        state = "revoked" if k.revoked_at is not None else "active"
-        label = "" if k.name is None else f"  {k.name}"  # --name's label: which key is which
-        console.print(f"{k.id}  …{k.hint}  {','.join(k.scopes)}  {state}{label}")
+        pages = (
+            [{"id": str(k.id), "name": k.name, "scopes": list(k.scopes), "hint": f"…{k.hint}",
+              "revoked": k.revoked_at is not None} for k in page]
+            for page in read_pages(partial(ledger.list_api_keys, account_id, KEYS_PAGE), KEYS_PAGE)
+        )  # fmt: skip
+        empty = (f"account {account_id} has no keys: create one with "
+                 f"`{_this_command()} keys create --account {account_id}`")  # fmt: skip
+        _print_pages("keys", pages, None if as_json else _key_line, empty)
+
+
+def _key_line(row: Row) -> str:
+    state = "revoked" if row["revoked"] else "active"
+    label = "" if row["name"] is None else f"  {row['name']}"  # --name's label: which is which
+    return f"{row['id']}  {row['hint']}  {','.join(row['scopes'])}  {state}{label}"
 
 
 @keys_app.command("revoke")
 def keys_revoke(
-    key_id: Annotated[str, typer.Argument(help="The key's id (from keys create or list).")],
+    key_id: Annotated[
+        str, typer.Argument(metavar="KEY_ID", help="The key's id (from keys create or list).")
+    ],
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
@@ -291,7 +353,7 @@ def keys_revoke(
         console.print(f"revoked key {key.id} of account {key.account_id}")
 
 
-contacts_app = typer.Typer(help="Contacts.", no_args_is_help=True)
+contacts_app = _Typer(help="Contacts.", no_args_is_help=True)
 app.add_typer(contacts_app, name="contacts")
 
 
@@ -303,13 +365,21 @@ CONTACTS_PAGE = 1000
 @contacts_app.command("list")
 def contacts_list(
     *,
-    account: Annotated[str, typer.Option(help="The contacts' account.", show_default=False)],
-    phone: Annotated[str | None, typer.Option(help="Only the contact with this phone.")] = None,
-    email: Annotated[str | None, typer.Option(help="Only the contact with this email.")] = None,
-    external_id: Annotated[
-        str | None, typer.Option(help="Only the contact with this external id.")
+    account: Annotated[
+        str, typer.Option(metavar="ID", help="The contacts' account.", show_default=False)
+    ],
+    phone: Annotated[
+        str | None, typer.Option(metavar="PHONE", help="Only the contact with this phone.")
     ] = None,
-    tag: Annotated[str | None, typer.Option(help="Only contacts with this tag.")] = None,
+    email: Annotated[
+        str | None, typer.Option(metavar="EMAIL", help="Only the contact with this email.")
+    ] = None,
+    external_id: Annotated[
+        str | None, typer.Option(metavar="ID", help="Only the contact with this external id.")
+    ] = None,
+    tag: Annotated[
+        str | None, typer.Option(metavar="TAG", help="Only contacts with this tag.")
+    ] = None,
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
@@ -329,9 +399,21 @@ def contacts_list(
         _check_account(ledger, account_id)
         pages = (
             [contact_view(c.contact, c.tags) for c in page]
-            for page in _pages(partial(_contacts_after, ledger, query), query.limit)
+            for page in read_pages(partial(_contacts_after, ledger, query), query.limit)
         )
-        _print_pages("contacts", pages, None if as_json else _contact_line)
+        given = {"--phone": phone, "--email": email, "--external-id": external_id, "--tag": tag}
+        _print_pages("contacts", pages, None if as_json else _contact_line,
+                     _no_contacts(account_id, given))  # fmt: skip
+
+
+def _no_contacts(account_id: Any, given: dict[str, str | None]) -> str:
+    """What `contacts list` says when it lists none: of the account, or matching the
+    filters given (as typed)."""
+    filters = [f"{option} {shlex.quote(value)}" for option, value in given.items()
+               if value is not None]  # fmt: skip
+    if not filters:
+        return f"account {account_id} has no contacts"
+    return f"no contact of account {account_id} matches {' '.join(filters)}"
 
 
 def _contacts_after(
@@ -349,8 +431,12 @@ def _contact_line(row: Row) -> str:
 
 @contacts_app.command("erase", short_help="Erase a contact and everything of it, irreversibly.")
 def contacts_erase(
-    contact: Annotated[str, typer.Argument(help="The contact's id.", show_default=False)],
-    account: Annotated[str, typer.Option(help="The contact's account.", show_default=False)],
+    contact: Annotated[
+        str, typer.Argument(metavar="CONTACT_ID", help="The contact's id.", show_default=False)
+    ],
+    account: Annotated[
+        str, typer.Option(metavar="ID", help="The contact's account.", show_default=False)
+    ],
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
@@ -371,8 +457,6 @@ def contacts_erase(
 
 
 def _parse_id(raw: str, what: str) -> Any:
-    from uuid import UUID
-
     try:
         return UUID(raw)
     except ValueError:
@@ -399,11 +483,15 @@ def _settings_epilog() -> str:
 def serve(
     *,
     host: Annotated[
-        str | None, typer.Option(help="Address (default: SINAL_HOST, or 127.0.0.1).")
+        str | None,
+        typer.Option(metavar="ADDRESS", help="Address (default: SINAL_HOST, or 127.0.0.1)."),
     ] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default: SINAL_PORT, or 8000).")] = None,
+    port: Annotated[
+        int | None, typer.Option(metavar="PORT", help="Port (default: SINAL_PORT, or 8000).")
+    ] = None,
     workers: Annotated[
-        int | None, typer.Option(help="Server processes (default: SINAL_WORKERS, or 1).")
+        int | None,
+        typer.Option(metavar="N", help="Server processes (default: SINAL_WORKERS, or 1)."),
     ] = None,
     migrate_first: Annotated[
         bool, typer.Option("--migrate/--no-migrate", help="Apply pending migrations first.")
@@ -621,7 +709,7 @@ def worker(database_url: DatabaseOption = None) -> None:
         run_worker(ledger, settings)
 
 
-executions_app = typer.Typer(help="Automation executions.", no_args_is_help=True)
+executions_app = _Typer(help="Automation executions.", no_args_is_help=True)
 app.add_typer(executions_app, name="executions")
 
 
@@ -630,10 +718,13 @@ def executions_retry(
     execution: Annotated[
         str | None,
         typer.Argument(
-            help="One execution (dead or unknown) to run again; default: every dead one."
+            metavar="EXECUTION_ID",
+            help="One execution (dead or unknown) to run again; default: every dead one.",
         ),
     ] = None,
-    account: Annotated[str | None, typer.Option(help="Only this account's executions.")] = None,
+    account: Annotated[
+        str | None, typer.Option(metavar="ID", help="Only this account's executions.")
+    ] = None,
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
@@ -657,7 +748,7 @@ def executions_retry(
         console.print(f"revived {revived} execution(s)")
 
 
-webhooks_app = typer.Typer(help="Webhook deliveries kept raw.", no_args_is_help=True)
+webhooks_app = _Typer(help="Webhook deliveries kept raw.", no_args_is_help=True)
 app.add_typer(webhooks_app, name="webhooks")
 _REPLAYABLE = ("unmappable", "failed", "received")
 
@@ -667,11 +758,14 @@ def webhooks_replay(
     status: Annotated[
         str,
         typer.Option(
+            metavar="STATES",
             help="Comma-separated states to process again: unmappable, failed, received "
-            "(kept but never finished, e.g. the process died)."
+            "(kept but never finished, e.g. the process died).",
         ),
     ] = ",".join(_REPLAYABLE),
-    account: Annotated[str | None, typer.Option(help="Only this account's deliveries.")] = None,
+    account: Annotated[
+        str | None, typer.Option(metavar="ID", help="Only this account's deliveries.")
+    ] = None,
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
@@ -728,7 +822,7 @@ def prune(as_json: JsonOption = False, database_url: DatabaseOption = None) -> N
         console.print(f"pruned {n} {kind} older than {getattr(retention, kind)} days")
 
 
-secrets_app = typer.Typer(
+secrets_app = _Typer(
     help="Stored secrets, sealed with SINAL_SECRET_KEYS (README: Secrets at rest).",
     no_args_is_help=True,
 )
@@ -779,7 +873,7 @@ def secrets_rotate(as_json: JsonOption = False, database_url: DatabaseOption = N
 
 @secrets_app.command("new-key")
 def secrets_new_key(
-    key_id: Annotated[str, typer.Argument(help="The new key's id, e.g. k2.")],
+    key_id: Annotated[str, typer.Argument(metavar="KEY_ID", help="The new key's id, e.g. k2.")],
 ) -> None:
     """Print a fresh key, ID:BASE64, to put first in SINAL_SECRET_KEYS (it uses no database)."""
     from sinal.keyring import new_key

@@ -381,7 +381,16 @@ class Ledger:
     def rebuild_summaries(
         self, account_id: UUID | str | None = None, progress: Progress | None = None
     ) -> list[RebuildReport]:
-        """Recompute `contact_metrics_summary` from events; report the drift fixed."""
+        """Recompute `contact_metrics_summary` from events; report the drift fixed, one
+        report per account (`rebuild_each_account` holds one at a time)."""
+        return list(self.rebuild_each_account(account_id, progress))
+
+    def rebuild_each_account(
+        self, account_id: UUID | str | None = None, progress: Progress | None = None
+    ) -> Iterator[RebuildReport]:
+        """`rebuild_summaries`, each account's report yielded once its summaries are
+        recounted, the accounts read a page at a time as it goes: for a database of more
+        accounts than are worth holding. The rebuild goes as far as it is iterated."""
         account = None if account_id is None else _uuid(account_id, "account_id")
         return self.store.rebuild_summaries(account, progress)
 
@@ -445,9 +454,13 @@ class Ledger:
         """Revoke a key by id (idempotent); None if there is no such key."""
         return self.store.revoke_api_key(_uuid(key_id, "key_id"), self.clock())
 
-    def list_api_keys(self, account_id: UUID | str) -> list[ApiKey]:
-        """The account's keys (hashes and hints, never the text), oldest first."""
-        return self.store.list_api_keys(_uuid(account_id, "account_id", InvalidAccount))
+    def list_api_keys(
+        self, account_id: UUID | str, limit: int | None = None, after: ApiKey | None = None
+    ) -> list[ApiKey]:
+        """The account's keys (hashes and hints, never the text), oldest first: the first
+        `limit` (None: every one) after `after`, the last of the previous page, when given."""
+        account = _uuid(account_id, "account_id", InvalidAccount)
+        return self.store.list_api_keys(account, limit, after)
 
     def resolve_contact(
         self,

@@ -10,11 +10,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 
 import sinal
-from sinal import connect
+from sinal import cli, connect
 from sinal.automations.service import Automations
 from sinal.store.base import latest_schema_version
 from tests.contract.test_retention import OLD, age_rejection, reject
@@ -263,6 +265,31 @@ def test_cli_help_lists_each_command_on_one_line(group: list[str]) -> None:
     panel = result.stdout.split("Commands ")[1].splitlines()[1:]
     rows = panel[: next(i for i, line in enumerate(panel) if line.startswith("╰"))]
     assert [row for row in rows if row.startswith("│  ")] == []  # a row's continuation
+
+
+def _every_command(command: Any = None, path: tuple[str, ...] = ()) -> list[list[str]]:
+    """Every group's and command's path: [], ["accounts"], ["accounts", "create"], ..."""
+    command = typer.main.get_command(cli.app) if command is None else command
+    found = [list(path)]
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        found += _every_command(sub, (*path, name))
+    return found
+
+
+@pytest.mark.parametrize("command", _every_command(), ids=lambda path: " ".join(["sinal", *path]))
+def test_cli_help_shows_what_each_option_takes_and_no_type_for_a_flag(command: list[str]) -> None:
+    """Each option's row read `--json <bool>`, `--help <bool>`, as if a flag took a value,
+    and `--account <str>`: a flag shows nothing there now, a value what it is (ID, URL,
+    NAME, ...), as the README writes the commands."""
+    result = run("sqlite:///unused.db", *command, "--help")
+
+    assert result.returncode == 0, result.stderr
+    panel = result.stdout.split("─ Options ")[1].splitlines()[1:]
+    rows = panel[: next(i for i, line in enumerate(panel) if line.startswith("╰"))]
+    assert [row for row in rows if "<" in row] == []
+    [help_row] = [row for row in rows if " --help " in row]
+    assert help_row.split("--help")[1].split() == ["Show", "this", "message", "and", "exit.", "│"]
+    assert all(" ID " in row for row in rows if " --account " in row)
 
 
 @pytest.mark.parametrize("option", ["--host", "--port", "--workers", "--database-url"])
@@ -636,6 +663,9 @@ _LAST_ACCOUNT = ("INSERT INTO accounts (id, name, timezone, created_at) VALUES "
 _LAST_CONTACT = ("INSERT INTO contacts (account_id, id, name, created_at, updated_at) VALUES "
                  "(?, 'ffffffff-ffff-4fff-bfff-ffffffffffff', 'Depois', ?, ?)")  # fmt: skip
 _LATE = "2999-01-01T00:00:00.000000Z"
+_LAST_KEY = ("INSERT INTO api_keys (account_id, id, key_hash, hint, name, scopes, created_at) "
+             "VALUES (?, 'ffffffff-ffff-4fff-bfff-ffffffffffff', 'last', 'last', 'Depois', "
+             "{scopes}, ?)")  # fmt: skip
 
 
 def _many_rows(url: str, rows: int) -> str:
@@ -659,7 +689,15 @@ def _many_rows(url: str, rows: int) -> str:
         f"'Loja ' || {name}, 'UTC', {when} {numbers}")  # fmt: skip
     sql(url, "INSERT INTO contacts (account_id, id, name, created_at, updated_at) "
         f"SELECT ?, {uuid}, 'Ana ' || {name}, {when}, {when} {numbers}", account)  # fmt: skip
+    sql(url, "INSERT INTO api_keys (account_id, id, key_hash, hint, name, scopes, created_at) "
+        f"SELECT ?, {uuid}, 'hash ' || i, 'abcd', 'Chave ' || {name}, {_scopes(url)}, {when} "
+        f"{numbers}", account)  # fmt: skip
     return account
+
+
+def _scopes(url: str) -> str:
+    """The scopes ["read"] as the backend's SQL keeps them."""
+    return "'[\"read\"]'" if url.startswith("sqlite:") else "ARRAY['read']"
 
 
 def _printed_while(url: str, args: list[str], change: Callable[[], object]) -> str:
@@ -679,34 +717,72 @@ def _printed_while(url: str, args: list[str], change: Callable[[], object]) -> s
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
-@pytest.mark.parametrize("listed", ["accounts", "contacts"])
+@pytest.mark.parametrize("listed", ["accounts", "contacts", "keys"])
 def test_cli_lists_print_each_page_as_it_is_read(
     database_url: str, listed: str, as_json: bool
 ) -> None:
-    """`accounts list` and `contacts list` held every row, and printed nothing until they
-    had read the last page: a row made once the first was printed, ordered last, was
-    never listed. Each page is printed as it is read now, and only it is held."""
+    """`accounts list`, `contacts list` and `keys list` held every row, and printed nothing
+    until they had read the last page: a row made once the first was printed, ordered
+    last, was never listed. Each page is printed as it is read now, and only it is held."""
     account = _many_rows(database_url, 1001)  # a full page of 1,000 and one more
-    args = (
-        ["accounts", "list"] if listed == "accounts" else ["contacts", "list", "--account", account]
-    )
+    args = {
+        "accounts": ["accounts", "list"],
+        "contacts": ["contacts", "list", "--account", account],
+        "keys": ["keys", "list", "--account", account],
+    }[listed]
 
     def make_the_last_row() -> None:
         if listed == "accounts":
             sql(database_url, _LAST_ACCOUNT, _LATE)
-        else:
+        elif listed == "contacts":
             sql(database_url, _LAST_CONTACT, account, _LATE, _LATE)
+        else:
+            sql(database_url, _LAST_KEY.format(scopes=_scopes(database_url)), account, _LATE)
 
     out = _printed_while(database_url, [*args, *(["--json"] if as_json else [])], make_the_last_row)
 
+    column = -1 if listed == "keys" else 1  # a key's label is last: it may have none
     names = (
         [row["name"] for row in json.loads(out)[listed]]
         if as_json
-        else [line.split("  ")[1] for line in out.splitlines()]
+        else [line.split("  ")[column] for line in out.splitlines()]
     )
     expected = 1001 + (2 if listed == "accounts" else 1)  # "Loja", the contacts' account
-    last = {"accounts": "Loja depois", "contacts": "Depois"}[listed]
+    last = {"accounts": "Loja depois", "contacts": "Depois", "keys": "Depois"}[listed]
     assert (len(names), names[-1]) == (expected, last)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["accounts", "list"], "no accounts: create one with `sinal accounts create --name NAME`"),
+        (["keys", "list", "--account", "{account}"],
+         "account {account} has no keys: create one with `sinal keys create --account {account}`"),
+        (["contacts", "list", "--account", "{account}"], "account {account} has no contacts"),
+        (["contacts", "list", "--account", "{account}", "--tag", "vip",
+          "--phone", "(11) 98765-4321"],
+         "no contact of account {account} matches --phone '(11) 98765-4321' --tag vip"),
+    ],
+    ids=["accounts", "keys", "contacts", "contacts matching"],
+)  # fmt: skip
+def test_cli_a_list_of_nothing_says_so_on_stderr(
+    database_url: str, args: list[str], said: str
+) -> None:
+    """An empty list printed nothing at all, as a command that did not run would; a script
+    reading stdout still gets nothing there, and `--json` the empty list alone."""
+    account = ACCOUNT
+    if "--account" in args:  # an account with no keys and no contacts
+        made = run(database_url, "accounts", "create", "--name", "Loja", "--json")
+        account = json.loads(made.stdout)["id"]
+    args = [arg.format(account=account) for arg in args]
+
+    listed = run(database_url, *args)
+    as_json = run(database_url, *args, "--json")
+
+    said = said.format(account=account)
+    assert (listed.returncode, listed.stdout, listed.stderr) == (0, "", said + "\n")
+    assert (as_json.returncode, as_json.stderr) == (0, "")
+    assert json.loads(as_json.stdout) == {args[0]: []}
 
 
 def test_cli_keys_create_with_an_empty_scope_says_the_list_has_one(database_url: str) -> None:

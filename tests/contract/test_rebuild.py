@@ -212,3 +212,31 @@ def test_rebuild_reports_progress_in_contacts(ledger: Ledger) -> None:
     seen.clear()
     ledger.rebuild_summaries(None, lambda done, total: seen.append((done, total)))
     assert seen == [(3, 9), (6, 9), (7, 9), (9, 9)]
+
+
+def test_rebuild_of_every_account_reads_the_accounts_a_page_at_a_time(
+    ledger: Ledger, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every account's id was read into memory before the first was rebuilt. They are read
+    a page at a time as the rebuild goes: an account made while it runs, whose id comes
+    last, is rebuilt too; and each report comes as its account is done."""
+    monkeypatch.setattr(base, "REBUILD_ACCOUNTS", 2, raising=False)
+    accounts = [ledger.create_account(f"Loja {n}") for n in range(3)]
+    for account in accounts:
+        ledger.create_contact(account.id, external_id="ana")
+    late: list[sinal.Account] = []
+
+    def make_one_more(done: int, total: int) -> None:
+        if not late:  # once the first account is done, before the next page is read
+            late.append(ledger.create_account("Depois"))
+            contact = ledger.create_contact(late[0].id, external_id="bia")
+            ledger.emit_event(account_id=late[0].id, contact_id=contact.id,
+                              metric_name="Order Paid", source="shop", source_id="1")  # fmt: skip
+            sql(database_url, "DELETE FROM contact_metrics_summary WHERE account_id = ?",
+                str(late[0].id))  # fmt: skip
+
+    reports = ledger.rebuild_summaries(None, make_one_more)
+
+    assert [r.account_id for r in reports] == [*sorted(a.id for a in accounts), late[0].id]
+    assert (reports[-1].inserted, reports[-1].rows) == (1, 1)
+    assert [s.event_count for s in ledger.get_summary(late[0].id)] == [1]

@@ -8,12 +8,12 @@ sees a `sqlite3` or `psycopg` exception. One contract test suite runs against bo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from importlib import resources
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 from uuid import UUID
 
 from sinal.events import EventKey, PreparedEvent, StoredPayload
@@ -177,20 +177,41 @@ class RebuildReport:
 # Contacts per transaction of `rebuild_summaries`: their summary rows are recounted while
 # their writers wait (read at each call, so a test can lower it here).
 REBUILD_CONTACTS = 500
+# Account ids read per query by `rebuild_summaries` of every account (read at each call).
+REBUILD_ACCOUNTS = 1000
+_Row = TypeVar("_Row")
+
+
+def read_pages(read: Callable[[_Row | None], list[_Row]], size: int) -> Iterator[list[_Row]]:
+    """Every row of a list read by keyset, a page at a time: `read(None)` the first page,
+    `read(its last row)` the next, until one of fewer than `size` rows."""
+    page = read(None)
+    while page:
+        yield page
+        page = read(page[-1]) if len(page) == size else []
+
+
+def every_account(read: Callable[[Any, int], list[Any]]) -> Iterator[Any]:
+    """Every account's id, in order of id, `REBUILD_ACCOUNTS` at a time: `read(after,
+    limit)` reads the first `limit` ids after `after` (None: from the first). Only a page
+    is held, and an account made meanwhile comes (its id, time-ordered, is the last)."""
+    size = REBUILD_ACCOUNTS
+    for page in read_pages(lambda after: read(after, size), size):
+        yield from page
 
 
 def rebuild_accounts(
-    accounts: Sequence[Any],
+    accounts: Iterable[Any],
     contacts: int,
     step: Callable[[Any, Any], tuple[list[Any], RebuildReport]],
     progress: Progress | None,
-) -> list[RebuildReport]:
+) -> Iterator[RebuildReport]:
     """`rebuild_summaries` over `accounts` (ids as the store keeps them), whose contacts
     number `contacts`: each account's contacts in order of id, `REBUILD_CONTACTS` at a
-    time. `step(account, after)` recounts, in a transaction of its own, the account's
-    next contacts after `after` (None: from the first) and answers them with what it
-    found; `progress(done, total)` counts contacts (more may be made meanwhile)."""
-    reports: list[RebuildReport] = []
+    time, and its report once they are all recounted. `step(account, after)` recounts,
+    in a transaction of its own, the account's next contacts after `after` (None: from
+    the first) and answers them with what it found; `progress(done, total)` counts
+    contacts (more may be made meanwhile)."""
     done = 0
     for account in accounts:
         report = RebuildReport(UUID(str(account)))
@@ -204,8 +225,7 @@ def rebuild_accounts(
             if len(chunk) < REBUILD_CONTACTS:
                 break
             after = chunk[-1]
-        reports.append(report)
-    return reports
+        yield report
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,8 +539,9 @@ class Store(Protocol):
 
     def rebuild_summaries(
         self, account_id: UUID | None = None, progress: Progress | None = None
-    ) -> list[RebuildReport]:
-        """Recompute summaries from events, per account; report the drift fixed.
+    ) -> Iterator[RebuildReport]:
+        """Recompute summaries from events, per account, each account's report (the drift
+        fixed) once it is done; accounts are read a page at a time as it goes.
         `progress(done, total)` counts contacts recounted."""
         ...
 
@@ -549,8 +570,11 @@ class Store(Protocol):
         """The account's key with this hash (revoked ones too), or None."""
         ...
 
-    def list_api_keys(self, account_id: UUID) -> list[ApiKey]:
-        """The account's keys, oldest first."""
+    def list_api_keys(
+        self, account_id: UUID, limit: int | None = None, after: ApiKey | None = None
+    ) -> list[ApiKey]:
+        """The account's keys, oldest first: the first `limit` (None: every one) after
+        `after`, the last of the previous page, when given."""
         ...
 
     def revoke_api_key(self, key_id: UUID, when: datetime) -> ApiKey | None:

@@ -138,6 +138,7 @@ from sinal.store.base import (
     compare_summaries,
     contact_reason,
     contacts_page_sql,
+    every_account,
     feed_page,
     qualified,
     read_migrations,
@@ -1299,11 +1300,12 @@ class PostgresStore(
 
     def rebuild_summaries(
         self, account_id: UUID | None = None, progress: Progress | None = None
-    ) -> list[RebuildReport]:
+    ) -> Iterator[RebuildReport]:
         """Recompute summaries from events, an account's contacts `base.REBUILD_CONTACTS` at a
         time, each chunk in its own transaction (`_rebuild_contacts`). Only writers of the
         summary rows being recounted wait, for one chunk; other contacts and accounts
         write on."""
+        accounts: Iterable[UUID]
         with self._conn() as conn:
             if account_id is not None:
                 accounts = [account_id]
@@ -1311,10 +1313,19 @@ class PostgresStore(
                     "SELECT count(*) FROM contacts WHERE account_id = %s", (account_id,)
                 )
             else:
-                accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")]
+                accounts = every_account(self._accounts_after)
                 counted = conn.execute("SELECT count(*) FROM contacts")
             [(contacts,)] = counted.fetchall()
         return rebuild_accounts(accounts, contacts, self._rebuild_step, progress)
+
+    def _accounts_after(self, after: UUID | None, limit: int) -> list[UUID]:
+        """The ids of the first `limit` accounts after the one `after` (None: the first)."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT id FROM accounts WHERE (%s::uuid IS NULL OR id > %s) ORDER BY id LIMIT %s",
+                (after, after, limit),
+            ).fetchall()
+        return [r[0] for r in rows]
 
     def _rebuild_step(self, account: UUID, after: UUID | None) -> tuple[list[UUID], RebuildReport]:
         """The account's next contacts after `after`, recounted in one transaction."""
@@ -1389,13 +1400,17 @@ class PostgresStore(
             ).fetchone()
         return None if row is None else _api_key(row)
 
-    def list_api_keys(self, account_id: UUID) -> list[ApiKey]:
-        """The account's keys, oldest first."""
+    def list_api_keys(
+        self, account_id: UUID, limit: int | None = None, after: ApiKey | None = None
+    ) -> list[ApiKey]:
+        """The account's keys, oldest first; those after `after`."""
+        start = "" if after is None else "AND (created_at, id) > (%s, %s) "
+        args = () if after is None else (after.created_at, after.id)
         with self._conn() as conn:
             rows = conn.execute(
-                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = %s "
-                "ORDER BY created_at, id",
-                (account_id,),
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = %s {start}"
+                "ORDER BY created_at, id LIMIT %s",  # NULL: no limit
+                (account_id, *args, limit),
             ).fetchall()
         return [_api_key(r) for r in rows]
 

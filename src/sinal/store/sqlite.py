@@ -86,6 +86,7 @@ from sinal.store.base import (
     changed_fields,
     compare_summaries,
     contacts_page_sql,
+    every_account,
     feed_page,
     qualified,
     read_migrations,
@@ -869,10 +870,11 @@ class SQLiteStore(
 
     def rebuild_summaries(
         self, account_id: UUID | None = None, progress: Progress | None = None
-    ) -> list[RebuildReport]:
+    ) -> Iterator[RebuildReport]:
         """Recompute summaries from events, an account's contacts `base.REBUILD_CONTACTS`
         at a time, each chunk in one write transaction: writers wait for a chunk, not for
         the whole rebuild."""
+        accounts: Iterable[str]
         with self._read() as conn:
             if account_id is not None:
                 accounts = [str(account_id)]
@@ -880,10 +882,18 @@ class SQLiteStore(
                     "SELECT count(*) FROM contacts WHERE account_id = ?", (accounts[0],)
                 )
             else:
-                accounts = [r[0] for r in conn.execute("SELECT id FROM accounts ORDER BY id")]
+                accounts = every_account(self._accounts_after)
                 counted = conn.execute("SELECT count(*) FROM contacts")
             [(contacts,)] = counted.fetchall()
         return rebuild_accounts(accounts, contacts, self._rebuild_step, progress)
+
+    def _accounts_after(self, after: str | None, limit: int) -> list[str]:
+        """The ids of the first `limit` accounts after the one `after` (None: the first)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT id FROM accounts WHERE id > ? ORDER BY id LIMIT ?", (after or "", limit)
+            ).fetchall()
+        return [r[0] for r in rows]
 
     def _rebuild_step(self, account: str, after: str | None) -> tuple[list[str], RebuildReport]:
         """The account's next contacts after `after`, recounted in one transaction."""
@@ -944,12 +954,17 @@ class SQLiteStore(
             ).fetchone()
         return None if row is None else _api_key(row)
 
-    def list_api_keys(self, account_id: UUID) -> list[ApiKey]:
-        """The account's keys, oldest first."""
+    def list_api_keys(
+        self, account_id: UUID, limit: int | None = None, after: ApiKey | None = None
+    ) -> list[ApiKey]:
+        """The account's keys, oldest first; those after `after`."""
+        start = "" if after is None else "AND (created_at, id) > (?, ?) "
+        args = () if after is None else (ts(after.created_at), str(after.id))
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = ? ORDER BY created_at, id",
-                (str(account_id),),
+                f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE account_id = ? {start}"
+                "ORDER BY created_at, id LIMIT ?",
+                (str(account_id), *args, -1 if limit is None else limit),  # -1: no limit
             ).fetchall()
         return [_api_key(r) for r in rows]
 
