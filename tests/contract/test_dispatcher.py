@@ -27,7 +27,7 @@ from sinal.automations.model import InvalidAutomation
 from sinal.automations.service import Automations
 from sinal.automations.steps import MAX_ANSWER, refuse_private_target
 from sinal.errors import InvalidIntegration, StoreError
-from sinal.events import utcnow
+from sinal.events import EmitEvent, prepare, utcnow
 from sinal.store.automations import (
     STEP_EVENT_REFUSED,
     Advance,
@@ -1739,6 +1739,67 @@ def test_a_sent_message_whose_event_the_database_refuses_is_recorded_and_kept(
     assert (event.id, event.entity_id) == (replay.outcome.event_id, "wamid.LOCAL00000000")
     assert event.automation_execution_id == execution.id
     assert count(world.url, "outbox") == 0  # a step's event, replayed, triggers nothing
+
+
+@pytest.mark.parametrize("refusal", ["data", "schema"])
+def test_a_batch_of_step_records_keeps_only_the_event_the_database_refuses(
+    world: World, refusal: str
+) -> None:
+    """Step records share a transaction (`finish_steps`): of six steps' events, the one the
+    database refuses (a Message Sent among Tag Addeds) is kept as a rejection and its step
+    says so; each other step names its event, recorded (one of them a repeat of an event
+    recorded before: that event), and the summaries count them."""
+    world.automations.create(world.account.id, THANKS)
+    for n in range(6):
+        world.order_paid(source_id=str(1001 + n))
+    store = world.automations.store
+    store.fan_out(lambda e, c: [a.id for a in c], 10)
+    claims = store.claim_executions("worker-a", 10, 30.0)
+    assert len(claims) == 6
+    assert all(isinstance(s, tuple) for s in store.start_steps(
+        [StepStart(c, 0, "add_tag") for c in claims]))  # fmt: skip
+    emitted = [
+        EmitEvent(account_id=world.account.id, contact_id=world.contact.id,
+                  metric_name="Message Sent" if i == 2 else "Tag Added", source="automation",
+                  source_id=f"step-{i}", automation_execution_id=c.execution.id)
+        for i, c in enumerate(claims)
+    ]  # fmt: skip
+    before = world.ledger.emit(replace(emitted[4], automation_execution_id=None))
+    assert before.event_id is not None
+    emits = [prepare(e, world.ledger.clock()) for e in emitted]
+    _refuse_metric(world, "Message Sent", refusal)
+
+    held = store.finish_steps(
+        [StepFinish(c, 0, "completed", {"n": i}, emit=e)
+         for i, (c, e) in enumerate(zip(claims, emits, strict=True))]
+    )  # fmt: skip
+
+    assert held == [True] * 6
+    steps = []
+    for claim in claims:
+        detail = store.get_execution(world.account.id, claim.execution.id)
+        assert detail is not None
+        steps.append(detail.steps[0])
+    [rejection] = world.ledger.list_rejections(world.account.id)
+    assert (rejection.id, rejection.reason, rejection.message) == (
+        emits[2].id, "refused", STEP_EVENT_REFUSED,
+    )  # fmt: skip
+    expected: list[uuid.UUID | None] = [e.id for e in emits]
+    expected[2], expected[4] = None, before.event_id
+    assert [s.event_id for s in steps] == expected
+    assert [s.error for s in steps] == [None, None, (
+        "the step's Message Sent event was not recorded (the database refused it); kept as "
+        f"rejection {rejection.id}, to replay once the cause is fixed"
+    ), None, None, None]  # fmt: skip
+    assert [s.status for s in steps] == ["completed"] * 6
+    tagged = world.ledger.list_events(EventQuery(world.account.id, metric_name="Tag Added"))
+    assert sorted(e.id for e in tagged) == sorted(x for x in expected if x is not None)
+    assert world.ledger.list_events(EventQuery(world.account.id, metric_name="Message Sent")) == []
+    summaries = {
+        s.metric_name: s for s in world.ledger.get_summary(world.account.id, world.contact.id)
+    }
+    assert summaries["Tag Added"].event_count == 5
+    assert "Message Sent" not in summaries
 
 
 def test_a_tag_step_whose_event_the_database_refuses_ends_dead_at_once(world: World) -> None:

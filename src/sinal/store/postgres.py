@@ -34,6 +34,12 @@ transaction stores one of the batch's keys after the lookup, the COPY fails on i
 the whole batch is redone by the record statement, as after a deadlock (in the COPY or
 in the closing statements).
 
+A batch PostgreSQL refuses for some of its events is recorded again, in one transaction,
+by `_record_isolated`: in parts under savepoints, down to the events refused, split and
+answered as its caller's `Refusals` say (ingest: in halves, each refused event answered
+rejected; an automation step's, `finish_steps`: event by event, each refused one kept as
+a rejection).
+
 A new summary row takes the id of an event that created it (`summary_deltas`; the
 column's default, evaluated for every row an upsert is given, cost the batch's summary
 statement a fifth of its time).
@@ -104,6 +110,7 @@ from sinal.ids import metric_id
 from sinal.keyring import Keyring
 from sinal.store import base
 from sinal.store.base import (
+    ANSWERED,
     CONTACT_COLUMNS,
     CONTACT_REQUIRED_MESSAGE,
     DEFAULT_WAIT,
@@ -128,6 +135,7 @@ from sinal.store.base import (
     Outcome,
     Progress,
     RebuildReport,
+    Refusals,
     Rejection,
     Replay,
     Settle,
@@ -143,7 +151,6 @@ from sinal.store.base import (
     qualified,
     read_migrations,
     rebuild_accounts,
-    refused,
     rejection_message,
     summary_deltas,
 )
@@ -1662,22 +1669,29 @@ _Recorder = Callable[[psycopg.Connection[TupleRow], Sequence[PreparedEvent]], li
 
 
 def _record_isolated(
-    conn: psycopg.Connection[TupleRow], events: Sequence[PreparedEvent]
+    conn: psycopg.Connection[TupleRow],
+    events: Sequence[PreparedEvent],
+    refusals: Refusals[psycopg.Connection[TupleRow]] = ANSWERED,
 ) -> list[Outcome]:
     """`_record_in` under a savepoint, inside the caller's transaction; when PostgreSQL
-    refuses the events' data (`_is_refused`), they are recorded again in halves, down to
-    the events it refuses, which come back rejected ("refused"). Only for a batch refused
-    once already: each part costs a round trip more."""
+    refuses it with one of `refusals.isolated` (ingest's: the events' data, `_is_refused`),
+    the events are recorded again in halves, down to the events it refuses, each of which
+    gets `refusals.outcome` (ingest's: rejected, "refused"); or, split by "events", each
+    under its own savepoint at once. Only for a batch refused once already: each part
+    costs a round trip more. Ingest's and automation steps' (`finish_steps`)."""
+    if refusals.split == "events" and len(events) > 1:
+        return [o for event in events for o in _record_isolated(conn, [event], refusals)]
     try:
-        with conn.transaction():  # a savepoint: a refused part is rolled back alone
+        # a savepoint: a refused part is rolled back alone
+        with translated_errors(), conn.transaction():
             return _record_in(conn, events)
-    except psycopg.Error as exc:
-        if not _is_refused(exc):
-            raise
+    except refusals.isolated as exc:
         if len(events) == 1:
-            return [refused(events[0], exc)]
+            return [refusals.outcome(conn, events[0], exc)]
     half = len(events) // 2
-    return _record_isolated(conn, events[:half]) + _record_isolated(conn, events[half:])
+    return _record_isolated(conn, events[:half], refusals) + _record_isolated(
+        conn, events[half:], refusals
+    )
 
 
 def _record_rounds(

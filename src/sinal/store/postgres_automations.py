@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, suppress
 from dataclasses import replace
-from functools import cache
-from typing import Any, TypeVar
+from functools import cache, partial
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -80,7 +80,14 @@ from sinal.store.automations import (
     too_deep,
     unrecorded_event_error,
 )
-from sinal.store.base import CONTACT_COLUMNS, Contact, Outcome, StoredEvent, qualified
+from sinal.store.base import (
+    CONTACT_COLUMNS,
+    Contact,
+    Outcome,
+    Refusals,
+    StoredEvent,
+    qualified,
+)
 from sinal.store.commerce import (
     DISCONNECT_EXECUTIONS_SQL,
     DISCONNECT_OUTBOX_SQL,
@@ -88,6 +95,9 @@ from sinal.store.commerce import (
 )
 from sinal.store.libpq import network_defaults
 from sinal.store.postgres_erasure import WRITE_EVENTS
+
+if TYPE_CHECKING:
+    from sinal.store.postgres import _Recorder
 
 log = logging.getLogger("sinal.store")
 
@@ -664,7 +674,7 @@ class PostgresAutomations:
 
     def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
         """Record steps' outcomes, their events and advances: one transaction (see above)."""
-        from sinal.store.postgres import _record_in
+        from sinal.store.postgres import _record_in, _record_isolated
 
         if not finishes:
             return []
@@ -703,10 +713,11 @@ class PostgresAutomations:
                 return held_of(_by_key(conn, _FINISH_STEPS_SQL, params))
         try:
             return self._retrying(lambda conn: work(conn, _record_in))
-        except EVENT_REFUSALS:
-            # An event the database refuses fails no step's record: again, each event on
-            # its own (`_record_step_events`). Rare: it costs round trips.
-            return self._retrying(lambda conn: work(conn, _record_step_events))
+        except _STEP_REFUSALS.isolated:
+            # An event the database refuses fails no step's record: again, the events
+            # it refuses isolated and kept (`_record_isolated`). Rare: it costs round trips.
+            kept = partial(_record_isolated, refusals=_STEP_REFUSALS)
+            return self._retrying(lambda conn: work(conn, kept))
 
     def finish_step(
         self,
@@ -1077,27 +1088,6 @@ def _of_live_executions(
     return [(i, e) for i, e in emits if held[i] or finishes[i].claim.execution.id in live]
 
 
-# Records events inside the caller's transaction: `_record_in`, or `_record_step_events`.
-_Recorder = Callable[[Conn, Sequence[PreparedEvent]], list[Outcome]]
-
-
-def _record_step_events(conn: Conn, events: Sequence[PreparedEvent]) -> list[Outcome]:
-    """Steps' events, each under a savepoint: one the database refuses to record, for its
-    data, its schema or its configuration (`EVENT_REFUSALS`), is kept as a rejection
-    instead (`_keep_refused`): the step it records happened, and its record must not fail
-    with it (left `started`, a send would end `unknown`, its WAMID lost)."""
-    from sinal.store.postgres import _record_in, translated_errors
-
-    outcomes: list[Outcome] = []
-    for event in events:
-        try:
-            with translated_errors(), conn.transaction():
-                outcomes += _record_in(conn, [event])
-        except EVENT_REFUSALS as exc:
-            outcomes.append(_keep_refused(conn, event, exc))
-    return outcomes
-
-
 def _keep_refused(conn: Conn, event: PreparedEvent, cause: StoreError) -> Outcome:
     """Keep a step's event the database refused as a rejection (reason "refused"), under a
     savepoint: one refused too (what was refused may be in its payload) is only logged."""
@@ -1111,6 +1101,12 @@ def _keep_refused(conn: Conn, event: PreparedEvent, cause: StoreError) -> Outcom
     except EVENT_REFUSALS as exc:
         return refusal_outcome(event, cause, exc)
     return refusal_outcome(event, cause)
+
+
+# A step's event the database refuses, for its data, sinal's own statement or its
+# operator's configuration (`EVENT_REFUSALS`), is kept (see `ANSWERED`, and
+# `AutomationStore.finish_steps`).
+_STEP_REFUSALS: Refusals[Conn] = Refusals(EVENT_REFUSALS, "events", _keep_refused)
 
 
 def _by_key(

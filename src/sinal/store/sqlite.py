@@ -13,6 +13,7 @@ costs no thread of its own. A writer waits for its turn at most the busy timeout
 its own connection.
 Decimals are stored as exact text and summed with a Python aggregate (`decimal_sum`),
 never as floats.
+Events SQLite refuses are isolated as on PostgreSQL (`_record_isolated`, `Refusals`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from sinal.ids import metric_id, new_id
 from sinal.keyring import Keyring
 from sinal.store import base
 from sinal.store.base import (
+    ANSWERED,
     CONTACT_COLUMNS,
     DEFAULT_WAIT,
     Account,
@@ -76,6 +78,7 @@ from sinal.store.base import (
     Outcome,
     Progress,
     RebuildReport,
+    Refusals,
     Rejection,
     Replay,
     Settle,
@@ -91,7 +94,6 @@ from sinal.store.base import (
     qualified,
     read_migrations,
     rebuild_accounts,
-    refused,
     rejection_message,
     summary_deltas,
 )
@@ -287,6 +289,20 @@ def translated_errors(path: str | None = None) -> Iterator[None]:
         if _is_statement_fault(exc):
             raise SchemaViolation(str(exc)) from exc
         raise StoreError(str(exc)) from exc
+
+
+@contextmanager
+def _savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
+    """A savepoint for the block, inside the caller's transaction: rolled back to, then
+    released, if it raises."""
+    conn.execute(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        conn.execute(f"ROLLBACK TO {name}")
+        conn.execute(f"RELEASE {name}")
+        raise
+    conn.execute(f"RELEASE {name}")
 
 
 class _LockWait:
@@ -1408,29 +1424,35 @@ def _record_in(
     return outcomes
 
 
-def _record_isolated(batch: _Batch, events: Sequence[PreparedEvent]) -> list[Outcome]:
-    """`batch.record_all(events)`, their summaries written, under a savepoint; when SQLite
-    refuses the events' data (a constraint, a text too big: `UnstorableInput`), they are
-    recorded again in halves, down to the events it refuses, which come back rejected
-    ("refused"). Only for a batch refused once already."""
+def _record_isolated(
+    batch: _Batch,
+    events: Sequence[PreparedEvent],
+    refusals: Refusals[sqlite3.Connection] = ANSWERED,
+) -> list[Outcome]:
+    """`batch.record_all(events)`, their summaries written, under a savepoint, inside the
+    caller's transaction; when SQLite refuses them with one of `refusals.isolated`
+    (ingest's: the events' data, a constraint, a text too big: `UnstorableInput`), they
+    are recorded again in halves, down to the events it refuses, each of which gets
+    `refusals.outcome` (ingest's: rejected, "refused"); or, split by "events", each under
+    its own savepoint at once. For a batch refused once already, and for each automation
+    step's event (`finish_steps`): a savepoint costs no round trip."""
+    if refusals.split == "events" and len(events) > 1:
+        return [o for event in events for o in _record_isolated(batch, [event], refusals)]
     conn = batch.conn
-    conn.execute("SAVEPOINT refusal")
     try:
-        part = _Batch(conn)  # its own caches: a part rolled back leaves nothing behind
-        outcomes = part.record_all(events)
-        part.flush_summaries()
-        part.flush_seq()  # the next part numbers its events after this one's
-    except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
-        conn.execute("ROLLBACK TO refusal")
-        conn.execute("RELEASE refusal")
-        if "UNIQUE" in str(exc) or _is_own_fault(exc):
-            raise
+        with translated_errors(), _savepoint(conn, "refusal"):
+            part = _Batch(conn)  # its own caches: a part rolled back leaves nothing behind
+            outcomes = part.record_all(events)
+            part.flush_summaries()
+            part.flush_seq()  # the next part numbers its events after this one's
+            return outcomes
+    except refusals.isolated as exc:
         if len(events) == 1:
-            return [refused(events[0], exc)]
-        half = len(events) // 2
-        return _record_isolated(batch, events[:half]) + _record_isolated(batch, events[half:])
-    conn.execute("RELEASE refusal")
-    return outcomes
+            return [refusals.outcome(conn, events[0], exc)]
+    half = len(events) // 2
+    return _record_isolated(batch, events[:half], refusals) + _record_isolated(
+        batch, events[half:], refusals
+    )
 
 
 def _rejection(r: Sequence[Any]) -> Rejection:

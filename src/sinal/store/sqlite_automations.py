@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -63,7 +63,7 @@ from sinal.store.automations import (
     too_deep,
     unrecorded_event_error,
 )
-from sinal.store.base import Outcome, StoredEvent
+from sinal.store.base import Outcome, Refusals, StoredEvent
 from sinal.store.commerce import (
     DISCONNECT_EXECUTIONS_SQL,
     DISCONNECT_OUTBOX_SQL,
@@ -407,6 +407,8 @@ class SQLiteAutomations:
 
     def finish_steps(self, finishes: Sequence[StepFinish]) -> list[bool]:
         """Record steps' outcomes, their events and advances (one transaction)."""
+        from sinal.store.sqlite import _Batch, _record_isolated
+
         if not finishes:
             return []
         now = _ts(_now())
@@ -417,7 +419,8 @@ class SQLiteAutomations:
                 # recorded even if the claim was lost: it happened; but not once the
                 # execution went with its contact's erasure (a rejection would keep its data)
                 if f.emit is not None and _exists(conn, f.claim.execution):
-                    outcome = _record_step_event(conn, f.emit)
+                    # under a savepoint (no round trip): refused, it is kept instead
+                    outcome = _record_isolated(_Batch(conn), [f.emit], _STEP_REFUSALS)[0]
                     event_id = outcome.event_id
                     if outcome.kind == "rejected":
                         error = unrecorded_event_error(f.emit, outcome)
@@ -612,24 +615,10 @@ def _start(conn: sqlite3.Connection, start: StepStart, now: datetime) -> StepSta
     return _step(existing), False
 
 
-def _record_step_event(conn: sqlite3.Connection, event: PreparedEvent) -> Outcome:
-    """A step's event, under a savepoint: one the database refuses to record, for its data,
-    its schema or its configuration (`EVENT_REFUSALS`), is kept as a rejection instead
-    (`_keep_refused`): the step it records happened, and its record must not fail with it
-    (left `started`, a send would end `unknown`, its WAMID lost)."""
-    from sinal.store.sqlite import _record_in, translated_errors
-
-    try:
-        with translated_errors(), _savepoint(conn, "step_event"):
-            return _record_in(conn, [event])[0]
-    except EVENT_REFUSALS as exc:
-        return _keep_refused(conn, event, exc)
-
-
 def _keep_refused(conn: sqlite3.Connection, event: PreparedEvent, cause: StoreError) -> Outcome:
     """Keep a step's event the database refused as a rejection (reason "refused"), under a
     savepoint: one refused too is only logged."""
-    from sinal.store.sqlite import translated_errors
+    from sinal.store.sqlite import _savepoint, translated_errors
 
     account, ident, contact, message, source, payload = refusal_row(event)
     try:
@@ -645,17 +634,10 @@ def _keep_refused(conn: sqlite3.Connection, event: PreparedEvent, cause: StoreEr
     return refusal_outcome(event, cause)
 
 
-@contextmanager
-def _savepoint(conn: sqlite3.Connection, name: str) -> Iterator[None]:
-    """A savepoint for the block: rolled back to, then released, if it raises."""
-    conn.execute(f"SAVEPOINT {name}")
-    try:
-        yield
-    except BaseException:
-        conn.execute(f"ROLLBACK TO {name}")
-        conn.execute(f"RELEASE {name}")
-        raise
-    conn.execute(f"RELEASE {name}")
+# A step's event the database refuses, for its data, sinal's own statement or its
+# operator's configuration (`EVENT_REFUSALS`), is kept (see `ANSWERED`, and
+# `AutomationStore.finish_steps`).
+_STEP_REFUSALS: Refusals[sqlite3.Connection] = Refusals(EVENT_REFUSALS, "events", _keep_refused)
 
 
 def _exists(conn: sqlite3.Connection, execution: Execution) -> bool:
