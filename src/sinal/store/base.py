@@ -817,7 +817,8 @@ def _answered(conn: object, event: PreparedEvent, error: StoreError) -> Outcome:
 # (the API's 500), where "refused" would tell the sender to change an input that is fine.
 # In halves: a batch is up to thousands of events, a refusal one event's data (PostgreSQL,
 # 500 events, one refused: 19 parts, 2.5-4x less time than 500 one-event parts).
-# An automation step's event is kept instead, as a rejection, `SchemaViolation` too: its
+# An automation step's event is kept instead, as a rejection, `SchemaViolation` and
+# `StoreMisconfigured` too (`EVENT_REFUSALS`): its
 # step happened (a message went out) and nobody else holds it, so its record must not fail
 # with it (left `started`, the send would end `unknown`, its WAMID lost). And event by
 # event: a batch of steps is at most a worker's threads (`concurrency`, 32), and what is
