@@ -96,6 +96,7 @@ console = Console(markup=False, emoji=False, soft_wrap=True)
 err_console = Console(stderr=True, markup=False, emoji=False)
 
 TRACE_LOG_LEVEL = 5  # uvicorn.logging.TRACE_LOG_LEVEL, without importing uvicorn for it
+WORKER_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DatabaseOption = Annotated[
     str | None,
     typer.Option(
@@ -643,7 +644,22 @@ def _log_config(level: str) -> dict[str, Any]:
     config["loggers"]["sinal"] = {
         "handlers": ["default"], "level": LOG_LEVELS[level.lower()], "propagate": False,
     }  # fmt: skip
+    # other libraries' warnings (psycopg's pool) as uvicorn's lines, not bare on stderr
+    config["root"] = {"handlers": ["default"], "level": "WARNING"}
     return config
+
+
+def _log_worker(level: str) -> None:
+    """`sinal worker`'s logging: sinal's lines at `level` (SINAL_LOG_LEVEL), each with its
+    time, level and logger; other libraries' (psycopg's pool, httpx) from WARNING only, as
+    `sinal serve` has them. The lines had no level (a warning read as any other line), and
+    the libraries' INFO came too."""
+    import logging
+
+    # SINAL_LOG_LEVEL takes uvicorn's levels: its TRACE (5, below DEBUG) is not logging's
+    logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")
+    logging.basicConfig(level=logging.WARNING, format=WORKER_LOG_FORMAT)
+    logging.getLogger("sinal").setLevel(level.upper())
 
 
 def _print_demo(ledger: Ledger, settings: Settings) -> None:
@@ -687,16 +703,12 @@ def worker(database_url: DatabaseOption = None) -> None:
     retention). Run as many as you like on PostgreSQL; one on SQLite. Stops cleanly on
     SIGTERM / Ctrl-C.
     With SINAL_WORKER_METRICS_PORT set, serves Prometheus metrics there."""
-    import logging
-
     from sinal.worker import run_worker
 
     settings = Settings.from_env().with_overrides(database_url=database_url)
     if settings.worker_metrics_port:  # its metrics are served at SINAL_HOST
         _check_host(settings.host)
-    # SINAL_LOG_LEVEL takes uvicorn's levels: its TRACE (5, below DEBUG) is not logging's
-    logging.addLevelName(TRACE_LOG_LEVEL, "TRACE")
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(message)s")
+    _log_worker(settings.log_level)
     keyring = settings.keyring()
     with connect(settings.database_url, wait=settings.database_wait, create=False,
                  keyring=keyring) as ledger:  # fmt: skip

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from tests.helpers import free_port, sql, wait_until
@@ -448,3 +449,82 @@ def test_worker_stops_after_the_running_step_and_at_once_on_a_second_signal(
                 assert sql(url, "SELECT count(*) FROM executions WHERE claimed_by IS NULL "
                                 "AND status = 'pending'") == [(2,)]  # fmt: skip
     assert ended == [(0, True), (-signal.SIGTERM, True)]
+
+
+@contextmanager
+def logging_worker(env: dict[str, str], cwd: Path) -> Iterator[Path]:
+    """`sinal worker`, started (its first line written); the file of its log. Stopped
+    (SIGTERM, exit 0) on exit, its log then complete."""
+    log = cwd / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen([SINAL, "worker"], env=env, cwd=cwd, stderr=out)
+    try:
+        wait_until(lambda: " started" in log.read_text(), timeout=30)
+        yield log
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=10)
+
+
+# A line of `sinal worker`'s log: its time, level and logger, then the message.
+WORKER_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) (\S+): (.*)$")
+
+
+@pytest.mark.slow
+def test_worker_logs_each_line_with_its_level_and_logger(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """`sinal worker`'s lines said no level: a warning read as any other line."""
+    with logging_worker(env, tmp_path) as log:
+        pass
+    lines = log.read_text().splitlines()
+
+    matched = [WORKER_LINE.match(line) for line in lines]
+    assert all(matched), lines
+    said = [(m[1], m[2], re.sub(r"worker \S+", "worker W", m[3].split(": ")[0]))
+            for m in matched if m]  # fmt: skip
+    assert said == [
+        ("INFO", "sinal.dispatcher", "worker W started"),
+        ("INFO", "sinal.worker", "signal 15"),
+        ("INFO", "sinal.dispatcher", "worker W stopped"),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_worker_logs_a_database_outage_once_not_at_every_attempt(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL refusing connections for 6 s: `sinal worker` logged a line at every poll
+    of its loop, and psycopg's pool one for every attempt to connect, bare, with no level
+    (~80 lines here); now one as it begins, one as it ends, and the loop's once per 10 s."""
+    from tests.conftest import PG_URL
+
+    env = {**os.environ, "SINAL_DATABASE_URL": pg_url, "SINAL_WORKER_POLL_INTERVAL": "0.1",
+           "SINAL_DATABASE_WAIT": "1", "SINAL_HOUSEKEEPING_INTERVAL": "0"}  # fmt: skip
+    name = pg_url.rsplit("/", 1)[1]
+
+    def allow(allowed: bool) -> None:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {allowed}')
+            if not allowed:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = %s", (name,))  # fmt: skip
+
+    with logging_worker(env, tmp_path) as log:
+        allow(False)
+        time.sleep(6)
+        allow(True)
+        wait_until(lambda: "connected to PostgreSQL again" in log.read_text(), timeout=30)
+    # a record's lines (libpq's messages go on over more: "\tThis probably means ...")
+    lines = [line for line in log.read_text().splitlines() if re.match(r"\d{4}-", line)]
+
+    assert not [line for line in lines if "error connecting" in line]
+    assert len([line for line in lines if "cannot connect to PostgreSQL:" in line]) == 1, lines
+    assert len([line for line in lines if "connected to PostgreSQL again" in line]) == 1, lines
+    assert len([line for line in lines if "unreachable for" in line]) <= 1, lines
+    assert len(lines) <= 15, lines
+    assert all(WORKER_LINE.match(line) for line in lines), lines

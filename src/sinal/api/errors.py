@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -56,6 +55,7 @@ from sinal.errors import (
     UnstorableInput,
     UnstorableText,
 )
+from sinal.logs import ThrottledLog
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("sinal.api")
@@ -305,7 +305,7 @@ CLIENT_CLOSED = 499
 RETRY_AFTER = "2"
 
 
-class _ThrottledLog:
+class _ThrottledLog(ThrottledLog):
     """Requests the database could not serve (503), logged as one line at most every
     `interval` seconds with the number left out: an outage met by thousands of requests a
     second must not write a traceback for each (a bug's 500 still gets its own). The line
@@ -318,21 +318,13 @@ class _ThrottledLog:
         level: int = logging.WARNING,
         interval: float = 10.0,
     ) -> None:
+        super().__init__(log, interval)
         self.says = says
         self.level = level
-        self.interval = interval
-        self.next_at = 0.0
-        self.left_out = 0
 
     def log(self, method: str, path: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now < self.next_at:
-            self.left_out += 1
-            return
-        more = f" ({self.left_out} more since the last line)" if self.left_out else ""
         says = self.says.format(code=getattr(exc, "code", ""))
-        log.log(self.level, "%s %s: %s, answered 503: %s%s", method, path, says, exc, more)
-        self.next_at, self.left_out = now + self.interval, 0
+        self.write(self.level, "%s %s: %s, answered 503: %s", method, path, says, exc)
 
 
 # Requests are answered on one thread: the event loop's.

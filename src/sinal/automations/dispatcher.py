@@ -71,6 +71,7 @@ from sinal.failpoints import failpoint
 from sinal.housekeeping import TASKS, Task, run_tasks
 from sinal.ledger import Ledger
 from sinal.links import StepLinks
+from sinal.logs import ThrottledLog
 from sinal.retention import Retention, prune
 from sinal.store.automations import (
     HELD_WHILE_PAUSED,
@@ -280,13 +281,15 @@ class Dispatcher:
         # a stop wakes the loop at once, not at its next poll
         threading.Thread(target=self._wake_on, args=(stop,), daemon=True).start()
         log.info("worker %s started", self.settings.worker_id)
+        # the loop meets an outage at every poll: one line every 10 s, not one a poll
+        outage = ThrottledLog(log)
         running: dict[Future[None], Claim] = {}
         with self._renewing():  # until the executions in hand are finished, after a stop
             while not stop.is_set():
                 try:
                     busy = self._feed(running)
                 except StoreError as exc:  # database restarting: wait, then try again
-                    log.warning("worker %s: %s", self.settings.worker_id, exc)
+                    outage.warning("worker %s: %s", self.settings.worker_id, exc)
                     self.metrics.error("database")
                     busy = False
                     stop.wait(self.settings.poll_interval)

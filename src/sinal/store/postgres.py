@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import math
 import struct
 import threading
@@ -161,6 +162,8 @@ from sinal.store.postgres_erasure import WRITE_EVENTS, PostgresErasure
 from sinal.store.postgres_messaging import PostgresMessaging
 from sinal.store.postgres_retention import PostgresRetention
 from sinal.store.postgres_webhooks import PostgresWebhooks
+
+log = logging.getLogger("sinal.store")
 
 # Any two sessions' lock ids would do; this one spells "sinal" in ASCII.
 _MIGRATION_LOCK = 0x73696E616C
@@ -865,6 +868,10 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
         conn.returned_at = time.monotonic()
         super().putconn(conn)
 
+    # What the last attempt to connect that failed said, and since when it has failed
+    # (None: connected), for the log's one line as connecting starts and stops failing.
+    failing: tuple[float, str] | None = None
+
     def _connect(self, timeout: float | None = None) -> _PooledConnection:
         try:
             conn = super()._connect(timeout)
@@ -874,9 +881,26 @@ class _LifoPool(ConnectionPool[_PooledConnection]):
             # refused login, where the connections the pool holds still work.
             if (exc.sqlstate is None or exc.sqlstate.startswith("57")) and not self.unreachable:
                 self.unreachable = (time.monotonic(), _reason(exc))
+            self._log_failing(_reason(exc))
             raise
         self.unreachable = None
+        self._log_failing(None)
         return conn
+
+    def _log_failing(self, reason: str | None) -> None:
+        """One warning as attempts to connect start failing (or fail for another reason),
+        and one as they work again: psycopg's pool logged each attempt, every second of an
+        outage and for each connection it was making (`_quiet_pool_attempts`)."""
+        with _FAILING_LOCK:  # the pool's threads connect at once
+            failing = self.failing
+            if reason is None and failing is not None:
+                log.warning("connected to PostgreSQL again, after %.0f s of failed attempts",
+                            time.monotonic() - failing[0])  # fmt: skip
+                self.failing = None
+            elif reason is not None and (failing is None or failing[1] != reason):
+                log.warning("cannot connect to PostgreSQL: %s; trying again every %.0f s",
+                            reason, RECONNECT_EVERY)  # fmt: skip
+                self.failing = (time.monotonic() if failing is None else failing[0], reason)
 
     def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
         super()._add_connection(attempt or _Reconnect(timeout=self.reconnect_timeout), growing)
@@ -907,6 +931,23 @@ def _reason(exc: psycopg.Error) -> str:
 ALIVE_BYPASS = 0.5
 # Seconds between the pool's attempts to make a lost connection again.
 RECONNECT_EVERY = 1.0
+POOL_NAME = "sinal"
+_FAILING_LOCK = threading.Lock()
+
+
+def _quiet_pool_attempts(record: logging.LogRecord) -> bool:
+    """False for psycopg_pool's line on each failed attempt to connect of sinal's pool
+    ("error connecting in 'sinal': …", several a second while PostgreSQL is away): the
+    pool logs when attempts start and stop failing (`_LifoPool._log_failing`)."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (
+        record.msg == "error connecting in %r: %s"
+        and args[:1] == (POOL_NAME,)
+        and isinstance(args[-1], psycopg.OperationalError)
+    )
+
+
+logging.getLogger("psycopg.pool").addFilter(_quiet_pool_attempts)
 
 
 class _Checkout:
@@ -993,7 +1034,7 @@ class PostgresStore(
             kwargs={"autocommit": True, "client_encoding": "UTF8", **self._network},
             configure=functools.partial(_configure, lock_wait=self._wait),
             open=False,
-            name="sinal",
+            name=POOL_NAME,
             timeout=self._wait,
             # Make lost connections again for as long as it takes, every second: the
             # pool's default gives up after 5 minutes, and while callers fail at once it

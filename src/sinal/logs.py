@@ -1,0 +1,35 @@
+"""Log lines that recur: an outage met on every request or every poll is written at most
+once every `interval` seconds, each line counting the ones left out since the last."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+
+class ThrottledLog:
+    """A line written at most once every `interval` seconds (the first at once); the
+    next one written says how many were left out meanwhile. Not thread-safe: one per
+    thread that logs through it (the event loop's, a worker's loop)."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+        self.logger = logger
+        self.interval = interval
+        self.next_at = 0.0
+        self.left_out = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        """`logger.warning(message, *args)`, unless a line was written less than `interval`
+        seconds ago."""
+        self.write(logging.WARNING, message, *args)
+
+    def write(self, level: int, message: str, *args: object) -> None:
+        """`logger.log(level, message, *args)`, unless a line was written less than
+        `interval` seconds ago."""
+        now = time.monotonic()
+        if now < self.next_at:
+            self.left_out += 1
+            return
+        more = f" ({self.left_out} more since the last line)" if self.left_out else ""
+        self.logger.log(level, message + "%s", *args, more)
+        self.next_at, self.left_out = now + self.interval, 0
