@@ -733,6 +733,35 @@ async def test_a_verified_unmappable_payload_is_200_and_kept_with_its_reason(
     assert count(api.url, "events") == 0
 
 
+async def test_metrics_count_webhook_deliveries_by_provider_and_outcome(
+    api: Api, shopify: Shop, yampi_shop: Shop
+) -> None:
+    """/metrics showed a webhook only as a 200 of its route, whatever became of it: a
+    store whose every delivery was unmappable or failed looked healthy."""
+    order = fixture("shopify", "orders_create")
+    assert (await shopify.deliver(order, "orders/create"))["status"] == "processed"
+    webhook_id = str(uuid4())
+    for _ in range(2):  # the provider's retry: the same id and body
+        again = await shopify.send(order, "orders/create", webhook_id=webhook_id)
+        assert again.status_code == 200, again.text
+    assert (await shopify.deliver({"id": 1}, "app/uninstalled"))["status"] == "unmappable"
+    assert (await shopify.send({"id": 2}, "orders/create", signature="bad")).status_code == 401
+    assert (await yampi_shop.deliver({"event": "nope"}))["status"] == "unmappable"
+
+    metrics = (await api.client.get("/metrics")).text
+    counted = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in metrics.splitlines()
+        if line.startswith("sinal_webhook_deliveries_total{")
+    }
+    assert counted == {
+        'sinal_webhook_deliveries_total{provider="shopify",status="processed"}': 2.0,
+        'sinal_webhook_deliveries_total{provider="shopify",status="duplicate"}': 1.0,
+        'sinal_webhook_deliveries_total{provider="shopify",status="unmappable"}': 1.0,
+        'sinal_webhook_deliveries_total{provider="yampi",status="unmappable"}': 1.0,
+    }
+
+
 async def test_a_signed_order_body_sent_again_under_another_topic_records_nothing(
     api: Api, shopify: Shop
 ) -> None:

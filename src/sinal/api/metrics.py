@@ -1,4 +1,5 @@
-"""Prometheus metrics: requests by route and status, latency, events by source and outcome.
+"""Prometheus metrics: requests by route and status, latency, events by source and outcome,
+webhook deliveries by provider and outcome.
 (The figures of the worker running in the server, and the workers' backlog: see
 `sinal.automations.metrics`.)
 
@@ -57,6 +58,13 @@ class Metrics:
             ["source", "status"],
             registry=self.registry,
         )
+        self.deliveries = Counter(
+            "sinal_webhook_deliveries",
+            "Signed webhook deliveries answered 200, by provider and what became of them "
+            "(processed, duplicate, deferred, unmappable, failed).",
+            ["provider", "status"],
+            registry=self.registry,
+        )
         self._sources: set[str] = set()
         # Labelled children, looked up once: `labels()` takes a lock and builds a tuple.
         self._children: dict[tuple[str, ...], Any] = {}
@@ -89,6 +97,15 @@ class Metrics:
             child = self.events.labels(label, status)
             self._children[key] = child
         child.inc(n)
+
+    def count_delivery(self, provider: str, status: str) -> None:
+        """Count one webhook delivery of `provider` (shopify, yampi, whatsapp) and what
+        became of it."""
+        key = ("d", provider, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.deliveries.labels(provider, status)
+        child.inc()
 
     def _source_label(self, source: str) -> str:
         if source in self._sources:

@@ -59,11 +59,9 @@ async def receive_signed(
     )  # fmt: skip
     # a redelivery of a processed one, or another delivery under a kept one's id (not kept)
     was_done = not received.is_new and received.delivery.status == "processed"
-    answer = {
-        "status": "duplicate" if was_done or received.is_clash else received.status,
-        "delivery_id": str(received.delivery.id),
-        "reason": received.reason,
-    }
+    status = "duplicate" if was_done or received.is_clash else received.status
+    svc.metrics.count_delivery(provider.kind, status)
+    answer = {"status": status, "delivery_id": str(received.delivery.id), "reason": received.reason}
     return json_response(answer)
 
 
