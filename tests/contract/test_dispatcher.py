@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import socket
 import threading
 import time
@@ -661,6 +662,40 @@ def test_the_worker_counts_retries_and_dead_executions(world: World) -> None:
     assert _counted(dispatcher, "sinal_worker_executions_settled_total", status="pending") == 2
     assert _counted(dispatcher, "sinal_worker_executions_settled_total", status="dead") == 1
     assert _counted(dispatcher, "sinal_worker_executions_claimed_total") == 3
+
+
+def test_the_worker_logs_an_execution_left_dead_or_unknown_once(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An execution left dead (its attempts spent) or unknown (a send that timed out)
+    waits for a person, and the worker said nothing of either: counted only."""
+    world.automations.create(world.account.id, THANKS)
+    world.whatsapp.behaviour.status = 429  # retried: three attempts, then dead
+    world.order_paid()
+    dispatcher = world.dispatcher()
+    with caplog.at_level(logging.INFO, logger="sinal"):
+        for _ in range(50):
+            dispatcher.run_once()
+            if world.executions()[0].status == "dead":
+                break
+            time.sleep(0.02)
+        world.whatsapp.behaviour.status = 200
+        world.whatsapp.behaviour.delay = 1.0  # past the 0.5 s client timeout: unknown
+        world.order_paid(source_id="1002")
+        world.drain(dispatcher)
+    world.whatsapp.behaviour.delay = 0
+
+    dead, unknown = sorted(world.executions(), key=lambda e: e.status)
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert (dead.status, unknown.status) == ("dead", "unknown")
+    assert [r.getMessage().split(": ")[0] for r in said] == [
+        f"execution {dead.id} (automation {dead.automation_id}, account {world.account.id}) "
+        "is dead at step 0",
+        f"execution {unknown.id} (automation {unknown.automation_id}, account "
+        f"{world.account.id}) is unknown at step 0",
+    ]
+    assert "429" in said[0].getMessage()
+    assert "did not answer in time" in said[1].getMessage()
 
 
 def test_the_worker_counts_a_claim_it_lost(world: World) -> None:

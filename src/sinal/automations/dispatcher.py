@@ -614,7 +614,7 @@ class Dispatcher:
         if not self._record_outcome(StepFinish(claim, index, status, then=then, **kw)):
             self._lost(claim)
         elif then is not None:
-            self.metrics.settle(then.status)
+            self._settled(claim, then)
 
     def _record_outcome(self, finish: StepFinish) -> bool:
         """Record a step's outcome, trying again while the database is unavailable, for up
@@ -666,7 +666,18 @@ class Dispatcher:
         if not self.store.advance(claim, advance):
             self._lost(claim)
         else:
-            self.metrics.settle(advance.status)
+            self._settled(claim, advance)
+
+    def _settled(self, claim: Claim, advance: Advance) -> None:
+        """Count how the execution was left, with a warning when it waits for a person:
+        `dead` (`sinal executions retry` revives it) or `unknown` (a send that may have
+        gone out). Both were counted only, logged by nobody."""
+        self.metrics.settle(advance.status)
+        if advance.status in ("dead", "unknown"):
+            e = claim.execution
+            log.warning("execution %s (automation %s, account %s) is %s at step %d: %s",
+                        e.id, e.automation_id, e.account_id, advance.status,
+                        advance.next_step, advance.last_error)  # fmt: skip
 
     def _give_back(self, claim: Claim) -> None:
         """Release a claim no thread took up (the worker is stopping)."""
