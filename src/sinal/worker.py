@@ -91,13 +91,13 @@ def run_worker(ledger: Ledger, settings: Settings) -> None:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name  # SIGTERM, not 15
         if stop.is_set():
-            log.warning("signal %s again: exiting now", signum)
+            log.warning("%s again: exiting now", name)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        log.info("signal %s: finishing the steps running, then stopping (again: at once)",
-                 signum)  # fmt: skip
+        log.info("%s: finishing the steps running, then stopping (again: at once)", name)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -313,8 +313,10 @@ def _server_processes(supervisor: int) -> set[int]:
 
 
 def _listeners(url: str) -> set[int]:
-    """The PostgreSQL sessions whose last statement was a worker's LISTEN."""
-    rows = sql(url, "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN sinal_executions'")
+    """The sessions of the database at `url` whose last statement was a worker's LISTEN
+    (another database's, a server another test or person runs, are not this server's)."""
+    rows = sql(url, "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN sinal_executions' "
+                    "AND datname = current_database()")  # fmt: skip
     return {pid for (pid,) in rows}
 
 
@@ -488,7 +490,7 @@ def test_worker_logs_each_line_with_its_level_and_logger(
             for m in matched if m]  # fmt: skip
     assert said == [
         ("INFO", "sinal.dispatcher", "worker W started"),
-        ("INFO", "sinal.worker", "signal 15"),
+        ("INFO", "sinal.worker", "SIGTERM"),
         ("INFO", "sinal.dispatcher", "worker W stopped"),
     ]
 
