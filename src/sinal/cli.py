@@ -646,6 +646,9 @@ def _log_config(level: str) -> dict[str, Any]:
     }  # fmt: skip
     # other libraries' warnings (psycopg's pool) as uvicorn's lines, not bare on stderr
     config["root"] = {"handlers": ["default"], "level": "WARNING"}
+    # `--access-log`: no secret of a query string in the request lines
+    config.setdefault("filters", {})["secrets"] = {"()": "sinal.logs.RedactedQuery"}
+    config["handlers"]["access"]["filters"] = ["secrets"]
     return config
 
 

@@ -1,9 +1,11 @@
 """Log lines that recur: an outage met on every request or every poll is written at most
-once every `interval` seconds, each line counting the ones left out since the last."""
+once every `interval` seconds, each line counting the ones left out since the last. And
+access log lines without the secrets a query string can carry."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 
@@ -33,3 +35,21 @@ class ThrottledLog:
         more = f" ({self.left_out} more since the last line)" if self.left_out else ""
         self.logger.log(level, message + "%s", *args, more)
         self.next_at, self.left_out = now + self.interval, 0
+
+
+# Query parameters whose values are secrets: the WhatsApp handshake's token, and an API
+# key sent where it does not belong (`?api_key=` is refused, but its request is logged).
+_SECRET_PARAMETER = re.compile(r"(?i)([?&](?:hub\.verify_token|api_key)=)[^&#]*")
+
+
+class RedactedQuery(logging.Filter):
+    """uvicorn's access log lines (`--access-log`) with the values of secret query
+    parameters as "***": the request line is logged as sent, and a WhatsApp handshake
+    carries the integration's verify token in its query string."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            path = _SECRET_PARAMETER.sub(r"\1***", args[2])
+            record.args = (*args[:2], path, *args[3:])
+        return True

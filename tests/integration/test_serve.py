@@ -44,12 +44,14 @@ def wait_ready(base: str, proc: subprocess.Popen[str], timeout: float = 30) -> N
     raise AssertionError("sinal serve did not become ready")
 
 
-def start_serve(env: dict[str, str], cwd: Path, output: int) -> tuple[str, subprocess.Popen[str]]:
-    """`sinal serve` on a free port, ready: its base URL and process (stdout and stderr to
-    `output`: subprocess.PIPE or DEVNULL). Killed if it never gets ready."""
+def start_serve(
+    env: dict[str, str], cwd: Path, output: int, *args: str
+) -> tuple[str, subprocess.Popen[str]]:
+    """`sinal serve [args]` on a free port, ready: its base URL and process (stdout and
+    stderr to `output`: subprocess.PIPE or DEVNULL). Killed if it never gets ready."""
     port = free_port()
     proc = subprocess.Popen(
-        [SINAL, "serve", "--port", str(port)], env=env, cwd=cwd, text=True,
+        [SINAL, "serve", "--port", str(port), *args], env=env, cwd=cwd, text=True,
         stdout=output, stderr=subprocess.STDOUT,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -227,6 +229,30 @@ def test_serve_logs_its_worker_as_uvicorn_logs_itself(
 
     assert re.search(r"^INFO: +worker \S+ started$", output, re.MULTILINE), output
     assert re.search(r"^INFO: +worker \S+ stopped$", output, re.MULTILINE), output
+
+
+@pytest.mark.slow
+def test_serve_access_log_keeps_no_secret_of_a_query_string(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """`--access-log` logged the request line as sent: a WhatsApp handshake's
+    `hub.verify_token`, and an API key sent as `?api_key=`, in clear."""
+    base, proc = start_serve(env, tmp_path, subprocess.PIPE, "--access-log")
+    try:
+        unknown = "0190f0f0-0000-7000-8000-000000000000"
+        httpx.get(f"{base}/webhooks/whatsapp/{unknown}?hub.mode=subscribe"
+                  "&hub.verify_token=sekret-token&hub.challenge=42", timeout=10)  # fmt: skip
+        httpx.get(f"{base}/v1/account?api_key=snl_sekret_key&x=1", timeout=10)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+    assert proc.stdout is not None
+    output = proc.stdout.read()
+    proc.stdout.close()
+
+    assert "sekret" not in output, output
+    assert "hub.verify_token=***&hub.challenge=42" in output, output
+    assert "/v1/account?api_key=***&x=1" in output, output
 
 
 @pytest.mark.slow
