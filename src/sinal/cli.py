@@ -430,6 +430,35 @@ def _contact_line(row: Row) -> str:
     return "  ".join([row["id"], *(f or "-" for f in fields)]) + tags
 
 
+@contacts_app.command("older-spellings")
+def contacts_older_spellings(
+    *,
+    account: Annotated[
+        str, typer.Option(metavar="ID", help="The contacts' account.", show_default=False)
+    ],
+    as_json: JsonOption = False,
+    database_url: DatabaseOption = None,
+) -> None:
+    """List the emails and external ids migration 0032 left as stored: refused now, or
+    whose form now is another contact's (merging is a person's decision; README,
+    "Identities")."""
+    account_id = _parse_id(account, "--account")
+    with open_ledger(database_url) as ledger:
+        _check_account(ledger, account_id)
+        left = ledger.older_spellings(account_id)
+    rows = [{"contact_id": str(u.contact_id), "kind": u.kind, "value": u.value,
+             "reason": u.reason, "holders": [str(h) for h in u.holders]}
+            for u in left]  # fmt: skip
+    empty = f"account {account_id} has no email or external id in an older spelling"
+    _print_pages("identities", [rows] if rows else [], None if as_json else _spelling_line, empty)
+
+
+def _spelling_line(row: Row) -> str:
+    """One line of `contacts older-spellings`: contact, kind, value, reason, holders."""
+    holders = f" (also {', '.join(row['holders'])})" if row["holders"] else ""
+    return f"{row['contact_id']}  {row['kind']}  {row['value']}  {row['reason']}{holders}"
+
+
 @contacts_app.command("erase", short_help="Erase a contact and everything of it, irreversibly.")
 def contacts_erase(
     contact: Annotated[

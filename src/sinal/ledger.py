@@ -97,6 +97,7 @@ from sinal.store.base import (
     latest_schema_version,
 )
 from sinal.store.erasure import ErasureStore
+from sinal.store.respelling import Unrespelled
 
 MAX_BATCH = 1000
 DEFAULT_TIMEZONE = "America/Sao_Paulo"
@@ -357,6 +358,11 @@ class Ledger:
         """The account's contacts matching the query (see `contact_query`), oldest first,
         each with its tags."""
         return self.store.list_contacts(query)
+
+    def older_spellings(self, account_id: UUID | str) -> list[Unrespelled]:
+        """The account's emails and external ids left in a spelling sinal no longer stores
+        by migration 0032 (`sinal.store.respelling`): refused now, or another's form now."""
+        return self.store.older_spellings(_uuid(account_id, "account_id", InvalidContact))
 
     def read_feed(
         self, account_id: UUID | str, after: FeedPosition = FEED_START, limit: int = 100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from contextlib import closing
 from datetime import UTC, datetime
@@ -11,8 +12,10 @@ from uuid import UUID, uuid4
 
 import psycopg
 import pytest
+from typer.testing import CliRunner
 
 import sinal
+from sinal.cli import app as cli
 from sinal.commerce import commerce_store
 from sinal.errors import ConfigurationError, SchemaOutOfDate
 from sinal.ledger import connect
@@ -22,6 +25,7 @@ from sinal.store.base import (
     latest_schema_version,
     read_migrations,
 )
+from sinal.store.sqlite import _DecimalSum
 from tests.helpers import sql
 
 # table -> its primary key columns; every key starts with account_id (sharding by account)
@@ -153,6 +157,7 @@ def _migrate_up_to(url: str, last: int) -> None:
     scripts = [(v, n, text) for v, n, text in read_migrations(backend) if v <= last]
     if backend == "sqlite":
         conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        conn.create_aggregate("decimal_sum", 1, _DecimalSum)  # type: ignore[arg-type]  # 0031
         conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, "
                      "name TEXT NOT NULL, applied_at TEXT NOT NULL)")  # fmt: skip
         for version, name, text in scripts:
@@ -633,3 +638,77 @@ def test_a_kept_versions_executions_are_found_by_a_partial_index(database_url: s
     plan = plan_of(database_url, statement, {"before": "2026-01-01T00:00:00Z"})
     assert any("executions_live_version" in line for line in plan), plan
     assert not any("executions_automation" in line for line in plan), plan
+
+
+def _respelled_back(url: str, contact: UUID, kind: str, old: str) -> None:
+    """Give a contact's identity of `kind` the spelling sinal stored before 0032."""
+    sql(url, f"UPDATE contacts SET {kind} = ? WHERE id = ?", old, str(contact))
+    sql(url, "UPDATE contact_identities SET value = ? WHERE contact_id = ? AND kind = ?",
+        old, str(contact), kind)  # fmt: skip
+
+
+def test_migration_0032_rewrites_identities_stored_in_an_older_spelling_but_merges_none(
+    empty_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An email kept with full-width letters and an id kept decomposed are found by what
+    users send after 0032. Left as stored, each named in a warning: one whose form now is
+    another contact's, two whose forms now are one, and one refused now."""
+    _migrate_up_to(empty_url, 31)
+    older = {  # contact: (kind, as sinal stored it before 0032)
+        "ana": ("email", "ａｎａ@example.com"),
+        "bob": ("email", "bob@example.com"),  # today's form: another contact's
+        "old-bob": ("email", "ｂｏｂ@example.com"),
+        "jose": ("external_id", "Ana-Jose\u0301"),
+        "other-jose": ("external_id", "Jos\u00e9"),  # today's form
+        "old-jose": ("external_id", "Jose\u0301"),
+        "twin-1": ("external_id", "A\u030a"),  # both "Å" in NFC
+        "twin-2": ("external_id", "\u212b"),  # the Angstrom sign
+        "fi": ("email", "\ufb01nance@example.com"),  # "ﬁ": refused now
+    }
+    with connect(empty_url) as ledger:
+        account = ledger.create_account("Loja").id
+        made = {name: ledger.create_contact(account, email=f"{name}@x.com", external_id=name).id
+                for name in older}  # fmt: skip
+    for name, (kind, old) in older.items():
+        sql(empty_url, f"UPDATE contacts SET {kind} = ? WHERE id = ?", old, str(made[name]))
+        sql(empty_url, "UPDATE contact_identities SET value = ? WHERE contact_id = ? "
+            "AND kind = ?", old, str(made[name]), kind)  # fmt: skip
+
+    with connect(empty_url) as ledger:
+        backend = "sqlite" if empty_url.startswith("sqlite:") else "postgres"
+        assert ledger.migrate() == [v for v, _, _ in read_migrations(backend) if v > 31]
+        sent = [("email", "ana@example.com"), ("email", "ＡＮＡ＠ｅｘａｍｐｌｅ.com"),
+                ("external_id", "Ana-Jos\u00e9"), ("email", "bob@example.com"),
+                ("external_id", "Jos\u00e9")]  # fmt: skip
+        found = [ledger.upsert_contact(account, **{kind: value}) for kind, value in sent]
+        stored = {n: ledger.get_contact(account, made[n]) for n in older}
+    assert [(c.id, is_new) for c, is_new in found] == [
+        (made[n], False) for n in ("ana", "ana", "jose", "bob", "other-jose")
+    ]
+    assert {n: getattr(c, older[n][0]) for n, c in stored.items() if c} == {
+        "ana": "ana@example.com",
+        "jose": "Ana-Jos\u00e9",
+        **{n: older[n][1] for n in ("bob", "old-bob", "other-jose", "old-jose", "twin-1",
+                                    "twin-2", "fi")},
+    }  # fmt: skip
+    warned = " ".join(r.getMessage() for r in caplog.records if "0032" in r.getMessage())
+    for name in ("old-bob", "old-jose", "twin-1", "twin-2", "fi"):
+        assert str(made[name]) in warned, name
+    # and listed at any time after, with the contacts holding each one's form now
+    args = ["contacts", "older-spellings", "--account", str(account), "--database-url"]
+    listed = CliRunner().invoke(cli, [*args, empty_url, "--json"])
+    assert listed.exit_code == 0, listed.output
+    ids = {str(i): n for n, i in made.items()}
+    assert sorted(
+        (ids[u["contact_id"]], u["kind"], u["value"], u["reason"], [ids[h] for h in u["holders"]])
+        for u in json.loads(listed.output)["identities"]
+    ) == [
+        ("fi", "email", "\ufb01nance@example.com", "refused", []),
+        ("old-bob", "email", "ｂｏｂ@example.com", "taken", ["bob"]),
+        ("old-jose", "external_id", "Jose\u0301", "taken", ["other-jose"]),
+        ("twin-1", "external_id", "A\u030a", "taken", ["twin-2"]),
+        ("twin-2", "external_id", "\u212b", "taken", ["twin-1"]),
+    ]
+    text = CliRunner().invoke(cli, [*args, empty_url]).output
+    assert f"{made['fi']}  email  \ufb01nance@example.com  refused\n" in text
+    assert f"{made['old-bob']}  email  ｂｏｂ@example.com  taken (also {made['bob']})\n" in text

@@ -18,6 +18,7 @@ from uuid import UUID
 
 from sinal.errors import StoreError, UnstorableInput
 from sinal.events import EventKey, PreparedEvent, StoredPayload
+from sinal.store.respelling import Unrespelled
 
 IdentityKind = Literal["phone", "email", "external_id"]
 ContactField = Literal["name", "phone", "email", "external_id"]
@@ -477,6 +478,11 @@ class Store(Protocol):
         first (one read: no write transaction, no writer's lock)."""
         ...
 
+    def older_spellings(self, account_id: UUID) -> list[Unrespelled]:
+        """The account's emails and external ids stored in a spelling sinal no longer
+        stores, which migration 0032 left (refused now, or another contact's form now)."""
+        ...
+
     def record(
         self, events: Sequence[PreparedEvent], settle: Settle | None = None
     ) -> list[Outcome]:
@@ -661,7 +667,8 @@ def read_migrations(backend: str) -> list[tuple[int, str, str]]:
     for entry in folder.iterdir():
         if entry.name.endswith(".sql"):
             version = int(entry.name.split("_", 1)[0])
-            found.append((version, entry.name.removesuffix(".sql"), entry.read_text()))
+            text = entry.read_text(encoding="utf-8")  # 0032 names "ａ" and "ﬁ"
+            found.append((version, entry.name.removesuffix(".sql"), text))
     return sorted(found)
 
 

@@ -68,7 +68,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar, cast
 from uuid import UUID
@@ -162,6 +162,12 @@ from sinal.store.postgres_erasure import WRITE_EVENTS, PostgresErasure
 from sinal.store.postgres_messaging import PostgresMessaging
 from sinal.store.postgres_retention import PostgresRetention
 from sinal.store.postgres_webhooks import PostgresWebhooks
+from sinal.store.respelling import (
+    RESPELLING_VERSION,
+    Unrespelled,
+    respell_identities,
+    unrespelled,
+)
 
 log = logging.getLogger("sinal.store")
 
@@ -712,6 +718,12 @@ def _configure(conn: psycopg.Connection[TupleRow], lock_wait: float = DEFAULT_WA
         conn.returned_at = time.monotonic()  # just made: known to work
 
 
+def _rows(conn: psycopg.Connection[TupleRow], query: str, args: Sequence[Any]) -> list[TupleRow]:
+    """A statement's rows, [] for one that returns none (a migration step's `Query`)."""
+    cursor = conn.execute(query.encode(), args)  # a step's own statements
+    return cursor.fetchall() if cursor.description else []
+
+
 def _check_encoding(conn: psycopg.Connection[TupleRow]) -> None:
     """`ConfigurationError` unless the database stores text as UTF-8: in any other
     encoding, text PostgreSQL cannot convert fails on write, and SQL_ASCII keeps bytes
@@ -1116,6 +1128,10 @@ class PostgresStore(
                 if version in done:
                     continue
                 conn.execute(script.encode())  # bytes: a trusted file, not a query template
+                if version == RESPELLING_VERSION:
+                    respell_identities(
+                        functools.partial(_rows, conn), "postgres", datetime.now(UTC)
+                    )
                 conn.execute(
                     "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
                     (version, name),
@@ -1209,6 +1225,11 @@ class PostgresStore(
         """The contact each identity names, most specific first (one statement)."""
         with self._conn() as conn:
             return _holders(conn, contact)
+
+    def older_spellings(self, account_id: UUID) -> list[Unrespelled]:
+        """The account's identities in a spelling migration 0032 left (`respelling`)."""
+        with self._tx() as conn:
+            return unrespelled(functools.partial(_rows, conn), "postgres", account_id)
 
     def list_contacts(self, query: ContactQuery) -> list[ListedContact]:
         """The account's contacts matching the query, oldest first, with their tags (one

@@ -97,6 +97,12 @@ from sinal.store.base import (
     rejection_message,
     summary_deltas,
 )
+from sinal.store.respelling import (
+    RESPELLING_VERSION,
+    Unrespelled,
+    respell_identities,
+    unrespelled,
+)
 from sinal.store.sqlite_automations import SQLiteAutomations
 from sinal.store.sqlite_commerce import SQLiteCommerce
 from sinal.store.sqlite_erasure import SQLiteErasure
@@ -678,6 +684,9 @@ class SQLiteStore(
                     continue
                 for statement in _split_sql(sql):
                     tx.execute(statement)
+                if version == RESPELLING_VERSION:
+                    now = ts(datetime.now(UTC))
+                    respell_identities(lambda q, a: tx.execute(q, a).fetchall(), "sqlite", now)
                 tx.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     (version, name, ts(datetime.now(UTC))),
@@ -759,6 +768,15 @@ class SQLiteStore(
         """The contact each identity names, most specific first (a read)."""
         with self._read() as conn:
             return _holders(conn, contact)
+
+    def older_spellings(self, account_id: UUID) -> list[Unrespelled]:
+        """The account's identities in a spelling migration 0032 left (`respelling`)."""
+        with self._read() as conn:
+            left = unrespelled(
+                lambda q, a: conn.execute(q, a).fetchall(), "sqlite", str(account_id)
+            )
+        return [replace(u, account_id=account_id, contact_id=UUID(u.contact_id),
+                        holders=tuple(map(UUID, u.holders))) for u in left]  # fmt: skip
 
     def list_contacts(self, query: ContactQuery) -> list[ListedContact]:
         """The account's contacts matching the query, oldest first, with their tags: the

@@ -1,0 +1,15 @@
+-- sinal 0032: emails and external ids stored before sinal read full-width and half-width
+-- forms as the usual characters ("ａｎａ@example.com" is ana@example.com) and put external
+-- ids in NFC ("Jose" + U+0301 is "José") are rewritten to the form it stores now, in
+-- contact_identities and in contacts (whose updated_at is the migration's time). Before,
+-- such a contact was found by no spelling, and the next event naming it made a second one.
+--
+-- The step is in Python, run by the migration runner after this file, in the same
+-- transaction (`sinal.store.respelling`): the new forms are today's `normalize_email` and
+-- `normalize_external_id` of each non-ASCII value, which neither backend's SQL can
+-- compute alike. A value is left as stored, and `sinal migrate` warns naming its contact,
+-- when today's code refuses it ("ﬁ" or "²" before the "@") or when its new form is another
+-- contact's (or two contacts' old values share it): merging two contacts is a person's
+-- decision; `sinal contacts older-spellings --account ID` lists those left. It reads only
+-- the non-ASCII emails and ids, through no index: contact_identities read once, in full.
+SELECT 1;
