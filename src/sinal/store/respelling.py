@@ -48,10 +48,10 @@ class Unrespelled:
     def describe(self) -> str:
         """One line naming the contact, never the value."""
         if self.reason == "refused":
-            why = "refused now (a compatibility character); PATCH it with the one used"
+            why = "is refused now (invalid_email: 'ﬁ', '²'); PATCH the one its person uses"
         else:
             others = ", ".join(map(str, self.holders))
-            why = f"its form now is also contact {others}'s; merge them or PATCH one"
+            why = f"in its form now names contact {others}: one person? PATCH or keep both"
         return f"account {self.account_id} contact {self.contact_id}: {self.kind} {why}"
 
 
