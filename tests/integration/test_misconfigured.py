@@ -268,3 +268,21 @@ async def test_a_sqlite_directory_not_writable_is_503_naming_the_directory(
     problem = operators(response, "directory_read_only")
     assert problem["detail"].startswith("make the SQLite database's directory writable")
     assert f"the directory {folder} of the SQLite database is not writable" in logged(caplog)
+
+
+def test_a_sqlite_connection_opened_while_the_file_was_not_writable_writes_once_it_is(
+    sqlite_url: str,
+) -> None:
+    """A thread that read while the file was not writable has a connection SQLite opened
+    read-only: once the file is writable, its next write passes. It failed with
+    database_read_only (a 503 saying the file is not writable, when it was) once on each
+    thread that had read meanwhile, as only a connection a write had failed on was opened
+    again."""
+    path = Path(sqlite_url.removeprefix("sqlite:///"))
+    with connect(sqlite_url) as ledger:
+        account = ledger.create_account("Loja")
+    with connect(sqlite_url) as ledger:
+        with unwritable(path):
+            assert ledger.get_account(account.id) is not None  # opens this thread's connection
+        ana = ledger.create_contact(account.id, external_id="ana")
+        assert ledger.get_contact(account.id, ana.id) is not None

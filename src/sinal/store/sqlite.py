@@ -502,6 +502,10 @@ class SQLiteStore(
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            # SQLite opens a file it cannot write read-only, and the connection stays so:
+            # one opened while the file was not writable (by a read) is opened again by the
+            # next write (`_write`), which then sees the operator's fix
+            read_only = os.path.exists(self.path) and not os.access(self.path, os.W_OK)
             with translated_errors(self.path):
                 conn = self._open()
                 conn.execute("PRAGMA journal_mode=WAL")
@@ -509,6 +513,7 @@ class SQLiteStore(
                 conn.execute("PRAGMA foreign_keys=ON")
                 conn.create_aggregate("decimal_sum", 1, _DecimalSum)  # type: ignore[arg-type]
             self._local.conn = conn
+            self._local.read_only = read_only
             with self._all_lock:
                 self._all.append(conn)
         return conn
@@ -538,7 +543,8 @@ class SQLiteStore(
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._using() as conn:
+        with self._using() as opened:
+            conn = self._writable(opened)
             fd = self._writers_turn()
             try:
                 with translated_errors(self.path):
@@ -550,8 +556,8 @@ class SQLiteStore(
                         raise
                     conn.execute("COMMIT")
             except StoreMisconfigured:
-                # SQLite opens a file it cannot write read-only, and the connection stays
-                # so: the next write opens the file again, the operator's fix seen at once
+                # the connection may have been opened read-only (`_conn`): the next write
+                # opens the file again, the operator's fix seen at once
                 self._forget(conn)
                 raise
             finally:
@@ -559,6 +565,14 @@ class SQLiteStore(
                     fcntl.flock(fd, fcntl.LOCK_UN)
                 finally:
                     self._turn.release()
+
+    def _writable(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        """This thread's connection `conn`, or, as it was opened read-only (`_conn`),
+        another, opened now."""
+        if not self._local.read_only:
+            return conn
+        self._forget(conn)
+        return self._conn()
 
     def _forget(self, conn: sqlite3.Connection) -> None:
         """Close this thread's connection `conn`: its next call opens another."""
