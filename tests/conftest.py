@@ -131,6 +131,28 @@ def non_utf8_url(request: pytest.FixtureRequest, pg_template: str) -> Iterator[s
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def linguistic_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, migrated database on each backend, PostgreSQL's collating text by a
+    language's rules (ICU's en-US, as a database made with LOCALE 'en_US.UTF-8' does:
+    "abc" before "Zeta"), not by code point as the test databases' C.UTF-8 does."""
+    if request.param == "sqlite":
+        yield request.getfixturevalue("sqlite_url")
+        return
+    request.getfixturevalue("pg_template")  # skips (or fails in CI) without PostgreSQL
+    name = f"sinal_icu_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(
+            f"CREATE DATABASE \"{name}\" TEMPLATE template0 ENCODING 'UTF8' "
+            "LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+        )
+    with connect(_admin_url(name)) as migrating:
+        migrating.migrate()
+    yield _admin_url(name)
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 def ledger(database_url: str) -> Iterator[Ledger]:
     """A ledger on a fresh database, on each backend."""

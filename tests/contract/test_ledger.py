@@ -24,7 +24,7 @@ from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import TransactionStatus
 
 import sinal
-from sinal import EmitEvent, InvalidEvent, Ledger
+from sinal import EmitEvent, InvalidEvent, Ledger, connect
 from sinal.errors import InvalidQuery
 from sinal.store.base import EventQuery, Outcome, read_migrations
 from sinal.store.postgres import OPEN_RETRY, PostgresStore
@@ -2407,3 +2407,24 @@ def test_postgresql_errors_say_whether_trying_again_may_succeed(
         ):
             conn.execute("SELECT 1 / 0")
         assert not isinstance(refused.value, sinal.StoreUnavailable)
+
+
+def test_a_contacts_summary_rows_come_in_code_point_order_of_metric_on_both_backends(
+    linguistic_url: str,
+) -> None:
+    """`get_summary` (and GET /v1/contacts/{id}/metrics) lists a contact's rows by metric
+    name in code point order, as the metrics list does, whatever the database's collation:
+    on a PostgreSQL database collating by language, "abc" came before "Zeta" and "Émile"
+    before "Zeta", where SQLite put "Zeta" first and "Émile" last."""
+    names = ["abc", "Zeta", "Émile", "Order Paid"]
+    with connect(linguistic_url) as ledger:
+        account = ledger.create_account("Loja")
+        ana = ledger.create_contact(account.id, external_id="ana")
+        for currency in ("USD", "BRL"):
+            ledger.emit_many(
+                [EmitEvent(account_id=account.id, contact_id=ana.id, metric_name=name,
+                           source="api", source_id=f"{name}:{currency}", currency=currency)
+                 for name in names]
+            )  # fmt: skip
+        rows = [(s.metric_name, s.currency) for s in ledger.get_summary(account.id, ana.id)]
+    assert rows == sorted((name, currency) for name in names for currency in ("BRL", "USD"))

@@ -1350,8 +1350,8 @@ class PostgresStore(
             statement += " AND contact_id = %s"
             args.append(contact_id)
         with self._conn() as conn:
-            rows = conn.execute(
-                statement + " ORDER BY contact_id, metric_name, currency", args
+            rows = conn.execute(  # names in code point order, as SQLite's and the metrics'
+                statement + ' ORDER BY contact_id, metric_name COLLATE "C", currency', args
             ).fetchall()
         return [SummaryRow(*row) for row in rows]
 
