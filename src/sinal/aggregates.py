@@ -45,8 +45,8 @@ class AggregateRow:
 @dataclass(frozen=True, slots=True)
 class Aggregate:
     """An aggregate's answer: every bucket of the range, empty ones included.
-    `currency`: a `sum_value`'s, that of every value summed (None when no event of the
-    range had a value); the `currency` asked for, of any other measurement.
+    `currency`: the `currency` asked for, if any; else, a `sum_value`'s, that of every
+    value summed (None when no event of the range had a value).
     """
 
     timezone: str

@@ -280,8 +280,8 @@ class AggregateOut(BaseModel):
     interval: str
     timezone: str
     currency: str | None = Field(
-        description="sum_value: the ISO 4217 currency of every sum (null when no event of the "
-        "range carried a value); otherwise the currency asked for, if any"
+        description="The currency asked for, if any; else, for sum_value, the ISO 4217 "
+        "currency of every sum (null when no event of the range carried a value)"
     )
     data: list[Bucket]
     groups_truncated: bool = False
