@@ -439,9 +439,10 @@ def contacts_older_spellings(
     as_json: JsonOption = False,
     database_url: DatabaseOption = None,
 ) -> None:
-    """List the emails and external ids migration 0032 left as stored: refused now, or
-    whose form now is another contact's (merging is a person's decision; README,
-    "Identities")."""
+    """List the identities migration 0032 left as stored.
+
+    Emails and external ids in an older spelling, each refused now or, in its form now,
+    another contact's: merging is a person's decision (README, "Identities")."""
     account_id = _parse_id(account, "--account")
     with open_ledger(database_url) as ledger:
         _check_account(ledger, account_id)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from urllib.parse import unquote_plus
 
 
 class ThrottledLog:
@@ -39,17 +40,24 @@ class ThrottledLog:
 
 # Query parameters whose values are secrets: the WhatsApp handshake's token, and an API
 # key sent where it does not belong (`?api_key=` is refused, but its request is logged).
-_SECRET_PARAMETER = re.compile(r"(?i)([?&](?:hub\.verify_token|api_key)=)[^&#]*")
+_SECRET_PARAMETERS = frozenset({"hub.verify_token", "api_key"})
+_PARAMETER = re.compile(r"([?&])([^=&#]*)=([^&#]*)")
 
 
 class RedactedQuery(logging.Filter):
     """uvicorn's access log lines (`--access-log`) with the values of secret query
-    parameters as "***": the request line is logged as sent, and a WhatsApp handshake
+    parameters as "***", their names read as the app reads them (`hub%2Everify_token`
+    is `hub.verify_token`): the request line is logged as sent, and a WhatsApp handshake
     carries the integration's verify token in its query string."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
-            path = _SECRET_PARAMETER.sub(r"\1***", args[2])
+            path = _PARAMETER.sub(_redacted, args[2])
             record.args = (*args[:2], path, *args[3:])
         return True
+
+
+def _redacted(match: re.Match[str]) -> str:
+    name = unquote_plus(match[2]).lower()
+    return f"{match[1]}{match[2]}=***" if name in _SECRET_PARAMETERS else match[0]
