@@ -10,6 +10,7 @@ import itertools
 import logging
 import os
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from sinal.api import errors
+from sinal.errors import StoreMisconfigured
 from sinal.ledger import connect
 from tests.helpers import count, sql
 from tests.integration.conftest import Api, serving
@@ -286,3 +288,41 @@ def test_a_sqlite_connection_opened_while_the_file_was_not_writable_writes_once_
             assert ledger.get_account(account.id) is not None  # opens this thread's connection
         ana = ledger.create_contact(account.id, external_id="ana")
         assert ledger.get_contact(account.id, ana.id) is not None
+
+
+def _open_files(folder: Path) -> list[str]:
+    """The files under `folder` this process holds open."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            names.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+    return [n for n in names if n.startswith(f"{folder}/")]
+
+
+def test_a_sqlite_connection_whose_setup_fails_is_closed_at_once(sqlite_url: str) -> None:
+    """SQLite opens the file, then its setup (WAL, in a directory not writable) fails: the
+    connection was dropped without being closed, the file held open for as long as the
+    error was kept (a log record, a 503's traceback), and closed only when collected."""
+    path = Path(sqlite_url.removeprefix("sqlite:///"))
+    with connect(sqlite_url) as ledger:
+        account = ledger.create_account("Loja")
+    with connect(sqlite_url) as ledger:
+        kept: list[StoreMisconfigured] = []
+
+        def write() -> None:  # a thread of its own: its first connection, opened now
+            try:
+                ledger.create_contact(account.id, external_id="ana")
+            except StoreMisconfigured as exc:
+                kept.append(exc)
+
+        with unwritable(path.parent):
+            thread = threading.Thread(target=write)
+            thread.start()
+            thread.join()
+            held = _open_files(path.parent)
+
+    [error] = kept
+    assert error.code == "directory_read_only"
+    assert held == []

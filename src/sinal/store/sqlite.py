@@ -508,15 +508,23 @@ class SQLiteStore(
             read_only = os.path.exists(self.path) and not os.access(self.path, os.W_OK)
             with translated_errors(self.path):
                 conn = self._open()
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(f"PRAGMA synchronous={self._synchronous}")
-                conn.execute("PRAGMA foreign_keys=ON")
-                conn.create_aggregate("decimal_sum", 1, _DecimalSum)  # type: ignore[arg-type]
+                try:
+                    self._set_up(conn)
+                except BaseException:  # not kept: closed now, not left to the collector
+                    conn.close()
+                    raise
             self._local.conn = conn
             self._local.read_only = read_only
             with self._all_lock:
                 self._all.append(conn)
         return conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        """The settings every connection of this store has."""
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.create_aggregate("decimal_sum", 1, _DecimalSum)  # type: ignore[arg-type]
 
     def _open(self) -> sqlite3.Connection:
         # mode=rw: opening never creates the file (checking first would race its removal)
