@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Final, cast
 from uuid import UUID
 
-from sinal.errors import StoreUnavailable
+from sinal.errors import StoreMisconfigured, StoreUnavailable
 from sinal.ids import new_id
 from sinal.integrations.base import DeliveryDeferred, UnmappablePayload
 from sinal.ledger import Ledger
@@ -132,9 +132,11 @@ def process(
         status, reason, due_at = "deferred", exc.message, exc.until
     except UnmappablePayload as exc:
         status, reason = "unmappable", f"{exc.reason}: {exc.message}"
-    except StoreUnavailable:
-        # the database, for now: the delivery stays `received`, and the provider, answered
-        # 503, delivers it again (or the worker's next pass claims a deferred one again)
+    except (StoreUnavailable, StoreMisconfigured):
+        # the database, for now or until its operator's fix (a privilege revoked, a file
+        # not writable): the delivery stays `received` (a deferred one `deferred`), not
+        # `failed`; the provider, answered 503, delivers it again, the worker's next pass
+        # claims a deferred one again, and `sinal webhooks replay` stops saying why
         raise
     except Exception as exc:  # kept with its reason for replay; the provider still gets 200
         log.exception("processing delivery %s failed", delivery.id)

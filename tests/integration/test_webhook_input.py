@@ -356,3 +356,36 @@ async def test_whatsapp_a_nul_in_a_user_id_reads_as_no_user_id(api: Api) -> None
     assert received.properties["phone"] == "+5511987654321"
     assert "user_id" not in received.properties
     assert count(api.url, "whatsapp_users") == 0
+
+
+@pytest.mark.postgres
+async def test_shopify_a_delivery_the_operators_configuration_refuses_stays_to_process(
+    pg_api: Api,
+) -> None:
+    """A trigger someone added to events fails (`StoreMisconfigured`, an operator's to
+    fix): the delivery was kept `failed` and answered 200, so Shopify never sent it again
+    and only a replay by hand recorded the order. It is answered 503 and stays
+    `received`; the provider's redelivery once the trigger is fixed records it."""
+    api = pg_api
+    sql(
+        api.url,
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'set up wrong' USING ERRCODE = 'triggered_action_exception'; END $$",
+    )
+    sql(api.url, "CREATE TRIGGER refuse BEFORE INSERT ON events "
+        "FOR EACH ROW EXECUTE FUNCTION refuse()")  # fmt: skip
+    shop = _shop(api, "shopify")
+    body = json.dumps(fixture("shopify", "orders_create")).encode()
+    webhook_id = str(uuid4())
+
+    refused = await _shopify(api, shop, body, **{"X-Shopify-Webhook-Id": webhook_id})
+    kept = _kept(api)
+    sql(api.url, "DROP TRIGGER refuse ON events")
+    again = await _shopify(api, shop, body, **{"X-Shopify-Webhook-Id": webhook_id})
+
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["type"] == "/problems/database-misconfigured"
+    assert kept == [("orders/create", "received", None, body)]
+    assert (again.status_code, again.json()["status"]) == (200, "processed")
+    assert _kept(api) == [("orders/create", "processed", None, body)]
+    assert len(events(api, "Order Placed")) == 1
