@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from urllib.parse import unquote_plus
 
 
 class ThrottledLog:
     """A line written at most once every `interval` seconds (the first at once); the
-    next one written says how many were left out meanwhile. Not thread-safe: one per
-    thread that logs through it (the event loop's, a worker's loop)."""
+    next one written says how many were left out meanwhile. Threads may share one (a
+    worker's step threads meeting one misconfigured database)."""
 
     def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
         self.logger = logger
         self.interval = interval
         self.next_at = 0.0
         self.left_out = 0
+        self._lock = threading.Lock()
 
     def warning(self, message: str, *args: object) -> None:
         """`logger.warning(message, *args)`, unless a line was written less than `interval`
@@ -29,13 +31,14 @@ class ThrottledLog:
     def write(self, level: int, message: str, *args: object) -> None:
         """`logger.log(level, message, *args)`, unless a line was written less than
         `interval` seconds ago."""
-        now = time.monotonic()
-        if now < self.next_at:
-            self.left_out += 1
-            return
-        more = f" ({self.left_out} more since the last line)" if self.left_out else ""
+        with self._lock:
+            now = time.monotonic()
+            if now < self.next_at:
+                self.left_out += 1
+                return
+            more = f" ({self.left_out} more since the last line)" if self.left_out else ""
+            self.next_at, self.left_out = now + self.interval, 0
         self.logger.log(level, message + "%s", *args, more)
-        self.next_at, self.left_out = now + self.interval, 0
 
 
 # Query parameters whose values are secrets: the WhatsApp handshake's token, and an API

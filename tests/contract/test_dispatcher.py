@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -778,6 +779,16 @@ def _hold_step_records(url: str, seconds: float) -> None:
     assert held.wait(10)
 
 
+def _assert_sent_once_and_completed(world: World) -> None:
+    """THANKS ran whole: its message sent once, its Message Sent recorded, the tag added."""
+    [execution] = world.executions()
+    assert execution.status == "completed"
+    assert len(world.whatsapp.requests) == 1
+    sent = world.ledger.list_events(EventQuery(world.account.id, metric_name="Message Sent"))
+    assert [e.entity_id for e in sent] == ["wamid.LOCAL00000000"]
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+
+
 def test_a_send_whose_record_meets_a_busy_database_is_recorded_once_it_is_free(
     world: World,
 ) -> None:
@@ -804,13 +815,63 @@ def test_a_send_whose_record_meets_a_busy_database_is_recorded_once_it_is_free(
         dispatcher.close()
         worker_ledger.close()
 
-    [execution] = world.executions()
-    assert execution.status == "completed"
-    assert len(world.whatsapp.requests) == 1
-    sent = world.ledger.list_events(EventQuery(world.account.id, metric_name="Message Sent"))
-    assert [e.entity_id for e in sent] == ["wamid.LOCAL00000000"]
-    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+    _assert_sent_once_and_completed(world)
     assert _counted(dispatcher, "sinal_worker_errors_total", kind="database") >= 1
+
+
+@pytest.mark.parametrize(
+    "database_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_send_whose_record_meets_a_revoked_privilege_is_recorded_once_it_is_granted(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator revokes UPDATE on execution_steps from the worker's role while a message
+    is being sent: its record, refused (`StoreMisconfigured`), was left to the lease, and
+    the send resumed as interrupted, `unknown`, though it went out. The worker waits for
+    the grant, its claim renewed, logging what to fix, then records it: sent once."""
+    role = f"sinal_worker_{os.getpid()}"
+    sql(world.url, f'CREATE ROLE "{role}" LOGIN')
+    try:
+        sql(world.url, f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public '
+            f'TO "{role}"')  # fmt: skip
+        world.automations.create(world.account.id, THANKS)
+        worker_ledger = sinal.connect(world.url.replace("postgres@", f"{role}@", 1))
+        settings = DispatchSettings(
+            poll_interval=0.05, http_timeout=2.0, lease=1.0, housekeeping_interval=0,
+            allow_private_webhooks=True,
+        )  # fmt: skip
+        dispatcher = Dispatcher(worker_ledger, settings)
+        revoke = f'REVOKE UPDATE ON execution_steps FROM "{role}"'
+
+        def revoke_first(body: Any, n: int) -> None:
+            sql(world.url, revoke)
+
+        world.whatsapp.behaviour.before_answer = revoke_first
+        world.order_paid()
+        stop = threading.Event()
+        worker = threading.Thread(target=dispatcher.run, args=(stop,))
+        with caplog.at_level(logging.WARNING, logger="sinal.dispatcher"):
+            worker.start()
+            try:
+                wait_until(lambda: _counted(dispatcher, "sinal_worker_errors_total",
+                                            kind="database") >= 1)  # fmt: skip
+                time.sleep(3 * settings.lease)  # the operator takes a while: leases run out
+                sql(world.url, f'GRANT UPDATE ON execution_steps TO "{role}"')
+                wait_until(lambda: world.executions()[0].status not in ("pending", "waiting"))
+            finally:
+                stop.set()
+                worker.join(timeout=10)
+                dispatcher.close()
+                worker_ledger.close()
+    finally:
+        sql(world.url, f'DROP OWNED BY "{role}"')
+        sql(world.url, f'DROP ROLE "{role}"')
+
+    _assert_sent_once_and_completed(world)
+    waits = [r.getMessage() for r in caplog.records if "database's operator" in r.getMessage()]
+    assert len(waits) == 1  # throttled: one line, naming the fix
+    assert "permission denied for table execution_steps" in waits[0]
+    assert "grant the role sinal connects as" in waits[0]
 
 
 def test_wait_step_resumes_later(world: World) -> None:
@@ -1881,6 +1942,41 @@ def test_a_tag_step_whose_schema_fault_is_retried_and_runs_once_the_schema_is_fi
     for statement in _ALLOW_METRIC[_backend(world)]:  # the operator's fix
         sql(world.url, statement)
     sql(world.url, "UPDATE executions SET run_at = created_at")  # its backoff over
+    world.drain(dispatcher)
+
+    [execution] = world.executions()
+    assert execution.status == "completed"
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == ["comprou"]
+    assert len(world.whatsapp.bodies()) == 1
+
+
+@pytest.mark.parametrize(
+    "database_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
+def test_a_tag_step_the_operators_configuration_refuses_waits_uncounted_for_the_fix(
+    world: World,
+) -> None:
+    """The database refuses a tag step for its operator's configuration (a trigger set up
+    wrong, `StoreMisconfigured`): the step was retried as any failure, and ended dead once
+    the policy's attempts were spent, however soon the operator fixed it. It waits,
+    pending, no attempt counted, and runs once the fix is made; the message sent once."""
+    _refuse_metric(world, "Tag Added", "config")
+    world.automations.create(world.account.id, THANKS)
+    world.order_paid()
+    dispatcher = world.dispatcher(retry=RetryPolicy(max_attempts=3, base=0.01, cap=0.02))
+
+    for _ in range(10):  # far more tries than the policy's attempts
+        world.drain(dispatcher)
+        time.sleep(0.03)
+
+    [execution] = world.executions()
+    assert (execution.status, execution.attempts, execution.next_step) == ("pending", 0, 1)
+    assert execution.last_error is not None
+    assert execution.last_error.startswith("set up wrong; fix or drop the trigger")
+    assert world.ledger.list_tags(world.account.id, world.contact.id) == []
+    for statement in _ALLOW_METRIC[_backend(world)]:  # the operator's fix
+        sql(world.url, statement)
+    sql(world.url, "UPDATE executions SET run_at = created_at")
     world.drain(dispatcher)
 
     [execution] = world.executions()

@@ -5,7 +5,10 @@ executions); an automation runs at most once per event (the executions' unique k
 step's side effect happens at most once (its record is committed as `started` before the
 side effect, `completed` after; a `started` external send found on resume is `unknown`,
 so the worker that ran a step tries again, for up to a lease, to record its outcome while
-the database is unavailable).
+the database is unavailable, and for as long as it runs while the database refuses it for
+its operator's configuration, `StoreMisconfigured`: a REVOKE never leaves a send `unknown`).
+A step the database refuses for its operator's configuration is no attempt: it waits,
+`pending`, for the fix (`_wait_for_operator`), and never ends `dead` for it.
 A claim is a lease: the worker renews the leases of the executions in hand every third of
 one, so a slow step keeps its execution, while a dead worker's claims expire after one
 lease and another worker resumes them.
@@ -65,7 +68,14 @@ from sinal.automations.steps import (
     StepOutcome,
     run_step,
 )
-from sinal.errors import FieldError, InvalidEvent, RetryLater, StoreError, StoreUnavailable
+from sinal.errors import (
+    FieldError,
+    InvalidEvent,
+    RetryLater,
+    StoreError,
+    StoreMisconfigured,
+    StoreUnavailable,
+)
 from sinal.events import EmitEvent, PreparedEvent, prepare
 from sinal.failpoints import failpoint
 from sinal.housekeeping import TASKS, Task, run_tasks
@@ -111,6 +121,9 @@ HTTP_WAITS_PER_STEP = 5
 # Seconds between two tries at recording a step's outcome while the database is away: from
 # the first, doubling up to the last.
 RECORD_RETRY_DELAYS = (0.1, 2.0)
+# Seconds between two log lines saying that work waits for the database's operator
+# (`StoreMisconfigured`: a privilege revoked, a file not writable), whatever the thread.
+OPERATOR_LOG_INTERVAL = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +247,8 @@ class Dispatcher:
         self._held = _HeldClaims()  # the executions in hand, whose leases are renewed
         self._stopping = threading.Event()  # `run`'s stop: no step starts once it is set
         self._late = False  # steps were still running when `run` returned
+        # every thread meets the operator's misconfiguration alike: one line a minute
+        self._operator = ThrottledLog(log, OPERATOR_LOG_INTERVAL)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -585,6 +600,9 @@ class Dispatcher:
             retry = self._retry(claim, index, exc)
             finish("failed", error=str(exc), then=retry)
             return None
+        except StoreMisconfigured as exc:  # nothing written: waits for the operator's fix
+            finish("failed", error=str(exc), then=self._wait_for_operator(claim, index, exc))
+            return None
         # the record, the step's event and (after the last step) the execution: one commit
         then = _settles(outcome, index, len(spec.steps))
         emit, refused = self._prepare(claim, index, outcome)
@@ -620,11 +638,23 @@ class Dispatcher:
         """Record a step's outcome, trying again while the database is unavailable, for up
         to a lease: the step happened (a message went out), and left to its lease it would
         be resumed as interrupted, a send `unknown`, its event and result lost. Safe to
-        repeat: the record is fenced by the claim, and its event has a unique id."""
+        repeat: the record is fenced by the claim, and its event has a unique id. While the
+        database refuses it for its operator's configuration (`StoreMisconfigured`), until
+        the operator fixes it, its claim renewed meanwhile, or the worker stops."""
         delay, until = RECORD_RETRY_DELAYS[0], None
         while True:
             try:
                 return self._finishes.call(finish)
+            except StoreMisconfigured as exc:
+                if self._stopping.is_set():  # left to its lease, as a dead worker's
+                    raise
+                self._held.begin(finish.claim)  # waiting, not stuck: still renewed
+                self._operator.warning("execution %s: recording step %d waits for the "
+                                       "database's operator: %s", finish.claim.execution.id,
+                                       finish.step_index, exc)  # fmt: skip
+                self.metrics.error("database")
+                time.sleep(delay)
+                delay = min(2 * delay, RECORD_RETRY_DELAYS[1])
             except StoreUnavailable as exc:
                 now = time.monotonic()
                 until = now + self.settings.lease if until is None else until
@@ -648,6 +678,18 @@ class Dispatcher:
         asked = exc.delay if isinstance(exc, RetryLater) else exc.retry_after
         if asked:
             delay = honour_retry_after(delay, asked, policy.cap)
+        run_at = self.ledger.clock() + timedelta(seconds=delay)
+        return Advance("pending", index, run_at=run_at, attempts=attempts, last_error=str(exc))
+
+    def _wait_for_operator(self, claim: Claim, index: int, exc: StoreMisconfigured) -> Advance:
+        """Leave a step the database refused for its operator's configuration pending, its
+        attempt not counted: none passes until the operator's fix, which no retry policy
+        waits for, and the first after it does."""
+        self._operator.warning("execution %s: step %d waits for the database's operator: %s",
+                               claim.execution.id, index, exc)  # fmt: skip
+        self.metrics.error("database")
+        attempts, policy = claim.execution.attempts, self.settings.retry
+        delay = next_delay(attempts + 1, base=policy.base, factor=policy.factor, cap=policy.cap)
         run_at = self.ledger.clock() + timedelta(seconds=delay)
         return Advance("pending", index, run_at=run_at, attempts=attempts, last_error=str(exc))
 

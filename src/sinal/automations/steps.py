@@ -25,9 +25,11 @@ ASCII, a database error, a bug) happened before its request could leave, or `_po
 otherwise: `run_step` raises it as `StepFailed(retry=True)`, an attempt like any other;
 but the database refusing what a step records (`UnstorableInput`: a tag with its event,
 say) fails alike on every attempt, and is `StepFailed(retry=False)`. A schema fault
-(`SchemaViolation`: sinal's own statement refused, a schema changed under it) or a
-configuration one (`StoreMisconfigured`: a privilege sinal's role lacks) stays retried:
-an operator's migration, fix or grant makes the next attempt pass. A step's own event
+(`SchemaViolation`: sinal's own statement refused, a schema changed under it) stays
+retried: an operator's migration or fix makes the next attempt pass. A configuration one
+(`StoreMisconfigured`: a privilege sinal's role lacks, a file it cannot write) is raised
+as it is: the dispatcher leaves the step pending, not counted as an attempt, until the
+operator's grant or fix lets it pass. A step's own event
 (a send's Message Sent, recorded with the step's outcome) the database refuses fails
 nothing: the step is recorded completed, and the event kept as a rejection
 (`AutomationStore.finish_steps`).
@@ -81,6 +83,7 @@ from sinal.errors import (
     SecretUnreadable,
     SinalError,
     StoreError,
+    StoreMisconfigured,
     UnstorableInput,
 )
 from sinal.events import EmitEvent, build_unique_event_id, decimal_text, stamp
@@ -231,9 +234,14 @@ def run_step(step: Step, ctx: StepContext) -> StepOutcome:
         # fix the cause and revive it (`retry_dead`).
         raise StepFailed(f"the database refused what the step records: {exc}",
                          retry=False) from exc  # fmt: skip
+    except StoreMisconfigured:
+        # A privilege sinal's role lacks, a file it cannot write: nothing was written, and
+        # no attempt passes until the operator's fix. Not an attempt: the dispatcher
+        # leaves the step pending, its attempts as they were, so that no execution ends
+        # dead for an operator's REVOKE (`Dispatcher._wait_for_operator`).
+        raise
     # A `SchemaViolation` (sinal's own statement refused: a trigger or column changed
-    # under it, a migration missing) or a `StoreMisconfigured` (a privilege sinal's role
-    # lacks, a file it cannot write) is left to the branch below on purpose,
+    # under it, a migration missing) is left to the branch below on purpose,
     # retried with backoff: the input is fine and the cause is the database's, which an
     # operator fixes once for every execution (a migration, a grant), each then going on
     # at its next attempt without a revival; the attempt wrote nothing (the change and its
