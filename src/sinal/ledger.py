@@ -720,7 +720,9 @@ class Ledger:
         by = property_key(by)
         currency = parse_currency(currency)
         metric_name = normalize_metric_name(metric_name)
-        if not _could_name_metric(metric_name) or not self.store.list_metrics(
+        # the metric's row, not list_metrics: that counts the metric's summary rows, one
+        # per contact having it (a million on a big account) before the events are read
+        if not _could_name_metric(metric_name) or not self.store.has_metric(
             account.id, metric_name
         ):
             return None

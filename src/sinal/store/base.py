@@ -647,6 +647,10 @@ class Store(Protocol):
         event counts: the first `limit` (None: every one) named after `after`, when given."""
         ...
 
+    def has_metric(self, account_id: UUID, name: str) -> bool:
+        """Whether the account has a metric of this name (its row alone: nothing counted)."""
+        ...
+
     def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
         """The non-empty cells of an aggregate (see `AggregateQuery`)."""
         ...

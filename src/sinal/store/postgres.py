@@ -1642,6 +1642,14 @@ class PostgresStore(
             ).fetchall()
         return [MetricInfo(*r) for r in rows]
 
+    def has_metric(self, account_id: UUID, name: str) -> bool:
+        """Whether the account has a metric of this name (by its unique key)."""
+        with self._conn() as conn:
+            row = conn.execute(
+                "SELECT FROM metrics WHERE account_id = %s AND name = %s", (account_id, name)
+            ).fetchone()
+        return row is not None
+
     def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
         """One scan of the metric's index range; `width_bucket` places each event. A sum
         is per currency, of the events with a value."""

@@ -1189,6 +1189,14 @@ class SQLiteStore(
             ).fetchall()  # fmt: skip
         return [MetricInfo(r[0], r[1], bool(r[2]), int(r[3]), parse_ts(r[4])) for r in rows]
 
+    def has_metric(self, account_id: UUID, name: str) -> bool:
+        """Whether the account has a metric of this name (by its unique key)."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM metrics WHERE account_id = ? AND name = ?", (str(account_id), name)
+            ).fetchone()
+        return row is not None
+
     def aggregate(self, query: AggregateQuery) -> list[AggregateCell]:
         """Cells computed in Python: exact decimals, buckets by bisection; a sum per
         currency, of the events with a value."""
