@@ -817,6 +817,25 @@ class Refusals(Generic[C]):
     split: Literal["halves", "events"]
     outcome: Callable[[C, PreparedEvent, StoreError], Outcome]
 
+    def record(
+        self,
+        conn: C,
+        events: Sequence[PreparedEvent],
+        attempt: Callable[[Sequence[PreparedEvent]], list[Outcome]],
+    ) -> list[Outcome]:
+        """`attempt(events)` (a backend's: the part recorded under a savepoint), split as
+        `split` says down to the events refused with one of `isolated`, each of which gets
+        `outcome`."""
+        if self.split == "events" and len(events) > 1:
+            return [o for event in events for o in self.record(conn, [event], attempt)]
+        try:
+            return attempt(events)
+        except self.isolated as exc:
+            if len(events) == 1:
+                return [self.outcome(conn, events[0], exc)]
+        half = len(events) // 2
+        return self.record(conn, events[:half], attempt) + self.record(conn, events[half:], attempt)
+
 
 def _answered(conn: object, event: PreparedEvent, error: StoreError) -> Outcome:
     return refused(event, error.__cause__ or error)

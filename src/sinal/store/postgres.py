@@ -1749,19 +1749,13 @@ def _record_isolated(
     gets `refusals.outcome` (ingest's: rejected, "refused"); or, split by "events", each
     under its own savepoint at once. Only for a batch refused once already: each part
     costs a round trip more. Ingest's and automation steps' (`finish_steps`)."""
-    if refusals.split == "events" and len(events) > 1:
-        return [o for event in events for o in _record_isolated(conn, [event], refusals)]
-    try:
+
+    def attempt(part: Sequence[PreparedEvent]) -> list[Outcome]:
         # a savepoint: a refused part is rolled back alone
         with translated_errors(), conn.transaction():
-            return _record_in(conn, events)
-    except refusals.isolated as exc:
-        if len(events) == 1:
-            return [refusals.outcome(conn, events[0], exc)]
-    half = len(events) // 2
-    return _record_isolated(conn, events[:half], refusals) + _record_isolated(
-        conn, events[half:], refusals
-    )
+            return _record_in(conn, part)
+
+    return refusals.record(conn, events, attempt)
 
 
 def _record_rounds(

@@ -1484,23 +1484,17 @@ def _record_isolated(
     `refusals.outcome` (ingest's: rejected, "refused"); or, split by "events", each under
     its own savepoint at once. For a batch refused once already, and for each automation
     step's event (`finish_steps`): a savepoint costs no round trip."""
-    if refusals.split == "events" and len(events) > 1:
-        return [o for event in events for o in _record_isolated(batch, [event], refusals)]
     conn = batch.conn
-    try:
+
+    def attempt(events: Sequence[PreparedEvent]) -> list[Outcome]:
         with translated_errors(), _savepoint(conn, "refusal"):
             part = _Batch(conn)  # its own caches: a part rolled back leaves nothing behind
             outcomes = part.record_all(events)
             part.flush_summaries()
             part.flush_seq()  # the next part numbers its events after this one's
             return outcomes
-    except refusals.isolated as exc:
-        if len(events) == 1:
-            return [refusals.outcome(conn, events[0], exc)]
-    half = len(events) // 2
-    return _record_isolated(batch, events[:half], refusals) + _record_isolated(
-        batch, events[half:], refusals
-    )
+
+    return refusals.record(conn, events, attempt)
 
 
 def _rejection(r: Sequence[Any]) -> Rejection:
